@@ -1,0 +1,205 @@
+//! The packed bucket state and the pure decision on it. No atomics here; see [`atomic`].
+//!
+//! # Layout
+//!
+//! The whole state of a token bucket is one 64-bit *stamp*: the instant, on the bucket's own
+//! clock, at which the bucket was (or will be) empty.
+//!
+//! ```text
+//!  63                                                              0
+//! +-----------------------------------------------------------------+
+//! |             stamp: the empty instant, in units of 1/m ns        |
+//! +-----------------------------------------------------------------+
+//!
+//!            0        stamp             now − fill        now        now + fill      2^64−1
+//!   units:   |----------|-------------------|--------------|----------------|-----------|
+//!                       `----- credit = now − stamp, capped at fill -----'   `- debt -'
+//!                              (tokens = floor(credit / t))                 (reserved)
+//! ```
+//!
+//! * `m` (units per ns, 1..=64) and `t` (units per token) come from the [`Quota`]; `fill = burst·t`.
+//! * The bucket's clock is `now = fill + elapsed_ns·m`, counted from the limiter's creation, so
+//!   `now − fill` never underflows. It saturates at the quota's lifetime, leaving `fill` units
+//!   of headroom below `2^64`.
+//! * **Credit** is `now − stamp`: the refill accrued since the bucket was empty. A stamp older than
+//!   `now − fill` means a full bucket; it is read as `now − fill` (the cap), so an idle bucket of
+//!   any age is simply full: there is no wraparound, because the clock does not wrap within the
+//!   lifetime.
+//! * **Taking** `n` tokens moves the stamp to `max(stamp, now − fill) + n·t` if that is at most
+//!   `now`. The stamp only ever grows.
+//! * **A stamp ahead of `now`** means no credit. A limiter writes stamps `≤ now` today; a reader
+//!   whose clock runs behind the writer's (TSC skew) sees such a stamp and gets zero credit, no
+//!   underflow and no reset. The range `(now, now + fill]` is reserved for a later reservation
+//!   capability: a bucket in debt of up to one burst, whose empty instant lies in the future.
+//!
+//! # Invariants
+//!
+//! * Every stored stamp is `≤ max(now) ≤ 2^64 − 1 − fill` over all readers' clocks, so
+//!   `stamp + cost` cannot overflow (it saturates anyway, so any `u64` is safe to decode).
+//! * Every computed credit or wait is at most `2·fill ≤ 2^63`, the range of the exact divisors.
+//!
+//! # Precision
+//!
+//! All arithmetic is exact integer arithmetic in units. A bucket is therefore exactly an ideal
+//! token bucket with per-token time `t/m ns ≥ period/tokens`, sampled at whole nanoseconds:
+//! starting full, it admits at most `burst + floor(span_ns·m/t)` tokens over any span.
+
+pub(crate) mod atomic;
+
+use crate::decision::{Decision, Outcome};
+use crate::Quota;
+
+/// The packed state of one bucket: its empty instant, in units (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BucketWord(u64);
+
+/// What a decision needs done to the bucket.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Verdict {
+    /// Admit, by moving the stamp to `next` with a CAS.
+    Take { next: BucketWord },
+    /// No write: the decision is final.
+    Final(Decision),
+}
+
+impl BucketWord {
+    #[inline]
+    pub(crate) const fn from_raw(raw: u64) -> BucketWord {
+        BucketWord(raw)
+    }
+
+    #[inline]
+    pub(crate) const fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// A bucket holding `tokens` (≤ burst) at the bucket instant `now`.
+    #[inline]
+    pub(crate) const fn with_tokens(q: &Quota, now: u64, tokens: u64) -> BucketWord {
+        BucketWord(now - q.cost_units(tokens))
+    }
+
+    /// The stamp as of `now`: raised to `now − fill` when older, since a bucket holds at most
+    /// one burst. Returns `(base, floor)`.
+    #[inline]
+    const fn base(self, q: &Quota, now: u64) -> (u64, u64) {
+        let floor = now - q.fill_units();
+        let base = if self.0 > floor { self.0 } else { floor };
+        (base, floor)
+    }
+
+    /// Decides a request of `n` tokens (`1 ≤ n ≤ burst`) at the bucket instant `now`.
+    #[inline]
+    pub(crate) fn decide(self, q: &Quota, now: u64, n: u64) -> Verdict {
+        let (base, floor) = self.base(q, now);
+        let next = base.saturating_add(q.cost_units(n));
+        if next <= now {
+            Verdict::Take { next: BucketWord(next) }
+        } else {
+            let left = now.saturating_sub(base);
+            Verdict::Final(Decision::new(q, Outcome::Denied, left, next - now, base - floor))
+        }
+    }
+
+    /// The decision for a request of `n` tokens once the stamp moved to `self` at `now`.
+    #[inline]
+    pub(crate) fn taken(self, q: &Quota, now: u64) -> Decision {
+        let floor = now - q.fill_units();
+        Decision::new(q, Outcome::Allowed, now - self.0, 0, self.0 - floor)
+    }
+
+    /// What deciding `n` tokens (any `n`) would answer, without taking anything. The remaining
+    /// count is the current level. `n = 0` is always allowed; `n > burst` is insufficient.
+    #[inline]
+    pub(crate) fn peek(self, q: &Quota, now: u64, n: u64) -> Decision {
+        let (base, floor) = self.base(q, now);
+        let left = now.saturating_sub(base);
+        let until_full = base - floor;
+        if n > q.burst() {
+            return Decision::new(q, Outcome::Insufficient, left, 0, until_full);
+        }
+        let next = base.saturating_add(q.cost_units(n));
+        if n == 0 || next <= now {
+            Decision::new(q, Outcome::Allowed, left, 0, until_full)
+        } else {
+            Decision::new(q, Outcome::Denied, left, next - now, until_full)
+        }
+    }
+}
+
+#[cfg(all(test, not(tollgate_loom)))]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::{Nanos, Rate};
+
+    fn quotas() -> impl Strategy<Value = Quota> {
+        (1u64..=1 << 40, 1u64..=1 << 50, 1u64..=Quota::MAX_BURST)
+            .prop_filter_map("outside the supported ranges", |(tokens, period, burst)| {
+                Quota::new(Rate::per(tokens, Duration::from_nanos(period)), burst).ok()
+            })
+    }
+
+    proptest! {
+        /// Every `u64` decodes, at every bucket instant, for every cost, without panicking, and
+        /// the fields it yields stay within their ranges.
+        #[test]
+        fn every_word_decodes(q in quotas(), raw in any::<u64>(), elapsed in any::<u64>(), n in any::<u64>()) {
+            let now = q.now_units(Nanos::new(elapsed));
+            let word = BucketWord::from_raw(raw);
+            let peeked = word.peek(&q, now, n);
+            prop_assert!(peeked.remaining() <= q.burst());
+            if raw <= now {
+                prop_assert!(peeked.reset_after_nanos() <= q.fill_time());
+            }
+            let n = n % (q.burst() + 1);
+            if n > 0 {
+                match word.decide(&q, now, n) {
+                    Verdict::Take { next } => {
+                        prop_assert!(next.raw() <= now && next.raw() > raw);
+                        let d = next.taken(&q, now);
+                        prop_assert!(d.is_allowed() && d.remaining() <= q.burst() - n);
+                    }
+                    Verdict::Final(d) => {
+                        prop_assert_eq!(d.outcome(), Outcome::Denied);
+                        prop_assert!(d.retry_after().unwrap() > Duration::ZERO);
+                    }
+                }
+            }
+        }
+
+        /// Encoding a level and decoding it round-trips, at any instant.
+        #[test]
+        fn levels_round_trip(q in quotas(), elapsed in any::<u64>(), level in any::<u64>()) {
+            let level = level % (q.burst() + 1);
+            let now = q.now_units(Nanos::new(elapsed));
+            let word = BucketWord::with_tokens(&q, now, level);
+            prop_assert_eq!(word.peek(&q, now, 0).remaining(), level);
+        }
+    }
+
+    #[test]
+    fn full_and_empty_boundaries() {
+        let q = Quota::per_second(10).unwrap(); // t = 1e8 units (m = 1), fill = 1e9
+        let now = q.now_units(Nanos::new(5_000_000_000));
+        // Any stamp at or below now − fill reads as exactly full.
+        for raw in [0, now - q.fill_units() - 1, now - q.fill_units()] {
+            assert_eq!(BucketWord(raw).peek(&q, now, 0).remaining(), 10);
+        }
+        // One unit short of a token is zero tokens, with a 1 ns wait.
+        let d = BucketWord(now - q.units_per_token() + 1).peek(&q, now, 1);
+        assert_eq!((d.outcome(), d.remaining()), (Outcome::Denied, 0));
+        assert_eq!(d.retry_after(), Some(Duration::from_nanos(1)));
+        // A stamp ahead of now (skew) is zero credit, not a wrap to full.
+        let d = BucketWord(now + 5).peek(&q, now, 1);
+        assert_eq!(d.remaining(), 0);
+        assert_eq!(d.retry_after(), Some(Duration::from_nanos(100_000_005)));
+        // The last instant of the lifetime, and beyond it: time saturates.
+        let end = q.now_units(q.lifetime());
+        assert_eq!(q.now_units(Nanos::MAX), end);
+        assert_eq!(end, u64::MAX - q.fill_units());
+    }
+}

@@ -1,0 +1,56 @@
+//! `AtomicBucket`: the CAS loop that commits a [`BucketWord::decide`]. The only place where a
+//! bucket word meets an atomic, and so the only ordering choices for bucket words.
+//!
+//! # Orderings
+//!
+//! Every access is `Relaxed`. The word is self-contained: no other memory is published through
+//! it, and coherence gives all threads one modification order for this single atomic, which is
+//! all the decision needs. A decision takes effect at its successful CAS (its linearization
+//! point); a denial or a peek takes effect at the load it decided on. Checked by
+//! `loom-tests/tests/bucket.rs`.
+
+use super::{BucketWord, Verdict};
+use crate::decision::Decision;
+use crate::sync::{AtomicU64, Ordering::Relaxed};
+use crate::Quota;
+
+/// One bucket's state word.
+#[derive(Debug)]
+pub(crate) struct AtomicBucket {
+    word: AtomicU64,
+}
+
+impl AtomicBucket {
+    pub(crate) fn new(word: BucketWord) -> AtomicBucket {
+        AtomicBucket { word: AtomicU64::new(word.raw()) }
+    }
+
+    /// Reads the word. Relaxed: see the module docs.
+    #[inline]
+    pub(crate) fn load(&self) -> BucketWord {
+        BucketWord::from_raw(self.word.load(Relaxed))
+    }
+
+    /// Takes `n` tokens (`1 ≤ n ≤ burst`) at the bucket instant `now`, or denies.
+    ///
+    /// Never blocks, allocates or panics. Retries only when another thread changed the word
+    /// between our load and our CAS, which means that thread's decision took effect: the loop
+    /// is lock-free.
+    #[inline]
+    pub(crate) fn acquire(&self, q: &Quota, now: u64, n: u64) -> Decision {
+        let mut cur = self.load();
+        loop {
+            let next = match cur.decide(q, now, n) {
+                Verdict::Take { next } => next,
+                Verdict::Final(denied) => return denied,
+            };
+            // Relaxed (load, success, failure): the word is self-contained, and the failure
+            // value feeds the same decision as the first load. Checked by
+            // loom-tests/tests/bucket.rs.
+            match self.word.compare_exchange_weak(cur.raw(), next.raw(), Relaxed, Relaxed) {
+                Ok(_) => return next.taken(q, now),
+                Err(seen) => cur = BucketWord::from_raw(seen), // lost a race: re-decide
+            }
+        }
+    }
+}

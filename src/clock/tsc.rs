@@ -1,0 +1,83 @@
+//! The quanta clocks: TSC reads and the coarse cached time.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::{Clock, ConfigError, Nanos};
+
+/// quanta's TSC clock: one `rdtsc` and a fixed-point scale per read, ~1 ns precision.
+///
+/// Falls back to the OS monotonic clock where quanta finds no usable invariant TSC. The first one
+/// in a process calibrates for up to ~200 ms; clones share the calibration. See the
+/// [module docs](crate::clock) for skew and suspend.
+#[derive(Clone, Debug)]
+pub struct TscClock {
+    clock: quanta::Clock,
+    origin_raw: u64,
+}
+
+impl TscClock {
+    /// A clock whose origin is now.
+    pub fn new() -> TscClock {
+        let clock = quanta::Clock::new();
+        let origin_raw = clock.raw();
+        TscClock { clock, origin_raw }
+    }
+}
+
+impl Default for TscClock {
+    fn default() -> Self {
+        TscClock::new()
+    }
+}
+
+impl Clock for TscClock {
+    #[inline]
+    fn now(&self) -> Nanos {
+        // `delta_as_nanos` saturates at zero when a core's counter reads behind the origin.
+        Nanos::new(self.clock.delta_as_nanos(self.origin_raw, self.clock.raw()))
+    }
+}
+
+/// The interval at which [`CoarseClock::new`]'s upkeep thread refreshes the time.
+pub const COARSE_INTERVAL: Duration = Duration::from_millis(1);
+
+/// quanta's `recent` time: a shared value that one upkeep thread refreshes every
+/// [`COARSE_INTERVAL`]; a read is one relaxed load (under 1 ns).
+///
+/// Decisions see time up to one interval late, so a bucket refills up to that much later than
+/// with [`TscClock`]: it can only under-admit. The upkeep thread is process-wide and runs until
+/// the process exits. If some other code already runs quanta's upkeep thread, this clock reads
+/// the time that thread keeps (and is only as fresh as that thread's interval).
+#[derive(Clone, Debug)]
+pub struct CoarseClock {
+    origin: quanta::Instant,
+}
+
+/// `Ok(Some)`: our upkeep thread runs; `Ok(None)`: another one already did; `Err`: none could start.
+static UPKEEP: OnceLock<Result<Option<quanta::Handle>, String>> = OnceLock::new();
+
+impl CoarseClock {
+    /// Starts (once per process) the upkeep thread, and returns a clock whose origin is now.
+    ///
+    /// Fails only if the thread cannot be spawned.
+    pub fn new() -> Result<CoarseClock, ConfigError> {
+        let started = UPKEEP.get_or_init(|| match quanta::Upkeep::new(COARSE_INTERVAL).start() {
+            Ok(handle) => Ok(Some(handle)),
+            Err(quanta::Error::UpkeepRunning) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        });
+        match started {
+            Ok(_) => Ok(CoarseClock { origin: quanta::Instant::recent() }),
+            Err(why) => Err(ConfigError::Upkeep(why.clone())),
+        }
+    }
+}
+
+impl Clock for CoarseClock {
+    #[inline]
+    fn now(&self) -> Nanos {
+        let d = quanta::Instant::recent().saturating_duration_since(self.origin);
+        Nanos::from_duration_saturating(d)
+    }
+}

@@ -1,0 +1,19 @@
+#![doc = include_str!("../README.md")]
+
+mod bucket;
+pub mod clock;
+mod decision;
+mod error;
+mod limiter;
+mod quota;
+mod sync;
+mod time;
+
+#[cfg(feature = "quanta")]
+pub use clock::{CoarseClock, TscClock};
+pub use clock::{Clock, DefaultClock, ManualClock, StdClock};
+pub use decision::{Decision, Outcome};
+pub use error::ConfigError;
+pub use limiter::Limiter;
+pub use quota::{Quota, Rate};
+pub use time::Nanos;

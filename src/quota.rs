@@ -1,0 +1,455 @@
+//! Quotas: a rate and a burst, compiled once into the fixed-point parameters the bucket uses.
+//!
+//! # Units
+//!
+//! The bucket counts time in *units* of `1/m` ns, where `m` (1 to 64) is chosen per quota, and
+//! charges every token a whole number `t` of units. Both are integers, so every refill, charge
+//! and cap is exact integer arithmetic: the bucket is exactly an ideal token bucket whose
+//! per-token time is `t/m` ns, sampled at whole nanoseconds.
+//!
+//! `t/m` is the smallest such fraction that is at least the true per-token time
+//! `T = period / tokens`. It equals `T` whenever `T·m` is an integer for some `m ≤ 64` (every
+//! rate of `k` per second with `64·10⁹ / k` a whole number of 1/64 ns, for example 10/s, 3/s,
+//! 1.25e10/s), and otherwise exceeds it by less than `1/64` ns, so the effective rate is never
+//! above the configured one. The search stops at the smallest `m` that is exact or within 2⁻²⁴
+//! of `T`, which keeps the bucket's lifetime (below) as long as possible.
+
+use core::time::Duration;
+
+use crate::{ConfigError, Nanos};
+
+/// The largest burst: `2^32 − 1` tokens.
+pub(crate) const MAX_BURST: u64 = u32::MAX as u64;
+/// The finest time unit is `1/MAX_UNITS_PER_NANO` ns.
+pub(crate) const MAX_UNITS_PER_NANO: u64 = 64;
+/// The largest `burst × units_per_token`: the fill time, in units.
+pub(crate) const MAX_FILL_UNITS: u64 = 1 << 62;
+/// Precision at which the unit search stops early: relative error at most 2⁻²⁴.
+const EARLY_PRECISION_SHIFT: u32 = 24;
+
+/// A rate: `tokens` per `period`. Validated when it becomes part of a [`Quota`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    tokens: u64,
+    period: Duration,
+}
+
+impl Rate {
+    /// `tokens` per `period`. See [`Quota`] for the supported ranges.
+    pub const fn per(tokens: u64, period: Duration) -> Rate {
+        Rate { tokens, period }
+    }
+    /// `tokens` per second.
+    pub const fn per_second(tokens: u64) -> Rate {
+        Rate::per(tokens, Duration::from_secs(1))
+    }
+    /// `tokens` per minute.
+    pub const fn per_minute(tokens: u64) -> Rate {
+        Rate::per(tokens, Duration::from_secs(60))
+    }
+    /// `tokens` per hour.
+    pub const fn per_hour(tokens: u64) -> Rate {
+        Rate::per(tokens, Duration::from_secs(3600))
+    }
+    /// `tokens` per day.
+    pub const fn per_day(tokens: u64) -> Rate {
+        Rate::per(tokens, Duration::from_secs(86_400))
+    }
+    /// Tokens per period.
+    pub const fn tokens(&self) -> u64 {
+        self.tokens
+    }
+    /// The period.
+    pub const fn period(&self) -> Duration {
+        self.period
+    }
+}
+
+/// An exact divisor: one multiply-high and at most two fix-ups instead of a hardware division on
+/// the decision path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Divisor {
+    d: u64,
+    /// `floor((2^64 − 1) / d)`.
+    recip: u64,
+}
+
+impl Divisor {
+    const fn new(d: u64) -> Divisor {
+        Divisor { d, recip: u64::MAX / d }
+    }
+
+    /// `(floor(x / d), x mod d)`, for every `x`.
+    ///
+    /// `recip ≤ 2^64/d`, so the estimate `q` is at most `x/d`, and `x − q·d` cannot underflow.
+    /// `recip > (2^64 − 1 − d)/d`, so `x/d − q < 1 + x·(d+1)/(d·2^64) < 3`: two fix-ups suffice
+    /// (one when `x < 2^63`).
+    #[inline]
+    pub(crate) const fn div_rem(self, x: u64) -> (u64, u64) {
+        #[expect(clippy::cast_possible_truncation, reason = "the high half of a 128-bit product")]
+        let mut q = ((x as u128 * self.recip as u128) >> 64) as u64;
+        let mut r = x - q * self.d;
+        if r >= self.d {
+            q += 1;
+            r -= self.d;
+        }
+        if r >= self.d {
+            q += 1;
+            r -= self.d;
+        }
+        (q, r)
+    }
+
+    /// `floor(x / d)`.
+    #[inline]
+    pub(crate) const fn div(self, x: u64) -> u64 {
+        self.div_rem(x).0
+    }
+
+    /// `ceil(x / d)`.
+    #[inline]
+    pub(crate) const fn div_ceil(self, x: u64) -> u64 {
+        let (q, r) = self.div_rem(x);
+        q + (r != 0) as u64
+    }
+}
+
+/// A rate limit: a refill rate and a burst (the bucket's capacity), plus the level the bucket
+/// starts at (full unless [`with_initial`](Quota::with_initial) says otherwise, as Envoy's).
+///
+/// # Ranges
+///
+/// | what | supported |
+/// |---|---|
+/// | rate | 1 token per 2^62 ns (146 years) to 64 tokens per ns (6.4e10/s); periods from 1 ns to 2^64 − 1 ns |
+/// | burst | 1 to 2^32 − 1 tokens |
+/// | fill time, `burst × period / tokens` | at most 2^62 ns ≈ 146 years |
+/// | cost of one request | 1 to the burst; more is [`Outcome::Insufficient`](crate::Outcome::Insufficient) |
+///
+/// Every burst up to 2^32 − 1 works with any rate of at least one token per 1.07 s; at one
+/// token per day, bursts up to 53,375 do. Anything outside these ranges is a [`ConfigError`]
+/// naming the limit.
+///
+/// # Precision
+///
+/// Exact for every rate whose per-token time `period/tokens` is a whole multiple of `1/m` ns
+/// for some `m ≤ 64` (10/s, 1/day, 1.25e10/s, Envoy's 1 per 1 s, …). Any other rate is rounded
+/// *down*, by less than `1/(64·T)` relatively, where `T` is the per-token time in ns (under
+/// 2⁻²⁴ for any rate below 3,800/s). See [`units_per_token`](Quota::units_per_token).
+///
+/// # Lifetime
+///
+/// A limiter counts time from its creation in `1/m` ns units inside one `u64`, so it can run for
+/// [`lifetime`](Quota::lifetime): `(2^64 − 1 − 2·fill)/m` ns, at least 2^57 ns ≈ 4.5 years, and
+/// 584 years for any rate that is exact at `m = 1`. Beyond it the clock stops for the bucket:
+/// no more refill, so it never over-admits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota {
+    rate: Rate,
+    burst: u64,
+    initial: u64,
+    /// `m`: time units per nanosecond.
+    units_per_nano: u64,
+    /// `t`: time units per token.
+    units_per_token: u64,
+    /// `burst · t`: the fill time, in units.
+    fill_units: u64,
+    /// The largest elapsed nanosecond count the units can express; time saturates there.
+    max_elapsed: u64,
+    per_token: Divisor,
+    per_nano: Divisor,
+}
+
+impl Quota {
+    /// The largest burst: `2^32 − 1` tokens.
+    pub const MAX_BURST: u64 = MAX_BURST;
+
+    /// `rate` with a capacity of `burst` tokens. The bucket starts full.
+    pub fn new(rate: Rate, burst: u64) -> Result<Quota, ConfigError> {
+        if rate.tokens == 0 {
+            return Err(ConfigError::ZeroRate);
+        }
+        let period = Nanos::try_from(rate.period)?.as_u64();
+        if period == 0 {
+            return Err(ConfigError::ZeroPeriod);
+        }
+        if burst == 0 {
+            return Err(ConfigError::ZeroBurst);
+        }
+        if burst > MAX_BURST {
+            return Err(ConfigError::BurstTooLarge { burst });
+        }
+        let tokens = rate.tokens;
+        if u128::from(period) * u128::from(MAX_UNITS_PER_NANO) < u128::from(tokens) {
+            return Err(ConfigError::RateTooHigh { tokens, period_nanos: period });
+        }
+        let (m, t) = choose_units(tokens, period, burst)
+            .ok_or(ConfigError::FillTimeTooLong { burst, tokens, period_nanos: period })?;
+        let fill_units = burst * t;
+        Ok(Quota {
+            rate,
+            burst,
+            initial: burst,
+            units_per_nano: m,
+            units_per_token: t,
+            fill_units,
+            max_elapsed: (u64::MAX - 2 * fill_units) / m,
+            per_token: Divisor::new(t),
+            per_nano: Divisor::new(m),
+        })
+    }
+
+    /// `n` per second, with a burst of `n`.
+    pub fn per_second(n: u64) -> Result<Quota, ConfigError> {
+        Quota::new(Rate::per_second(n), n)
+    }
+    /// `n` per minute, with a burst of `n`.
+    pub fn per_minute(n: u64) -> Result<Quota, ConfigError> {
+        Quota::new(Rate::per_minute(n), n)
+    }
+    /// `n` per hour, with a burst of `n`.
+    pub fn per_hour(n: u64) -> Result<Quota, ConfigError> {
+        Quota::new(Rate::per_hour(n), n)
+    }
+    /// `n` per day, with a burst of `n`.
+    pub fn per_day(n: u64) -> Result<Quota, ConfigError> {
+        Quota::new(Rate::per_day(n), n)
+    }
+
+    /// Envoy's `envoy.type.v3.TokenBucket`: `max_tokens` capacity, refilled with
+    /// `tokens_per_fill` every `fill_interval`, starting full.
+    ///
+    /// Refill is continuous, as in Envoy's current `AtomicTokenBucketImpl` (1 token per
+    /// `fill_interval / tokens_per_fill`), not the legacy timer's step of `tokens_per_fill`.
+    pub fn envoy(
+        max_tokens: u32,
+        tokens_per_fill: u32,
+        fill_interval: Duration,
+    ) -> Result<Quota, ConfigError> {
+        Quota::new(Rate::per(u64::from(tokens_per_fill), fill_interval), u64::from(max_tokens))
+    }
+
+    /// The same rate with another burst. The initial level becomes the new burst (full).
+    pub fn with_burst(self, burst: u64) -> Result<Quota, ConfigError> {
+        Quota::new(self.rate, burst)
+    }
+
+    /// The same quota, with the bucket starting at `initial` tokens instead of full.
+    pub fn with_initial(self, initial: u64) -> Result<Quota, ConfigError> {
+        if initial > self.burst {
+            return Err(ConfigError::InitialAboveBurst { initial, burst: self.burst });
+        }
+        Ok(Quota { initial, ..self })
+    }
+
+    /// The configured rate.
+    pub const fn rate(&self) -> Rate {
+        self.rate
+    }
+    /// The burst: the bucket's capacity, in tokens.
+    pub const fn burst(&self) -> u64 {
+        self.burst
+    }
+    /// The level, in tokens, that a new bucket starts at.
+    pub const fn initial(&self) -> u64 {
+        self.initial
+    }
+    /// `m`: the bucket counts time in units of `1/m` ns (1 ≤ m ≤ 64).
+    pub const fn units_per_nano(&self) -> u64 {
+        self.units_per_nano
+    }
+    /// `t`: each token costs exactly `t` time units, so the effective per-token time is `t/m` ns,
+    /// never less than `period / tokens`.
+    pub const fn units_per_token(&self) -> u64 {
+        self.units_per_token
+    }
+    /// The time to refill from empty to full, rounded up to whole nanoseconds.
+    pub const fn fill_time(&self) -> Nanos {
+        Nanos::new(self.per_nano.div_ceil(self.fill_units))
+    }
+    /// How long after its creation a limiter with this quota keeps refilling (see the type docs).
+    pub const fn lifetime(&self) -> Nanos {
+        Nanos::new(self.max_elapsed)
+    }
+
+    // ---- crate-internal fixed-point helpers, all exact ----
+
+    /// The fill time, in units: the cap on stored credit.
+    #[inline]
+    pub(crate) const fn fill_units(&self) -> u64 {
+        self.fill_units
+    }
+
+    /// `n` tokens in units. Callers guarantee `n ≤ burst`, so this is at most `fill_units`.
+    #[inline]
+    pub(crate) const fn cost_units(&self, n: u64) -> u64 {
+        n * self.units_per_token
+    }
+
+    /// The bucket's clock: `fill + elapsed·m`, so that a full bucket's stamp (`now − fill`)
+    /// never underflows. Saturates at the lifetime, leaving `fill` units of headroom above.
+    #[inline]
+    pub(crate) const fn now_units(&self, elapsed: Nanos) -> u64 {
+        let e = elapsed.as_u64();
+        let e = if e > self.max_elapsed { self.max_elapsed } else { e };
+        self.fill_units + e * self.units_per_nano
+    }
+
+    /// Whole tokens in `units`.
+    #[inline]
+    pub(crate) const fn tokens_in(&self, units: u64) -> u64 {
+        self.per_token.div(units)
+    }
+
+    /// `units` as nanoseconds, rounded up, so a wait is always long enough.
+    #[inline]
+    pub(crate) const fn nanos_ceil(&self, units: u64) -> Nanos {
+        Nanos::new(self.per_nano.div_ceil(units))
+    }
+}
+
+/// Picks `(m, t)`: `t = ceil(T·m)` with `T = period/tokens`, `m` in `1..=64`, `burst·t ≤ 2^62`.
+///
+/// An exact `m` wins: `tokens / gcd(tokens, period)`, the smallest `m` with `T·m` whole. Failing
+/// that, the first `m` within 2⁻²⁴ of `T`; failing that, the `m` with the smallest `t/m` (the
+/// most precise), the smallest such `m` on ties. `None` when even `m = 1` overflows the fill time.
+fn choose_units(tokens: u64, period: u64, burst: u64) -> Option<(u64, u64)> {
+    let fits = |m: u64| -> Option<u64> {
+        let t = (u128::from(period) * u128::from(m)).div_ceil(u128::from(tokens));
+        let ok = t * u128::from(burst) <= u128::from(MAX_FILL_UNITS);
+        #[expect(clippy::cast_possible_truncation, reason = "t ≤ burst·t ≤ 2^62")]
+        ok.then_some(t as u64)
+    };
+    let exact_m = tokens / gcd(tokens, period);
+    if exact_m <= MAX_UNITS_PER_NANO {
+        if let Some(t) = fits(exact_m) {
+            return Some((exact_m, t));
+        }
+    }
+    let mut best: Option<(u64, u64)> = None;
+    for m in 1..=MAX_UNITS_PER_NANO {
+        let Some(t) = fits(m) else { break }; // `t` only grows with `m`
+        let num = u128::from(period) * u128::from(m);
+        // The excess of `t/m` over `T`, relative: (t·tokens − num) / num.
+        let excess = u128::from(t) * u128::from(tokens) - num;
+        if excess << EARLY_PRECISION_SHIFT <= num {
+            return Some((m, t));
+        }
+        // t/m < t_best/m_best  ⇔  t·m_best < t_best·m
+        match best {
+            Some((bm, bt)) if u128::from(t) * u128::from(bm) >= u128::from(bt) * u128::from(m) => {}
+            _ => best = Some((m, t)),
+        }
+    }
+    best
+}
+
+const fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+#[cfg(all(test, not(tollgate_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn divisor_is_exact_at_the_edges() {
+        for d in [1u64, 2, 3, 7, 63, 64, 1000, (1 << 31) + 11, (1 << 62) - 1, 1 << 62] {
+            let div = Divisor::new(d);
+            for x in [0u64, 1, d - 1, d, d + 1, 2 * d - 1, (1 << 63) - 1, (1 << 62) + 12345, u64::MAX - 1, u64::MAX] {
+                assert_eq!(div.div_rem(x), (x / d, x % d), "{x} / {d}");
+                assert_eq!(div.div_ceil(x), x.div_ceil(d), "{x} / {d}");
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn divisor_is_exact(d in 1u64.., x in proptest::prelude::any::<u64>()) {
+            let div = Divisor::new(d);
+            proptest::prop_assert_eq!(div.div_rem(x), (x / d, x % d));
+        }
+    }
+
+    #[test]
+    fn round_rates_are_exact() {
+        for (q, m, t) in [
+            (Quota::per_second(10).unwrap(), 1, 100_000_000),
+            (Quota::per_second(3).unwrap(), 3, 1_000_000_000),
+            (Quota::per_minute(100).unwrap(), 1, 600_000_000),
+            (Quota::per_day(1).unwrap(), 1, 86_400_000_000_000),
+            (Quota::new(Rate::per_second(12_500_000_000), 1 << 20).unwrap(), 25, 2),
+            (Quota::new(Rate::per_second(10_000_000_000), 1 << 20).unwrap(), 10, 1),
+            (Quota::new(Rate::per(64, Duration::from_nanos(1)), 1).unwrap(), 64, 1),
+        ] {
+            assert_eq!((q.units_per_nano(), q.units_per_token()), (m, t), "{q:?}");
+        }
+    }
+
+    #[test]
+    fn inexact_rates_round_down_within_the_bound() {
+        for (tokens, period) in [(9_999_999_999u64, 1_000_000_000u64), (7, 1_000_000_001), (1_000_003, 99_999)] {
+            let q = Quota::new(Rate::per(tokens, Duration::from_nanos(period)), 1).unwrap();
+            let (m, t) = (u128::from(q.units_per_nano()), u128::from(q.units_per_token()));
+            let (tokens, period) = (u128::from(tokens), u128::from(period));
+            // t/m ≥ period/tokens: never faster than configured.
+            assert!(t * tokens >= period * m);
+            // t/m < period/tokens + 1/64
+            assert!(t * tokens * 64 < (period * 64 + tokens) * m);
+        }
+    }
+
+    #[test]
+    fn limits_are_typed_errors_at_their_boundaries() {
+        assert_eq!(Quota::per_second(0), Err(ConfigError::ZeroRate));
+        assert_eq!(Quota::new(Rate::per(1, Duration::ZERO), 1), Err(ConfigError::ZeroPeriod));
+        assert_eq!(Quota::new(Rate::per_second(1), 0), Err(ConfigError::ZeroBurst));
+        assert!(Quota::new(Rate::per_second(1), MAX_BURST).is_ok());
+        assert_eq!(
+            Quota::new(Rate::per_second(1), MAX_BURST + 1),
+            Err(ConfigError::BurstTooLarge { burst: MAX_BURST + 1 })
+        );
+        // 64 tokens per ns is the fastest rate; one more token is too fast.
+        assert!(Quota::new(Rate::per(64, Duration::from_nanos(1)), 1).is_ok());
+        assert!(matches!(
+            Quota::new(Rate::per(65, Duration::from_nanos(1)), 1),
+            Err(ConfigError::RateTooHigh { .. })
+        ));
+        // Fill time: burst × T ≤ 2^62 ns exactly at m = 1.
+        let t = 1u64 << 30;
+        assert!(Quota::new(Rate::per(1, Duration::from_nanos(t)), (1 << 32) - 1).is_ok());
+        assert!(matches!(
+            Quota::new(Rate::per(1, Duration::from_nanos(t + 1)), (1 << 32) - 1),
+            Err(ConfigError::FillTimeTooLong { .. })
+        ));
+        assert!(Quota::new(Rate::per_day(1), 53_375).is_ok());
+        assert!(matches!(Quota::new(Rate::per_day(1), 53_376), Err(ConfigError::FillTimeTooLong { .. })));
+        // Periods: the slowest rate is one token per 2^62 ns; a period beyond u64 ns is its own error.
+        assert!(Quota::new(Rate::per(1, Duration::from_nanos(1 << 62)), 1).is_ok());
+        assert!(matches!(
+            Quota::new(Rate::per(1, Duration::from_nanos((1 << 62) + 1)), 1),
+            Err(ConfigError::FillTimeTooLong { .. })
+        ));
+        assert!(Quota::new(Rate::per(4, Duration::from_nanos(u64::MAX)), 1).is_ok());
+        assert!(matches!(
+            Quota::new(Rate::per(1, Duration::from_nanos(u64::MAX) + Duration::from_nanos(1)), 1),
+            Err(ConfigError::DurationTooLong { .. })
+        ));
+        assert_eq!(
+            Quota::per_second(5).unwrap().with_initial(6),
+            Err(ConfigError::InitialAboveBurst { initial: 6, burst: 5 })
+        );
+        // Every message names its limit.
+        assert!(ConfigError::BurstTooLarge { burst: 1 << 40 }.to_string().contains("4294967295"));
+    }
+
+    #[test]
+    fn lifetime_is_at_least_four_and_a_half_years() {
+        let worst = Quota::new(Rate::per(64, Duration::from_nanos(1)), MAX_BURST).unwrap();
+        assert!(worst.lifetime().as_u64() >= 1 << 57);
+        assert_eq!(Quota::per_second(10).unwrap().lifetime().as_u64(), u64::MAX - 2 * 1_000_000_000);
+    }
+}

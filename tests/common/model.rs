@@ -1,0 +1,151 @@
+//! Exact reference models of a token bucket, in `i128`, for differential tests and fuzzing.
+//!
+//! * [`Model`] implements the *documented* semantics: per-token time `t/m` ns (the quota's
+//!   rounding), evaluated at whole nanoseconds since the limiter's creation, time saturating at
+//!   the quota's lifetime. The engine must agree with it on every field of every decision.
+//! * [`Ideal`] is the textbook bucket at the *configured* rate, `tokens` per `period`, with no
+//!   rounding at all. For quotas whose rate is exact in units it must agree with the engine; for
+//!   every quota it bounds what the engine may admit.
+//!
+//! Both keep the bucket as its empty instant `z`: the level at time `x` is
+//! `clamp(x − z, 0, burst·τ) / τ` for per-token time `τ`. Nothing here is shared with the
+//! engine's code: no `u64` ranges, no reciprocal division, no saturation but the documented one.
+
+#![allow(dead_code, unreachable_pub)]
+
+use tollgate::{Outcome, Quota};
+
+/// What a decision answered, field by field; `retry` is `None` for "never".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub outcome: Outcome,
+    pub remaining: u64,
+    pub retry_ns: Option<u64>,
+    pub reset_ns: u64,
+}
+
+impl Answer {
+    pub fn of(d: &tollgate::Decision) -> Answer {
+        Answer {
+            outcome: d.outcome(),
+            remaining: d.remaining(),
+            retry_ns: d.retry_after_nanos().map(|n| n.as_u64()),
+            reset_ns: d.reset_after_nanos().as_u64(),
+        }
+    }
+}
+
+fn ceil_div(a: i128, b: i128) -> i128 {
+    assert!(a >= 0 && b > 0);
+    (a + b - 1) / b
+}
+
+/// The documented semantics, exactly.
+#[derive(Clone, Debug)]
+pub struct Model {
+    /// Units per ns.
+    m: i128,
+    /// Units per token.
+    t: i128,
+    burst: i128,
+    /// Nanoseconds after which time stops.
+    lifetime: i128,
+    /// The empty instant, in units since creation. Negative while credit from the start remains.
+    z: i128,
+}
+
+impl Model {
+    pub fn new(q: &Quota) -> Model {
+        let t = i128::from(q.units_per_token());
+        Model {
+            m: i128::from(q.units_per_nano()),
+            t,
+            burst: i128::from(q.burst()),
+            lifetime: i128::from(q.lifetime().as_u64()),
+            z: -i128::from(q.initial()) * t,
+        }
+    }
+
+    fn instant(&self, elapsed_ns: u64) -> i128 {
+        i128::from(elapsed_ns).min(self.lifetime) * self.m
+    }
+
+    /// `check_n` (when `take`) or `peek_n` at `elapsed_ns` since creation.
+    pub fn decide(&mut self, elapsed_ns: u64, n: u64, take: bool) -> Answer {
+        let now = self.instant(elapsed_ns);
+        let fill = self.burst * self.t;
+        let n = i128::from(n);
+        let z = self.z.max(now - fill);
+        let level = |z: i128| ((now - z).max(0) / self.t) as u64;
+        let reset = |z: i128| ceil_div(z - (now - fill), self.m) as u64;
+        if n > self.burst {
+            return Answer { outcome: Outcome::Insufficient, remaining: level(z), retry_ns: None, reset_ns: reset(z) };
+        }
+        let after = z + n * self.t;
+        if n == 0 || after <= now {
+            if take && n > 0 {
+                self.z = after;
+                return Answer { outcome: Outcome::Allowed, remaining: level(after), retry_ns: Some(0), reset_ns: reset(after) };
+            }
+            return Answer { outcome: Outcome::Allowed, remaining: level(z), retry_ns: Some(0), reset_ns: reset(z) };
+        }
+        Answer {
+            outcome: Outcome::Denied,
+            remaining: level(z),
+            retry_ns: Some(ceil_div(after - now, self.m) as u64),
+            reset_ns: reset(z),
+        }
+    }
+}
+
+/// The textbook bucket at the configured rate: per-token time `period/tokens` ns, exactly.
+///
+/// Time is kept multiplied by `tokens`, so that every quantity is an integer.
+#[derive(Clone, Debug)]
+pub struct Ideal {
+    tokens: i128,
+    period: i128,
+    burst: i128,
+    /// The empty instant, in ns × tokens.
+    z: i128,
+}
+
+impl Ideal {
+    pub fn new(q: &Quota) -> Ideal {
+        let tokens = i128::from(q.rate().tokens());
+        let period = q.rate().period().as_nanos() as i128;
+        Ideal { tokens, period, burst: i128::from(q.burst()), z: -i128::from(q.initial()) * period }
+    }
+
+    /// Whether `n` tokens are admitted at `ns`, taking them if so.
+    pub fn check_n(&mut self, ns: u64, n: u64) -> bool {
+        let now = i128::from(ns) * self.tokens;
+        let n = i128::from(n);
+        if n == 0 || n > self.burst {
+            return n == 0;
+        }
+        let after = self.z.max(now - self.burst * self.period) + n * self.period;
+        let ok = after <= now;
+        if ok {
+            self.z = after;
+        }
+        ok
+    }
+
+    /// Whether the bucket is full at `ns`.
+    pub fn is_full(&self, ns: u64) -> bool {
+        i128::from(ns) * self.tokens - self.z >= self.burst * self.period
+    }
+}
+
+/// Whether `q`'s rounded rate equals its configured rate.
+pub fn is_exact(q: &Quota) -> bool {
+    let r = q.rate();
+    u128::from(q.units_per_token()) * u128::from(r.tokens())
+        == r.period().as_nanos() * u128::from(q.units_per_nano())
+}
+
+/// `floor(rate · span)` at the configured rate: the most a full bucket may add over `span` ns.
+pub fn refill_bound(q: &Quota, span_ns: u64) -> u128 {
+    u128::from(span_ns) * u128::from(q.rate().tokens()) / q.rate().period().as_nanos()
+}
