@@ -123,6 +123,12 @@ impl<C: Clock> Limiter<C> {
         self.peek_n_at(self.clock.now(), n)
     }
 
+    /// [`peek`](Limiter::peek) at a caller-supplied `now`.
+    #[inline]
+    pub fn peek_at(&self, now: Nanos) -> Decision {
+        self.peek_n_at(now, 1)
+    }
+
     /// [`peek_n`](Limiter::peek_n) at a caller-supplied `now`.
     #[inline]
     pub fn peek_n_at(&self, now: Nanos, n: u64) -> Decision {

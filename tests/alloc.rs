@@ -1,0 +1,79 @@
+//! The decision path allocates nothing: a counting global allocator watches this thread while
+//! it decides on every clock.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use tollgate::{Clock, Limiter, ManualClock, Nanos, Quota, StdClock};
+
+struct Counting;
+
+thread_local! {
+    static WATCHING: Cell<bool> = const { Cell::new(false) };
+    static COUNT: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards every call to `System` unchanged; it only counts on the watching thread.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if WATCHING.with(Cell::get) {
+            COUNT.with(|c| c.set(c.get() + 1));
+        }
+        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which we pass on.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` above with this `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if WATCHING.with(Cell::get) {
+            COUNT.with(|c| c.set(c.get() + 1));
+        }
+        // SAFETY: as in `dealloc`, and the caller upholds `realloc`'s contract.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn allocations_during(f: impl FnOnce()) -> u64 {
+    COUNT.with(|c| c.set(0));
+    WATCHING.with(|w| w.set(true));
+    f();
+    WATCHING.with(|w| w.set(false));
+    COUNT.with(Cell::get)
+}
+
+fn exercise<C: Clock>(limiter: &Limiter<C>) {
+    for i in 0..20_000u64 {
+        std::hint::black_box(limiter.check());
+        std::hint::black_box(limiter.check_n(i % 7));
+        std::hint::black_box(limiter.check_n(u64::MAX));
+        std::hint::black_box(limiter.peek());
+        std::hint::black_box(limiter.allow());
+        std::hint::black_box(limiter.check_n_at(Nanos::new(i * 1_000), 2));
+    }
+}
+
+#[test]
+fn the_decision_path_never_allocates() {
+    let q = Quota::per_second(1_000).unwrap();
+    // Construction may allocate (clock calibration, the upkeep thread); decisions may not.
+    let tsc = Limiter::new(q);
+    let coarse = Limiter::with_clock(q, tollgate::CoarseClock::new().unwrap());
+    let std = Limiter::with_clock(q, StdClock::new());
+    let manual = Limiter::with_clock(q, ManualClock::new());
+    let n = allocations_during(|| {
+        exercise(&tsc);
+        exercise(&coarse);
+        exercise(&std);
+        exercise(&manual);
+    });
+    assert_eq!(n, 0, "the decision path allocated {n} times");
+    // The counter works: a Vec allocates.
+    assert_eq!(allocations_during(|| drop(std::hint::black_box(vec![1u8; 64]))), 1);
+}
