@@ -1,1 +1,156 @@
-fn main(){}
+//! The direct (single-bucket) limiter against its floor and against governor, in one run.
+//!
+//! * `floor`: one clock read (the same `TscClock` read tollgate does) plus one uncontended
+//!   load + CAS on a local `AtomicU64`: the least any clocked lock-free limiter can cost.
+//! * `allow-heavy`: a quota that never runs out. `deny-heavy`: one token per hour, spent.
+//! * `2-threads`: every core hammers one shared bucket; time per decision per thread.
+//!
+//! ```sh
+//! cargo bench --bench direct
+//! python3 scripts/criterion_table.py direct
+//! ```
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use tollgate::{Clock, CoarseClock, Limiter, Quota, Rate, TscClock};
+
+fn allow_heavy() -> Quota {
+    Quota::new(Rate::per_second(10_000_000_000), Quota::MAX_BURST).unwrap()
+}
+
+fn deny_heavy() -> Quota {
+    Quota::per_hour(1).unwrap()
+}
+
+fn governor_allow() -> governor::DefaultDirectRateLimiter {
+    governor::RateLimiter::direct(governor::Quota::per_second(NonZeroU32::MAX))
+}
+
+fn governor_deny() -> governor::DefaultDirectRateLimiter {
+    governor::RateLimiter::direct(governor::Quota::per_hour(NonZeroU32::MIN))
+}
+
+fn one_thread(c: &mut Criterion) {
+    let mut g = c.benchmark_group("direct/1-thread");
+    g.throughput(Throughput::Elements(1));
+
+    let clock = TscClock::new();
+    let word = AtomicU64::new(0);
+    g.bench_function("floor", |b| {
+        b.iter(|| {
+            let now = clock.now().as_u64();
+            let cur = word.load(Relaxed);
+            black_box(word.compare_exchange(cur, cur.wrapping_add(now | 1), Relaxed, Relaxed))
+        })
+    });
+    let coarse = CoarseClock::new().unwrap();
+    g.bench_function("floor-coarse", |b| {
+        b.iter(|| {
+            let now = coarse.now().as_u64();
+            let cur = word.load(Relaxed);
+            black_box(word.compare_exchange(cur, cur.wrapping_add(now | 1), Relaxed, Relaxed))
+        })
+    });
+
+    let l = Limiter::new(allow_heavy());
+    g.bench_function("tollgate/allow-heavy", |b| b.iter(|| black_box(l.check())));
+    g.bench_function("tollgate-bool/allow-heavy", |b| b.iter(|| black_box(l.allow())));
+    let l = Limiter::with_clock(allow_heavy(), CoarseClock::new().unwrap());
+    g.bench_function("tollgate-coarse/allow-heavy", |b| b.iter(|| black_box(l.check())));
+    let gov = governor_allow();
+    g.bench_function("governor/allow-heavy", |b| b.iter(|| black_box(gov.check())));
+
+    let l = Limiter::new(deny_heavy());
+    l.check();
+    g.bench_function("tollgate/deny-heavy", |b| b.iter(|| black_box(l.check())));
+    let l = Limiter::with_clock(deny_heavy(), CoarseClock::new().unwrap());
+    l.check();
+    g.bench_function("tollgate-coarse/deny-heavy", |b| b.iter(|| black_box(l.check())));
+    let gov = governor_deny();
+    let _ = gov.check();
+    g.bench_function("governor/deny-heavy", |b| b.iter(|| black_box(gov.check())));
+    g.finish();
+}
+
+/// Runs `op` `iters` times on every core at once, after a barrier; returns the mean wall time
+/// per thread (each thread's own span, averaged), so the result is time per decision per thread.
+fn on_all_cores(iters: u64, op: &(dyn Fn() + Sync)) -> Duration {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let barrier = Barrier::new(threads);
+    let total: Duration = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        op();
+                    }
+                    start.elapsed()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    total / threads as u32
+}
+
+fn all_cores(c: &mut Criterion) {
+    let mut g = c.benchmark_group("direct/all-cores-one-bucket");
+    g.throughput(Throughput::Elements(1));
+    let clock = TscClock::new();
+    let word = AtomicU64::new(0);
+    g.bench_function("floor", |b| {
+        b.iter_custom(|iters| {
+            on_all_cores(iters, &|| {
+                let now = clock.now().as_u64();
+                let mut cur = word.load(Relaxed);
+                while let Err(seen) = word.compare_exchange_weak(cur, cur.wrapping_add(now | 1), Relaxed, Relaxed) {
+                    cur = seen;
+                }
+            })
+        })
+    });
+    let l = Limiter::new(allow_heavy());
+    g.bench_function("tollgate/allow-heavy", |b| {
+        b.iter_custom(|iters| on_all_cores(iters, &|| {
+            black_box(l.check());
+        }))
+    });
+    let gov = governor_allow();
+    g.bench_function("governor/allow-heavy", |b| {
+        b.iter_custom(|iters| on_all_cores(iters, &|| {
+            let _ = black_box(gov.check());
+        }))
+    });
+    let l = Limiter::new(deny_heavy());
+    l.check();
+    g.bench_function("tollgate/deny-heavy", |b| {
+        b.iter_custom(|iters| on_all_cores(iters, &|| {
+            black_box(l.check());
+        }))
+    });
+    let gov = governor_deny();
+    let _ = gov.check();
+    g.bench_function("governor/deny-heavy", |b| {
+        b.iter_custom(|iters| on_all_cores(iters, &|| {
+            let _ = black_box(gov.check());
+        }))
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(40);
+    targets = one_thread, all_cores
+}
+criterion_main!(benches);

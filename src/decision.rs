@@ -18,16 +18,24 @@ pub enum Outcome {
 
 /// The outcome of a decision, with what a caller needs for headers and back-off.
 ///
-/// 24 bytes and `Copy`. Every field is computed with exact integer arithmetic and rounded
-/// toward denial: `remaining` down, `retry_after` and `reset_after` up to the next nanosecond.
+/// `Copy`, 40 bytes, and built without a division: it keeps the exact fixed-point quantities
+/// the bucket decided on, and each accessor converts its own field when called, so a caller
+/// that reads only [`is_allowed`](Decision::is_allowed) pays for nothing else. Every field is
+/// exact and rounded toward denial: `remaining` down, `retry_after` and `reset_after` up to the
+/// next nanosecond.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Decision {
     outcome: Outcome,
-    /// Whole tokens left after this decision (≤ burst ≤ u32::MAX).
-    remaining: u32,
-    /// `Nanos::MAX` when the outcome is `Insufficient`.
-    retry_after: Nanos,
-    reset_after: Nanos,
+    /// The quota's `m`: units per nanosecond (≤ 64).
+    units_per_nano: u8,
+    /// The quota's `t`: units per token.
+    units_per_token: u64,
+    /// Credit left after this decision, in units (≤ the fill, so `left / t ≤ burst`).
+    left: u64,
+    /// Credit still missing for this request, in units (zero when allowed).
+    missing: u64,
+    /// Units until the bucket is full.
+    until_full: u64,
 }
 
 impl Decision {
@@ -35,15 +43,13 @@ impl Decision {
     /// and the bucket is full again after `until_full` units.
     #[inline]
     pub(crate) fn new(q: &Quota, outcome: Outcome, left: u64, missing: u64, until_full: u64) -> Decision {
-        Decision {
-            outcome,
-            remaining: tokens(q, left),
-            retry_after: match outcome {
-                Outcome::Insufficient => Nanos::MAX,
-                _ => q.nanos_ceil(missing),
-            },
-            reset_after: q.nanos_ceil(until_full),
-        }
+        #[expect(clippy::cast_possible_truncation, reason = "m ≤ 64")]
+        let units_per_nano = q.units_per_nano() as u8;
+        Decision { outcome, units_per_nano, units_per_token: q.units_per_token(), left, missing, until_full }
+    }
+
+    fn nanos_ceil(&self, units: u64) -> Nanos {
+        Nanos::new(units.div_ceil(u64::from(self.units_per_nano)))
     }
 
     /// Whether the request was admitted.
@@ -61,47 +67,34 @@ impl Decision {
     /// Whole tokens left in the bucket after this decision, rounded down.
     #[inline]
     pub const fn remaining(&self) -> u64 {
-        self.remaining as u64
+        self.left / self.units_per_token
     }
 
     /// The exact wait until the same request would be allowed: zero if it was allowed, `None`
     /// if it never will be (its cost exceeds the burst). Rounded up to the next nanosecond.
     #[inline]
-    pub const fn retry_after(&self) -> Option<Duration> {
-        match self.outcome {
-            Outcome::Insufficient => None,
-            _ => Some(self.retry_after.as_duration()),
-        }
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after_nanos().map(Nanos::as_duration)
     }
 
     /// [`retry_after`](Decision::retry_after) in nanoseconds.
     #[inline]
-    pub const fn retry_after_nanos(&self) -> Option<Nanos> {
+    pub fn retry_after_nanos(&self) -> Option<Nanos> {
         match self.outcome {
             Outcome::Insufficient => None,
-            _ => Some(self.retry_after),
+            _ => Some(self.nanos_ceil(self.missing)),
         }
     }
 
     /// The time until the bucket is full again, if nothing else is taken. Rounded up.
     #[inline]
-    pub const fn reset_after(&self) -> Duration {
-        self.reset_after.as_duration()
+    pub fn reset_after(&self) -> Duration {
+        self.reset_after_nanos().as_duration()
     }
 
     /// [`reset_after`](Decision::reset_after) in nanoseconds.
     #[inline]
-    pub const fn reset_after_nanos(&self) -> Nanos {
-        self.reset_after
+    pub fn reset_after_nanos(&self) -> Nanos {
+        self.nanos_ceil(self.until_full)
     }
-}
-
-#[inline]
-fn tokens(q: &Quota, units: u64) -> u32 {
-    // `units ≤ fill = burst·t` for every state a limiter writes, so this is at most the burst;
-    // the clamp keeps arbitrary words in range.
-    let n = q.tokens_in(units.min(q.fill_units()));
-    #[expect(clippy::cast_possible_truncation, reason = "n ≤ burst ≤ u32::MAX")]
-    let n = n as u32;
-    n
 }

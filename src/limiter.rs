@@ -59,7 +59,7 @@ impl<C: Clock> Limiter<C> {
     /// The bucket instant of `now`: units since this limiter's creation (see `bucket.rs`).
     #[inline]
     fn instant(&self, now: Nanos) -> u64 {
-        self.quota.now_units(now.saturating_sub(self.origin))
+        self.quota.instant(now, self.origin)
     }
 
     /// Takes one token now, or says how long to wait.

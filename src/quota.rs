@@ -65,55 +65,6 @@ impl Rate {
     }
 }
 
-/// An exact divisor: one multiply-high and at most two fix-ups instead of a hardware division on
-/// the decision path.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Divisor {
-    d: u64,
-    /// `floor((2^64 − 1) / d)`.
-    recip: u64,
-}
-
-impl Divisor {
-    const fn new(d: u64) -> Divisor {
-        Divisor { d, recip: u64::MAX / d }
-    }
-
-    /// `(floor(x / d), x mod d)`, for every `x`.
-    ///
-    /// `recip ≤ 2^64/d`, so the estimate `q` is at most `x/d`, and `x − q·d` cannot underflow.
-    /// `recip > (2^64 − 1 − d)/d`, so `x/d − q < 1 + x·(d+1)/(d·2^64) < 3`: two fix-ups suffice
-    /// (one when `x < 2^63`).
-    #[inline]
-    pub(crate) const fn div_rem(self, x: u64) -> (u64, u64) {
-        #[expect(clippy::cast_possible_truncation, reason = "the high half of a 128-bit product")]
-        let mut q = ((x as u128 * self.recip as u128) >> 64) as u64;
-        let mut r = x - q * self.d;
-        if r >= self.d {
-            q += 1;
-            r -= self.d;
-        }
-        if r >= self.d {
-            q += 1;
-            r -= self.d;
-        }
-        (q, r)
-    }
-
-    /// `floor(x / d)`.
-    #[inline]
-    pub(crate) const fn div(self, x: u64) -> u64 {
-        self.div_rem(x).0
-    }
-
-    /// `ceil(x / d)`.
-    #[inline]
-    pub(crate) const fn div_ceil(self, x: u64) -> u64 {
-        let (q, r) = self.div_rem(x);
-        q + (r != 0) as u64
-    }
-}
-
 /// A rate limit: a refill rate and a burst (the bucket's capacity), plus the level the bucket
 /// starts at (full unless [`with_initial`](Quota::with_initial) says otherwise, as Envoy's).
 ///
@@ -156,8 +107,6 @@ pub struct Quota {
     fill_units: u64,
     /// The largest elapsed nanosecond count the units can express; time saturates there.
     max_elapsed: u64,
-    per_token: Divisor,
-    per_nano: Divisor,
 }
 
 impl Quota {
@@ -194,8 +143,6 @@ impl Quota {
             units_per_token: t,
             fill_units,
             max_elapsed: (u64::MAX - 2 * fill_units) / m,
-            per_token: Divisor::new(t),
-            per_nano: Divisor::new(m),
         })
     }
 
@@ -264,8 +211,8 @@ impl Quota {
         self.units_per_token
     }
     /// The time to refill from empty to full, rounded up to whole nanoseconds.
-    pub const fn fill_time(&self) -> Nanos {
-        Nanos::new(self.per_nano.div_ceil(self.fill_units))
+    pub fn fill_time(&self) -> Nanos {
+        Nanos::new(self.fill_units.div_ceil(self.units_per_nano))
     }
     /// How long after its creation a limiter with this quota keeps refilling (see the type docs).
     pub const fn lifetime(&self) -> Nanos {
@@ -295,16 +242,22 @@ impl Quota {
         self.fill_units + e * self.units_per_nano
     }
 
-    /// Whole tokens in `units`.
+    /// [`now_units`](Quota::now_units) of `now − origin`, with `now` before `origin` read as
+    /// `origin`. Predicted branches for both saturations, keeping the dependency chain from
+    /// the clock read to the CAS short.
     #[inline]
-    pub(crate) const fn tokens_in(&self, units: u64) -> u64 {
-        self.per_token.div(units)
+    pub(crate) fn instant(&self, now: Nanos, origin: Nanos) -> u64 {
+        let (e, before_origin) = now.as_u64().overflowing_sub(origin.as_u64());
+        if before_origin || e > self.max_elapsed {
+            return self.instant_out_of_range(now, origin);
+        }
+        self.fill_units + e * self.units_per_nano
     }
 
-    /// `units` as nanoseconds, rounded up, so a wait is always long enough.
-    #[inline]
-    pub(crate) const fn nanos_ceil(&self, units: u64) -> Nanos {
-        Nanos::new(self.per_nano.div_ceil(units))
+    #[cold]
+    #[inline(never)]
+    fn instant_out_of_range(&self, now: Nanos, origin: Nanos) -> u64 {
+        self.now_units(now.saturating_sub(origin))
     }
 }
 
@@ -354,25 +307,6 @@ const fn gcd(mut a: u64, mut b: u64) -> u64 {
 #[cfg(all(test, not(tollgate_loom)))]
 mod tests {
     use super::*;
-
-    #[test]
-    fn divisor_is_exact_at_the_edges() {
-        for d in [1u64, 2, 3, 7, 63, 64, 1000, (1 << 31) + 11, (1 << 62) - 1, 1 << 62] {
-            let div = Divisor::new(d);
-            for x in [0u64, 1, d - 1, d, d + 1, 2 * d - 1, (1 << 63) - 1, (1 << 62) + 12345, u64::MAX - 1, u64::MAX] {
-                assert_eq!(div.div_rem(x), (x / d, x % d), "{x} / {d}");
-                assert_eq!(div.div_ceil(x), x.div_ceil(d), "{x} / {d}");
-            }
-        }
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn divisor_is_exact(d in 1u64.., x in proptest::prelude::any::<u64>()) {
-            let div = Divisor::new(d);
-            proptest::prop_assert_eq!(div.div_rem(x), (x / d, x % d));
-        }
-    }
 
     #[test]
     fn round_rates_are_exact() {
