@@ -10,6 +10,8 @@
 //! python3 scripts/criterion_table.py direct
 //! ```
 
+#![allow(missing_docs)] // criterion_group! generates undocumented items
+
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -110,7 +112,9 @@ fn all_cores(c: &mut Criterion) {
             on_all_cores(iters, &|| {
                 let now = clock.now().as_u64();
                 let mut cur = word.load(Relaxed);
-                while let Err(seen) = word.compare_exchange_weak(cur, cur.wrapping_add(now | 1), Relaxed, Relaxed) {
+                while let Err(seen) =
+                    word.compare_exchange_weak(cur, cur.wrapping_add(now | 1), Relaxed, Relaxed)
+                {
                     cur = seen;
                 }
             })
@@ -118,29 +122,37 @@ fn all_cores(c: &mut Criterion) {
     });
     let l = Limiter::new(allow_heavy());
     g.bench_function("tollgate/allow-heavy", |b| {
-        b.iter_custom(|iters| on_all_cores(iters, &|| {
-            black_box(l.check());
-        }))
+        b.iter_custom(|iters| {
+            on_all_cores(iters, &|| {
+                black_box(l.check());
+            })
+        })
     });
     let gov = governor_allow();
     g.bench_function("governor/allow-heavy", |b| {
-        b.iter_custom(|iters| on_all_cores(iters, &|| {
-            let _ = black_box(gov.check());
-        }))
+        b.iter_custom(|iters| {
+            on_all_cores(iters, &|| {
+                let _ = black_box(gov.check());
+            })
+        })
     });
     let l = Limiter::new(deny_heavy());
     l.check();
     g.bench_function("tollgate/deny-heavy", |b| {
-        b.iter_custom(|iters| on_all_cores(iters, &|| {
-            black_box(l.check());
-        }))
+        b.iter_custom(|iters| {
+            on_all_cores(iters, &|| {
+                black_box(l.check());
+            })
+        })
     });
     let gov = governor_deny();
     let _ = gov.check();
     g.bench_function("governor/deny-heavy", |b| {
-        b.iter_custom(|iters| on_all_cores(iters, &|| {
-            let _ = black_box(gov.check());
-        }))
+        b.iter_custom(|iters| {
+            on_all_cores(iters, &|| {
+                let _ = black_box(gov.check());
+            })
+        })
     });
     g.finish();
 }

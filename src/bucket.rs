@@ -47,6 +47,7 @@
 pub(crate) mod atomic;
 
 use crate::decision::{Decision, Outcome};
+use crate::quota::At;
 use crate::Quota;
 
 /// The packed state of one bucket: its empty instant, in units (see the module docs).
@@ -73,56 +74,62 @@ impl BucketWord {
         self.0
     }
 
-    /// A bucket holding `tokens` (≤ burst) at the bucket instant `now`.
+    /// A bucket holding `tokens` (≤ burst) at the bucket instant `at`.
     #[inline]
-    pub(crate) const fn with_tokens(q: &Quota, now: u64, tokens: u64) -> BucketWord {
-        BucketWord(now - q.cost_units(tokens))
+    pub(crate) const fn with_tokens(q: &Quota, at: At, tokens: u64) -> BucketWord {
+        BucketWord(at.now - q.cost_units(tokens))
     }
 
-    /// The stamp as of `now`: raised to `now − fill` when older, since a bucket holds at most
-    /// one burst. Returns `(base, floor)`.
+    /// The stamp as of `at`: raised to `floor = now − fill` when older, since a bucket holds at
+    /// most one burst.
     #[inline]
-    const fn base(self, q: &Quota, now: u64) -> (u64, u64) {
-        let floor = now - q.fill_units();
-        let base = if self.0 > floor { self.0 } else { floor };
-        (base, floor)
-    }
-
-    /// Decides a request of `n` tokens (`1 ≤ n ≤ burst`) at the bucket instant `now`.
-    #[inline]
-    pub(crate) fn decide(self, q: &Quota, now: u64, n: u64) -> Verdict {
-        let (base, floor) = self.base(q, now);
-        let next = base.saturating_add(q.cost_units(n));
-        if next <= now {
-            Verdict::Take { next: BucketWord(next) }
+    const fn base(self, at: At) -> u64 {
+        if self.0 > at.floor {
+            self.0
         } else {
-            let left = now.saturating_sub(base);
-            Verdict::Final(Decision::new(q, Outcome::Denied, left, next - now, base - floor))
+            at.floor
         }
     }
 
-    /// The decision for a request of `n` tokens once the stamp moved to `self` at `now`.
+    /// Decides a request of `n` tokens (`1 ≤ n ≤ burst`) at the bucket instant `at`.
+    ///
+    /// Admitted iff `base + cost ≤ now`, tested as `base ≤ now − cost` (`now − cost ≥ floor`
+    /// since `cost ≤ fill`): no overflow for any word, and the subtraction runs beside the load
+    /// instead of after it.
     #[inline]
-    pub(crate) fn taken(self, q: &Quota, now: u64) -> Decision {
-        let floor = now - q.fill_units();
-        Decision::new(q, Outcome::Allowed, now - self.0, 0, self.0 - floor)
+    pub(crate) fn decide(self, q: &Quota, at: At, n: u64) -> Verdict {
+        let cost = q.cost_units(n);
+        let limit = at.now - cost;
+        let base = self.base(at);
+        if base <= limit {
+            Verdict::Take { next: BucketWord(base + cost) }
+        } else {
+            let left = at.now.saturating_sub(base);
+            Verdict::Final(Decision::new(q, Outcome::Denied, left, base - limit, base - at.floor))
+        }
+    }
+
+    /// The decision once the stamp moved to `self` at `at`.
+    #[inline]
+    pub(crate) fn taken(self, q: &Quota, at: At) -> Decision {
+        Decision::new(q, Outcome::Allowed, at.now - self.0, 0, self.0 - at.floor)
     }
 
     /// What deciding `n` tokens (any `n`) would answer, without taking anything. The remaining
     /// count is the current level. `n = 0` is always allowed; `n > burst` is insufficient.
     #[inline]
-    pub(crate) fn peek(self, q: &Quota, now: u64, n: u64) -> Decision {
-        let (base, floor) = self.base(q, now);
-        let left = now.saturating_sub(base);
-        let until_full = base - floor;
+    pub(crate) fn peek(self, q: &Quota, at: At, n: u64) -> Decision {
+        let base = self.base(at);
+        let left = at.now.saturating_sub(base);
+        let until_full = base - at.floor;
         if n > q.burst() {
             return Decision::new(q, Outcome::Insufficient, left, 0, until_full);
         }
-        let next = base.saturating_add(q.cost_units(n));
-        if n == 0 || next <= now {
+        let limit = at.now - q.cost_units(n);
+        if n == 0 || base <= limit {
             Decision::new(q, Outcome::Allowed, left, 0, until_full)
         } else {
-            Decision::new(q, Outcome::Denied, left, next - now, until_full)
+            Decision::new(q, Outcome::Denied, left, base - limit, until_full)
         }
     }
 }
@@ -152,14 +159,14 @@ mod tests {
             let word = BucketWord::from_raw(raw);
             let peeked = word.peek(&q, now, n);
             prop_assert!(peeked.remaining() <= q.burst());
-            if raw <= now {
+            if raw <= now.now {
                 prop_assert!(peeked.reset_after_nanos() <= q.fill_time());
             }
             let n = n % (q.burst() + 1);
             if n > 0 {
                 match word.decide(&q, now, n) {
                     Verdict::Take { next } => {
-                        prop_assert!(next.raw() <= now && next.raw() > raw);
+                        prop_assert!(next.raw() <= now.now && next.raw() > raw);
                         let d = next.taken(&q, now);
                         prop_assert!(d.is_allowed() && d.remaining() <= q.burst() - n);
                     }
@@ -186,20 +193,20 @@ mod tests {
         let q = Quota::per_second(10).unwrap(); // t = 1e8 units (m = 1), fill = 1e9
         let now = q.now_units(Nanos::new(5_000_000_000));
         // Any stamp at or below now − fill reads as exactly full.
-        for raw in [0, now - q.fill_units() - 1, now - q.fill_units()] {
+        for raw in [0, now.floor - 1, now.floor] {
             assert_eq!(BucketWord(raw).peek(&q, now, 0).remaining(), 10);
         }
         // One unit short of a token is zero tokens, with a 1 ns wait.
-        let d = BucketWord(now - q.units_per_token() + 1).peek(&q, now, 1);
+        let d = BucketWord(now.now - q.units_per_token() + 1).peek(&q, now, 1);
         assert_eq!((d.outcome(), d.remaining()), (Outcome::Denied, 0));
         assert_eq!(d.retry_after(), Some(Duration::from_nanos(1)));
         // A stamp ahead of now (skew) is zero credit, not a wrap to full.
-        let d = BucketWord(now + 5).peek(&q, now, 1);
+        let d = BucketWord(now.now + 5).peek(&q, now, 1);
         assert_eq!(d.remaining(), 0);
         assert_eq!(d.retry_after(), Some(Duration::from_nanos(100_000_005)));
         // The last instant of the lifetime, and beyond it: time saturates.
         let end = q.now_units(q.lifetime());
         assert_eq!(q.now_units(Nanos::MAX), end);
-        assert_eq!(end, u64::MAX - q.fill_units());
+        assert_eq!(end.now, u64::MAX - q.cost_units(q.burst()));
     }
 }

@@ -58,7 +58,9 @@ pub enum ConfigError {
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ConfigError::ZeroRate => f.write_str("zero rates are not supported: tokens per period must be at least 1"),
+            ConfigError::ZeroRate => {
+                f.write_str("zero rates are not supported: tokens per period must be at least 1")
+            }
             ConfigError::ZeroPeriod => f.write_str("the rate's period must be at least 1 ns"),
             ConfigError::ZeroBurst => f.write_str("the burst must be at least 1 token"),
             ConfigError::BurstTooLarge { burst } => {

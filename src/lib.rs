@@ -9,9 +9,9 @@ mod quota;
 mod sync;
 mod time;
 
+pub use clock::{Clock, DefaultClock, ManualClock, StdClock};
 #[cfg(feature = "quanta")]
 pub use clock::{CoarseClock, TscClock};
-pub use clock::{Clock, DefaultClock, ManualClock, StdClock};
 pub use decision::{Decision, Outcome};
 pub use error::ConfigError;
 pub use limiter::Limiter;

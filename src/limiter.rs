@@ -7,6 +7,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::bucket::atomic::AtomicBucket;
 use crate::bucket::BucketWord;
+use crate::quota::At;
 use crate::{Clock, Decision, DefaultClock, Nanos, Quota};
 
 /// A single token bucket shared by any number of threads.
@@ -58,7 +59,7 @@ impl<C: Clock> Limiter<C> {
 
     /// The bucket instant of `now`: units since this limiter's creation (see `bucket.rs`).
     #[inline]
-    fn instant(&self, now: Nanos) -> u64 {
+    fn instant(&self, now: Nanos) -> At {
         self.quota.instant(now, self.origin)
     }
 

@@ -65,6 +65,21 @@ impl Rate {
     }
 }
 
+/// A bucket instant: `now = fill + elapsed·m` units, and `floor = now − fill`, the stamp of a
+/// bucket that is exactly full. Both are kept so that neither sits on the critical path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct At {
+    pub(crate) now: u64,
+    pub(crate) floor: u64,
+}
+
+impl At {
+    #[inline]
+    const fn new(q: &Quota, floor: u64) -> At {
+        At { now: floor + q.fill_units, floor }
+    }
+}
+
 /// A rate limit: a refill rate and a burst (the bucket's capacity), plus the level the bucket
 /// starts at (full unless [`with_initial`](Quota::with_initial) says otherwise, as Envoy's).
 ///
@@ -132,8 +147,11 @@ impl Quota {
         if u128::from(period) * u128::from(MAX_UNITS_PER_NANO) < u128::from(tokens) {
             return Err(ConfigError::RateTooHigh { tokens, period_nanos: period });
         }
-        let (m, t) = choose_units(tokens, period, burst)
-            .ok_or(ConfigError::FillTimeTooLong { burst, tokens, period_nanos: period })?;
+        let (m, t) = choose_units(tokens, period, burst).ok_or(ConfigError::FillTimeTooLong {
+            burst,
+            tokens,
+            period_nanos: period,
+        })?;
         let fill_units = burst * t;
         Ok(Quota {
             rate,
@@ -221,12 +239,6 @@ impl Quota {
 
     // ---- crate-internal fixed-point helpers, all exact ----
 
-    /// The fill time, in units: the cap on stored credit.
-    #[inline]
-    pub(crate) const fn fill_units(&self) -> u64 {
-        self.fill_units
-    }
-
     /// `n` tokens in units. Callers guarantee `n ≤ burst`, so this is at most `fill_units`.
     #[inline]
     pub(crate) const fn cost_units(&self, n: u64) -> u64 {
@@ -236,27 +248,27 @@ impl Quota {
     /// The bucket's clock: `fill + elapsed·m`, so that a full bucket's stamp (`now − fill`)
     /// never underflows. Saturates at the lifetime, leaving `fill` units of headroom above.
     #[inline]
-    pub(crate) const fn now_units(&self, elapsed: Nanos) -> u64 {
+    pub(crate) const fn now_units(&self, elapsed: Nanos) -> At {
         let e = elapsed.as_u64();
         let e = if e > self.max_elapsed { self.max_elapsed } else { e };
-        self.fill_units + e * self.units_per_nano
+        At::new(self, e * self.units_per_nano)
     }
 
     /// [`now_units`](Quota::now_units) of `now − origin`, with `now` before `origin` read as
     /// `origin`. Predicted branches for both saturations, keeping the dependency chain from
     /// the clock read to the CAS short.
     #[inline]
-    pub(crate) fn instant(&self, now: Nanos, origin: Nanos) -> u64 {
+    pub(crate) fn instant(&self, now: Nanos, origin: Nanos) -> At {
         let (e, before_origin) = now.as_u64().overflowing_sub(origin.as_u64());
         if before_origin || e > self.max_elapsed {
             return self.instant_out_of_range(now, origin);
         }
-        self.fill_units + e * self.units_per_nano
+        At::new(self, e * self.units_per_nano)
     }
 
     #[cold]
     #[inline(never)]
-    fn instant_out_of_range(&self, now: Nanos, origin: Nanos) -> u64 {
+    fn instant_out_of_range(&self, now: Nanos, origin: Nanos) -> At {
         self.now_units(now.saturating_sub(origin))
     }
 }
@@ -325,7 +337,9 @@ mod tests {
 
     #[test]
     fn inexact_rates_round_down_within_the_bound() {
-        for (tokens, period) in [(9_999_999_999u64, 1_000_000_000u64), (7, 1_000_000_001), (1_000_003, 99_999)] {
+        for (tokens, period) in
+            [(9_999_999_999u64, 1_000_000_000u64), (7, 1_000_000_001), (1_000_003, 99_999)]
+        {
             let q = Quota::new(Rate::per(tokens, Duration::from_nanos(period)), 1).unwrap();
             let (m, t) = (u128::from(q.units_per_nano()), u128::from(q.units_per_token()));
             let (tokens, period) = (u128::from(tokens), u128::from(period));

@@ -51,7 +51,11 @@ fn frozen_time_grants_exactly_the_level() {
 /// the whole run never exceeds `burst + floor(rate·span)`.
 #[test]
 fn moving_time_never_exceeds_the_bound() {
-    for (rate, burst) in [(Rate::per_second(1_000_000), 64u64), (Rate::per(7, Duration::from_nanos(3)), 1_000), (Rate::per_second(3), 1)] {
+    for (rate, burst) in [
+        (Rate::per_second(1_000_000), 64u64),
+        (Rate::per(7, Duration::from_nanos(3)), 1_000),
+        (Rate::per_second(3), 1),
+    ] {
         let q = Quota::new(rate, burst).unwrap();
         let limiter = Limiter::with_clock(q, ManualClock::new());
         let clock = AtomicU64::new(0);

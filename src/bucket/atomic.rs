@@ -11,6 +11,7 @@
 
 use super::{BucketWord, Verdict};
 use crate::decision::Decision;
+use crate::quota::At;
 use crate::sync::{AtomicU64, Ordering::Relaxed};
 use crate::Quota;
 
@@ -31,16 +32,16 @@ impl AtomicBucket {
         BucketWord::from_raw(self.word.load(Relaxed))
     }
 
-    /// Takes `n` tokens (`1 ≤ n ≤ burst`) at the bucket instant `now`, or denies.
+    /// Takes `n` tokens (`1 ≤ n ≤ burst`) at the bucket instant `at`, or denies.
     ///
     /// Never blocks, allocates or panics. Retries only when another thread changed the word
     /// between our load and our CAS, which means that thread's decision took effect: the loop
     /// is lock-free.
     #[inline]
-    pub(crate) fn acquire(&self, q: &Quota, now: u64, n: u64) -> Decision {
+    pub(crate) fn acquire(&self, q: &Quota, at: At, n: u64) -> Decision {
         let mut cur = self.load();
         loop {
-            let next = match cur.decide(q, now, n) {
+            let next = match cur.decide(q, at, n) {
                 Verdict::Take { next } => next,
                 Verdict::Final(denied) => return denied,
             };
@@ -48,7 +49,7 @@ impl AtomicBucket {
             // value feeds the same decision as the first load. Checked by
             // loom-tests/tests/bucket.rs.
             match self.word.compare_exchange_weak(cur.raw(), next.raw(), Relaxed, Relaxed) {
-                Ok(_) => return next.taken(q, now),
+                Ok(_) => return next.taken(q, at),
                 Err(seen) => cur = BucketWord::from_raw(seen), // lost a race: re-decide
             }
         }

@@ -79,15 +79,30 @@ impl Model {
         let level = |z: i128| ((now - z).max(0) / self.t) as u64;
         let reset = |z: i128| ceil_div(z - (now - fill), self.m) as u64;
         if n > self.burst {
-            return Answer { outcome: Outcome::Insufficient, remaining: level(z), retry_ns: None, reset_ns: reset(z) };
+            return Answer {
+                outcome: Outcome::Insufficient,
+                remaining: level(z),
+                retry_ns: None,
+                reset_ns: reset(z),
+            };
         }
         let after = z + n * self.t;
         if n == 0 || after <= now {
             if take && n > 0 {
                 self.z = after;
-                return Answer { outcome: Outcome::Allowed, remaining: level(after), retry_ns: Some(0), reset_ns: reset(after) };
+                return Answer {
+                    outcome: Outcome::Allowed,
+                    remaining: level(after),
+                    retry_ns: Some(0),
+                    reset_ns: reset(after),
+                };
             }
-            return Answer { outcome: Outcome::Allowed, remaining: level(z), retry_ns: Some(0), reset_ns: reset(z) };
+            return Answer {
+                outcome: Outcome::Allowed,
+                remaining: level(z),
+                retry_ns: Some(0),
+                reset_ns: reset(z),
+            };
         }
         Answer {
             outcome: Outcome::Denied,

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: formatting, lints, workspace tests (unit, proptest,
+# conformance, conservation, allocation, doc tests, benches in test mode), the loom models, and
+# a bounded fuzz run from the committed seed corpus. Installs cargo-fuzz if it is missing.
+#
+#     bash scripts/test.sh            # everything (about 10 minutes on 2 cores)
+#     FUZZ_SECONDS=10 bash scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
+step() { printf '\n==> %s\n' "$*"; }
+
+step "rustfmt"
+cargo fmt --all -- --check
+
+step "clippy"
+cargo clippy --workspace --all-targets --profile ci -- -D warnings
+
+step "atomics come only from src/sync.rs"
+if grep -rn 'sync::atomic' src --include='*.rs' | grep -v '^src/sync.rs:'; then
+    echo "error: import atomics through crate::sync so that loom sees them" >&2
+    exit 1
+fi
+
+step "workspace tests (ci profile: optimized, with overflow checks and debug assertions)"
+cargo test --workspace --all-targets --profile ci
+cargo test --workspace --doc --profile ci
+
+step "crate builds without default features"
+cargo check -p tollgate --no-default-features
+
+step "loom models"
+RUSTFLAGS="--cfg tollgate_loom" LOOM_MAX_PREEMPTIONS=3 CARGO_TARGET_DIR=target/loom \
+    cargo test -p loom-tests --release
+
+step "fuzz: ${FUZZ_SECONDS}s per target from fuzz/seeds"
+if ! command -v cargo-fuzz >/dev/null 2>&1; then
+    cargo install cargo-fuzz --locked
+fi
+for target in $(cd fuzz && cargo fuzz list); do
+    scratch="$(mktemp -d)"
+    # New inputs go to the scratch corpus (the first directory); the seeds stay as committed.
+    (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run -s none "$target" "$scratch" "seeds/$target" -- \
+        -max_total_time="$FUZZ_SECONDS" -seed=1 -print_final_stats=1 2>&1 | grep -v '^#')
+    rm -rf "$scratch"
+done
+
+echo
+echo "all checks passed"
