@@ -42,7 +42,7 @@ for target in $(cd fuzz && cargo fuzz list); do
     scratch="$(mktemp -d)"
     # New inputs go to the scratch corpus (the first directory); the seeds stay as committed.
     (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run -s none "$target" "$scratch" "seeds/$target" -- \
-        -max_total_time="$FUZZ_SECONDS" -seed=1 -print_final_stats=1 2>&1 | grep -v '^#')
+        -max_total_time="$FUZZ_SECONDS" -seed=1 -print_final_stats=1 2>&1 | grep -vE '^(#|")')
     rm -rf "$scratch"
 done
 
