@@ -18,20 +18,17 @@ pub enum Outcome {
 
 /// The outcome of a decision, with what a caller needs for headers and back-off.
 ///
-/// `Copy`, 40 bytes, and built without a division: it keeps the exact fixed-point quantities
-/// the bucket decided on, and each accessor converts its own field when called, so a caller
-/// that reads only [`is_allowed`](Decision::is_allowed) pays for nothing else. Every field is
-/// exact and rounded toward denial: `remaining` down, `retry_after` and `reset_after` up to the
-/// next nanosecond.
+/// `Copy` and 24 bytes. It is built without a hardware division: `remaining` comes from a
+/// precomputed reciprocal, and the two waits stay in the bucket's exact fixed-point units until
+/// an accessor converts them. Every field is exact and rounded toward denial: `remaining` down,
+/// `retry_after` and `reset_after` up to the next nanosecond.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Decision {
     outcome: Outcome,
     /// The quota's `m`: units per nanosecond (≤ 64).
     units_per_nano: u8,
-    /// The quota's `t`: units per token.
-    units_per_token: u64,
-    /// Credit left after this decision, in units (≤ the fill, so `left / t ≤ burst`).
-    left: u64,
+    /// Whole tokens left after this decision (≤ burst ≤ u32::MAX).
+    remaining: u32,
     /// Credit still missing for this request, in units (zero when allowed).
     missing: u64,
     /// Units until the bucket is full.
@@ -45,7 +42,10 @@ impl Decision {
     pub(crate) fn new(q: &Quota, outcome: Outcome, left: u64, missing: u64, until_full: u64) -> Decision {
         #[expect(clippy::cast_possible_truncation, reason = "m ≤ 64")]
         let units_per_nano = q.units_per_nano() as u8;
-        Decision { outcome, units_per_nano, units_per_token: q.units_per_token(), left, missing, until_full }
+        // `left ≤ fill = burst·t` for every state (the base is never below `now − fill`).
+        #[expect(clippy::cast_possible_truncation, reason = "left / t ≤ burst ≤ u32::MAX")]
+        let remaining = q.tokens_in(left) as u32;
+        Decision { outcome, units_per_nano, remaining, missing, until_full }
     }
 
     fn nanos_ceil(&self, units: u64) -> Nanos {
@@ -67,7 +67,7 @@ impl Decision {
     /// Whole tokens left in the bucket after this decision, rounded down.
     #[inline]
     pub const fn remaining(&self) -> u64 {
-        self.left / self.units_per_token
+        self.remaining as u64
     }
 
     /// The exact wait until the same request would be allowed: zero if it was allowed, `None`

@@ -65,6 +65,48 @@ impl Rate {
     }
 }
 
+/// An exact divisor: one multiply-high and at most two fix-ups instead of a hardware division on
+/// the decision path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Divisor {
+    d: u64,
+    /// `floor((2^64 − 1) / d)`.
+    recip: u64,
+}
+
+impl Divisor {
+    const fn new(d: u64) -> Divisor {
+        Divisor { d, recip: u64::MAX / d }
+    }
+
+    /// `(floor(x / d), x mod d)`, for every `x`.
+    ///
+    /// `recip ≤ 2^64/d`, so the estimate `q` is at most `x/d`, and `x − q·d` cannot underflow.
+    /// `recip > (2^64 − 1 − d)/d`, so `x/d − q < 1 + x·(d+1)/(d·2^64) < 3`: two fix-ups suffice
+    /// (one when `x < 2^63`).
+    #[inline]
+    pub(crate) const fn div_rem(self, x: u64) -> (u64, u64) {
+        #[expect(clippy::cast_possible_truncation, reason = "the high half of a 128-bit product")]
+        let mut q = ((x as u128 * self.recip as u128) >> 64) as u64;
+        let mut r = x - q * self.d;
+        if r >= self.d {
+            q += 1;
+            r -= self.d;
+        }
+        if r >= self.d {
+            q += 1;
+            r -= self.d;
+        }
+        (q, r)
+    }
+
+    /// `floor(x / d)`.
+    #[inline]
+    pub(crate) const fn div(self, x: u64) -> u64 {
+        self.div_rem(x).0
+    }
+}
+
 /// A bucket instant: `now = fill + elapsed·m` units, and `floor = now − fill`, the stamp of a
 /// bucket that is exactly full. Both are kept so that neither sits on the critical path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,6 +164,8 @@ pub struct Quota {
     fill_units: u64,
     /// The largest elapsed nanosecond count the units can express; time saturates there.
     max_elapsed: u64,
+    /// Divides by `units_per_token`.
+    per_token: Divisor,
 }
 
 impl Quota {
@@ -161,6 +205,7 @@ impl Quota {
             units_per_token: t,
             fill_units,
             max_elapsed: (u64::MAX - 2 * fill_units) / m,
+            per_token: Divisor::new(t),
         })
     }
 
@@ -238,6 +283,17 @@ impl Quota {
     }
 
     // ---- crate-internal fixed-point helpers, all exact ----
+
+    /// Whole tokens in `units`, rounded down. An empty bucket (the common case when denying)
+    /// skips the multiply.
+    #[inline]
+    pub(crate) const fn tokens_in(&self, units: u64) -> u64 {
+        if units < self.units_per_token {
+            0
+        } else {
+            self.per_token.div(units)
+        }
+    }
 
     /// `n` tokens in units. Callers guarantee `n ≤ burst`, so this is at most `fill_units`.
     #[inline]
@@ -319,6 +375,24 @@ const fn gcd(mut a: u64, mut b: u64) -> u64 {
 #[cfg(all(test, not(tollgate_loom)))]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #[test]
+        fn divisor_is_exact(d in 1u64.., x in proptest::prelude::any::<u64>()) {
+            let div = Divisor::new(d);
+            proptest::prop_assert_eq!(div.div_rem(x), (x / d, x % d));
+        }
+    }
+
+    #[test]
+    fn divisor_is_exact_at_the_edges() {
+        for d in [1u64, 2, 3, 7, 63, 64, 1000, (1 << 31) + 11, (1 << 62) - 1, 1 << 62, u64::MAX] {
+            let div = Divisor::new(d);
+            for x in [0u64, 1, d - 1, d, d.saturating_add(1), (1 << 63) - 1, u64::MAX - 1, u64::MAX] {
+                assert_eq!(div.div_rem(x), (x / d, x % d), "{x} / {d}");
+            }
+        }
+    }
 
     #[test]
     fn round_rates_are_exact() {
