@@ -99,7 +99,7 @@ fn on_all_cores(iters: u64, op: &(dyn Fn() + Sync)) -> Duration {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).sum()
     });
-    total / threads as u32
+    total / u32::try_from(threads).expect("a thread count fits u32")
 }
 
 fn all_cores(c: &mut Criterion) {

@@ -86,7 +86,6 @@ impl Divisor {
     /// (one when `x < 2^63`).
     #[inline]
     pub(crate) const fn div_rem(self, x: u64) -> (u64, u64) {
-        #[expect(clippy::cast_possible_truncation, reason = "the high half of a 128-bit product")]
         let mut q = ((x as u128 * self.recip as u128) >> 64) as u64;
         let mut r = x - q * self.d;
         if r >= self.d {

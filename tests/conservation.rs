@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::model::refill_bound;
 use tollgate::{Limiter, ManualClock, Nanos, Quota, Rate};
 
-const THREADS: u64 = 4;
+const THREADS: usize = 4;
 
 /// Phases at a frozen instant: exactly the bucket's level is granted, however the threads
 /// interleave, so no CAS lost an update and none granted twice.
@@ -19,14 +19,14 @@ const THREADS: u64 = 4;
 fn frozen_time_grants_exactly_the_level() {
     let q = Quota::new(Rate::per_second(1000), 5_000).unwrap();
     let limiter = Limiter::with_clock(q, ManualClock::new());
-    let barrier = Barrier::new(THREADS as usize);
+    let barrier = Barrier::new(THREADS);
     for phase in 0..20u64 {
         // Each phase starts 1.7 s after the previous: 1,700 tokens refill, capped at 5,000.
         let now = Nanos::new(phase * 1_700_000_000);
         let level = limiter.peek_n_at(now, 0).remaining();
         let granted = AtomicU64::new(0);
         thread::scope(|s| {
-            for i in 0..THREADS {
+            for i in 0..THREADS as u64 {
                 let (limiter, barrier, granted) = (&limiter, &barrier, &granted);
                 s.spawn(move || {
                     barrier.wait();
@@ -60,9 +60,9 @@ fn moving_time_never_exceeds_the_bound() {
         let limiter = Limiter::with_clock(q, ManualClock::new());
         let clock = AtomicU64::new(0);
         let granted = AtomicU64::new(0);
-        let barrier = Barrier::new(THREADS as usize);
+        let barrier = Barrier::new(THREADS);
         thread::scope(|s| {
-            for i in 0..THREADS {
+            for i in 0..THREADS as u64 {
                 let (limiter, clock, granted, barrier) = (&limiter, &clock, &granted, &barrier);
                 s.spawn(move || {
                     barrier.wait();

@@ -76,8 +76,8 @@ impl Model {
         let fill = self.burst * self.t;
         let n = i128::from(n);
         let z = self.z.max(now - fill);
-        let level = |z: i128| ((now - z).max(0) / self.t) as u64;
-        let reset = |z: i128| ceil_div(z - (now - fill), self.m) as u64;
+        let level = |z: i128| u64::try_from((now - z).max(0) / self.t).expect("a level fits u64");
+        let reset = |z: i128| u64::try_from(ceil_div(z - (now - fill), self.m)).expect("a wait fits u64");
         if n > self.burst {
             return Answer {
                 outcome: Outcome::Insufficient,
@@ -107,7 +107,7 @@ impl Model {
         Answer {
             outcome: Outcome::Denied,
             remaining: level(z),
-            retry_ns: Some(ceil_div(after - now, self.m) as u64),
+            retry_ns: Some(u64::try_from(ceil_div(after - now, self.m)).expect("a wait fits u64")),
             reset_ns: reset(z),
         }
     }
