@@ -37,27 +37,26 @@ fn governor_deny() -> governor::DefaultDirectRateLimiter {
     governor::RateLimiter::direct(governor::Quota::per_hour(NonZeroU32::MIN))
 }
 
+/// The floor: one clock read and one load + CAS on `word`, retried until it lands (it never
+/// fails on one thread).
+#[inline]
+fn floor_step(clock: &impl Clock, word: &AtomicU64) {
+    let now = clock.now().as_u64();
+    let mut cur = word.load(Relaxed);
+    while let Err(seen) = word.compare_exchange_weak(cur, cur.wrapping_add(now | 1), Relaxed, Relaxed) {
+        cur = seen;
+    }
+}
+
 fn one_thread(c: &mut Criterion) {
     let mut g = c.benchmark_group("direct/1-thread");
     g.throughput(Throughput::Elements(1));
 
     let clock = TscClock::new();
     let word = AtomicU64::new(0);
-    g.bench_function("floor", |b| {
-        b.iter(|| {
-            let now = clock.now().as_u64();
-            let cur = word.load(Relaxed);
-            black_box(word.compare_exchange(cur, cur.wrapping_add(now | 1), Relaxed, Relaxed))
-        })
-    });
+    g.bench_function("floor", |b| b.iter(|| floor_step(&clock, &word)));
     let coarse = CoarseClock::new().unwrap();
-    g.bench_function("floor-coarse", |b| {
-        b.iter(|| {
-            let now = coarse.now().as_u64();
-            let cur = word.load(Relaxed);
-            black_box(word.compare_exchange(cur, cur.wrapping_add(now | 1), Relaxed, Relaxed))
-        })
-    });
+    g.bench_function("floor-coarse", |b| b.iter(|| floor_step(&coarse, &word)));
 
     let l = Limiter::new(allow_heavy());
     g.bench_function("tollgate/allow-heavy", |b| b.iter(|| black_box(l.check())));
@@ -107,19 +106,7 @@ fn all_cores(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     let clock = TscClock::new();
     let word = AtomicU64::new(0);
-    g.bench_function("floor", |b| {
-        b.iter_custom(|iters| {
-            on_all_cores(iters, &|| {
-                let now = clock.now().as_u64();
-                let mut cur = word.load(Relaxed);
-                while let Err(seen) =
-                    word.compare_exchange_weak(cur, cur.wrapping_add(now | 1), Relaxed, Relaxed)
-                {
-                    cur = seen;
-                }
-            })
-        })
-    });
+    g.bench_function("floor", |b| b.iter_custom(|iters| on_all_cores(iters, &|| floor_step(&clock, &word))));
     let l = Limiter::new(allow_heavy());
     g.bench_function("tollgate/allow-heavy", |b| {
         b.iter_custom(|iters| {

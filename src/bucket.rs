@@ -36,7 +36,7 @@
 //!
 //! * Every stored stamp is `≤ max(now) ≤ 2^64 − 1 − fill` over all readers' clocks, so
 //!   `stamp + cost` cannot overflow (it saturates anyway, so any `u64` is safe to decode).
-//! * Every computed credit or wait is at most `2·fill ≤ 2^63`, the range of the exact divisors.
+//! * Credit left after any decision is at most `fill = burst·t`, so whole tokens fit in a `u32`.
 //!
 //! # Precision
 //!

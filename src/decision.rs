@@ -98,3 +98,13 @@ impl Decision {
         self.nanos_ceil(self.until_full)
     }
 }
+
+#[cfg(all(test, not(tollgate_loom)))]
+mod tests {
+    use super::Decision;
+
+    #[test]
+    fn a_decision_is_24_bytes() {
+        assert_eq!(core::mem::size_of::<Decision>(), 24);
+    }
+}
