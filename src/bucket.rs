@@ -34,8 +34,9 @@
 //!
 //! # Invariants
 //!
-//! * Every stored stamp is `≤ max(now) ≤ 2^64 − 1 − fill` over all readers' clocks, so
-//!   `stamp + cost` cannot overflow (it saturates anyway, so any `u64` is safe to decode).
+//! * Every stored stamp is `≤ max(now) ≤ 2^64 − 1 − fill` over all readers' clocks. A take is
+//!   tested as `max(stamp, now − fill) ≤ now − cost` before `+ cost` is computed, so no
+//!   arithmetic can overflow for any `u64` word, stored or not.
 //! * Credit left after any decision is at most `fill = burst·t`, so whole tokens fit in a `u32`.
 //!
 //! # Precision
