@@ -65,44 +65,34 @@ impl Rate {
     }
 }
 
-/// An exact divisor: one multiply-high and at most two fix-ups instead of a hardware division on
-/// the decision path.
+/// Exact division by a constant for numerators below 2^63: one multiply and one shift, no
+/// fix-up (Granlund and Montgomery, "Division by invariant integers using multiplication",
+/// PLDI 1994, theorem 4.2 with N = 63: with `ℓ = ceil(log2 d)` and
+/// `magic = floor(2^(63+ℓ)/d) + 1`, a 64-bit number, `floor(x/d) = (x·magic) >> (63+ℓ)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Divisor {
-    d: u64,
-    /// `floor((2^64 − 1) / d)`.
-    recip: u64,
+    magic: u64,
+    shift: u32,
 }
 
 impl Divisor {
+    /// For `1 ≤ d ≤ 2^62`.
     const fn new(d: u64) -> Divisor {
-        Divisor { d, recip: u64::MAX / d }
+        debug_assert!(d >= 1 && d <= 1 << 62);
+        let l = 64 - (d - 1).leading_zeros(); // ceil(log2 d); 0 for d = 1
+        let shift = 63 + l;
+        #[expect(clippy::cast_possible_truncation, reason = "magic < 2^64 for d ≤ 2^62 (the theorem)")]
+        let magic = ((1u128 << shift) / d as u128 + 1) as u64;
+        Divisor { magic, shift }
     }
 
-    /// `(floor(x / d), x mod d)`, for every `x`.
-    ///
-    /// `recip ≤ 2^64/d`, so the estimate `q` is at most `x/d`, and `x − q·d` cannot underflow.
-    /// `recip > (2^64 − 1 − d)/d`, so `x/d − q < 1 + x·(d+1)/(d·2^64) < 3`: two fix-ups suffice
-    /// (one when `x < 2^63`).
-    #[inline]
-    pub(crate) const fn div_rem(self, x: u64) -> (u64, u64) {
-        let mut q = ((x as u128 * self.recip as u128) >> 64) as u64;
-        let mut r = x - q * self.d;
-        if r >= self.d {
-            q += 1;
-            r -= self.d;
-        }
-        if r >= self.d {
-            q += 1;
-            r -= self.d;
-        }
-        (q, r)
-    }
-
-    /// `floor(x / d)`.
+    /// `floor(x / d)` for `x < 2^63`.
     #[inline]
     pub(crate) const fn div(self, x: u64) -> u64 {
-        self.div_rem(x).0
+        debug_assert!(x < 1 << 63);
+        #[expect(clippy::cast_possible_truncation, reason = "the quotient is at most x")]
+        let q = ((x as u128 * self.magic as u128) >> self.shift) as u64;
+        q
     }
 }
 
@@ -283,8 +273,8 @@ impl Quota {
 
     // ---- crate-internal fixed-point helpers, all exact ----
 
-    /// Whole tokens in `units`, rounded down. An empty bucket (the common case when denying)
-    /// skips the multiply.
+    /// Whole tokens in `units` (at most the fill, so below 2^63), rounded down. An empty bucket
+    /// (the common case when denying) skips the multiply.
     #[inline]
     pub(crate) const fn tokens_in(&self, units: u64) -> u64 {
         if units < self.units_per_token {
@@ -377,18 +367,25 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn divisor_is_exact(d in 1u64.., x in proptest::prelude::any::<u64>()) {
-            let div = Divisor::new(d);
-            proptest::prop_assert_eq!(div.div_rem(x), (x / d, x % d));
+        fn divisor_is_exact(d in 1u64..=1 << 62, x in 0u64..1 << 63) {
+            proptest::prop_assert_eq!(Divisor::new(d).div(x), x / d);
         }
     }
 
     #[test]
     fn divisor_is_exact_at_the_edges() {
-        for d in [1u64, 2, 3, 7, 63, 64, 1000, (1 << 31) + 11, (1 << 62) - 1, 1 << 62, u64::MAX] {
+        let ds = [1u64, 2, 3, 7, 63, 64, 65, 1000, (1 << 31) + 11, (1 << 61) + 1, (1 << 62) - 1, 1 << 62];
+        for d in ds {
             let div = Divisor::new(d);
-            for x in [0u64, 1, d - 1, d, d.saturating_add(1), (1 << 63) - 1, u64::MAX - 1, u64::MAX] {
-                assert_eq!(div.div_rem(x), (x / d, x % d), "{x} / {d}");
+            for x in [0u64, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, (1 << 62) + 12345, (1 << 63) - 1] {
+                if x < 1 << 63 {
+                    assert_eq!(div.div(x), x / d, "{x} / {d}");
+                }
+            }
+            // Every multiple of d and its neighbours, near the top of the range.
+            let top = ((1u64 << 63) - 1) / d * d;
+            for x in [top - 1, top, top.saturating_add(d - 1).min((1 << 63) - 1)] {
+                assert_eq!(div.div(x), x / d, "{x} / {d}");
             }
         }
     }

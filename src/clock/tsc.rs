@@ -13,15 +13,12 @@ use crate::{Clock, ConfigError, Nanos};
 #[derive(Clone, Debug)]
 pub struct TscClock {
     clock: quanta::Clock,
-    origin_raw: u64,
 }
 
 impl TscClock {
-    /// A clock whose origin is now.
+    /// A clock on quanta's timeline (its origin is the counter's zero, typically boot).
     pub fn new() -> TscClock {
-        let clock = quanta::Clock::new();
-        let origin_raw = clock.raw();
-        TscClock { clock, origin_raw }
+        TscClock { clock: quanta::Clock::new() }
     }
 }
 
@@ -34,10 +31,10 @@ impl Default for TscClock {
 impl Clock for TscClock {
     #[inline]
     fn now(&self) -> Nanos {
-        // One `rdtsc` and one fixed-point scale; `delta_as_nanos` saturates at zero when a core's
-        // counter reads behind the origin. (Measured faster than `Clock::now()` minus an origin
-        // `Instant`, whose saturations lengthen the dependency chain into the CAS.)
-        Nanos::new(self.clock.delta_as_nanos(self.origin_raw, self.clock.raw()))
+        // One `rdtsc` and one fixed-point scale of the absolute count. The limiter subtracts its
+        // own origin (saturating), so the clock needs none: one subtraction fewer between the
+        // read and the CAS. (Measured faster than `Clock::now()` minus an origin `Instant`.)
+        Nanos::new(self.clock.delta_as_nanos(0, self.clock.raw()))
     }
 }
 
