@@ -2,6 +2,7 @@
 
 mod bucket;
 pub mod clock;
+mod compat;
 mod decision;
 mod error;
 mod limiter;
@@ -12,6 +13,7 @@ mod time;
 pub use clock::{Clock, DefaultClock, ManualClock, StdClock};
 #[cfg(feature = "quanta")]
 pub use clock::{CoarseClock, TscClock};
+pub use compat::ClThrottle;
 pub use decision::{Decision, Outcome};
 pub use error::ConfigError;
 pub use limiter::Limiter;

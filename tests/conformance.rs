@@ -71,3 +71,53 @@ fn initial_level() {
     assert!(!l.check_at(Nanos::ZERO).is_allowed());
     assert_eq!(l.peek_at(Nanos::new(700 * MS)).remaining(), 7);
 }
+
+/// redis-cell's README: `CL.THROTTLE user123 15 30 60` on a fresh key → 0, 16, 15, -1, 2.
+#[test]
+fn redis_cell_readme_vector() {
+    let q = Quota::redis_cell(15, 30, Duration::from_secs(60)).unwrap();
+    let l = Limiter::with_clock(q, ManualClock::new());
+    let reply = l.check_at(Nanos::ZERO).cl_throttle(&q);
+    assert_eq!(
+        reply,
+        tollgate::ClThrottle { limited: 0, limit: 16, remaining: 15, retry_after: -1, reset_after: 2 }
+    );
+}
+
+/// The same key drained at t = 0, then the algorithm of §1.2 step by step: T = 2 s, DVT = 32 s.
+#[test]
+fn redis_cell_drained_and_refilling() {
+    let q = Quota::redis_cell(15, 30, Duration::from_secs(60)).unwrap();
+    let l = Limiter::with_clock(q, ManualClock::new());
+    for i in 0..16u64 {
+        let r = l.check_at(Nanos::ZERO).cl_throttle(&q);
+        assert_eq!((r.limited, r.remaining, r.reset_after), (0, 15 - i, 2 * (i as i64 + 1)));
+    }
+    // The 17th: limited; TAT = 32 s, allow_at = TAT + T − DVT = 2 s; nothing written.
+    let r = l.check_at(Nanos::ZERO).cl_throttle(&q);
+    assert_eq!(
+        r,
+        tollgate::ClThrottle { limited: 1, limit: 16, remaining: 0, retry_after: 2, reset_after: 32 }
+    );
+    // 1.5 s later: retry in 0.5 s, which redis-cell reports as 1 (remainder ≥ 1 ms).
+    let r = l.check_at(Nanos::new(1_500 * MS)).cl_throttle(&q);
+    assert_eq!((r.limited, r.retry_after, r.reset_after), (1, 1, 31));
+    // 0.9995 ms short of the slot: the sub-millisecond remainder truncates to 0 s.
+    let r = l.check_at(Nanos::new(2_000 * MS - 999_500)).cl_throttle(&q);
+    assert_eq!((r.limited, r.retry_after), (1, 0));
+    // At 2 s, one cell.
+    assert_eq!(l.check_at(Nanos::new(2_000 * MS)).cl_throttle(&q).limited, 0);
+    // A quantity above the limit can never fit: limited, retry −1, nothing taken.
+    let r = l.check_n_at(Nanos::new(2_000 * MS), 17).cl_throttle(&q);
+    assert_eq!((r.limited, r.retry_after, r.remaining), (1, -1, 0));
+}
+
+/// governor's `Quota::per_second(5)` as GCRA parameters: T = 200 ms, burst 5.
+#[test]
+fn gcra_constructor_matches_governor() {
+    let q = Quota::gcra(Duration::from_millis(200), 5).unwrap();
+    let l = Limiter::with_clock(q, ManualClock::new());
+    assert_eq!((0..6).filter(|_| l.check_at(Nanos::ZERO).is_allowed()).count(), 5);
+    assert_eq!(l.check_at(Nanos::ZERO).retry_after(), Some(Duration::from_millis(200)));
+    assert!(l.check_at(Nanos::new(200 * MS)).is_allowed());
+}
