@@ -19,7 +19,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use tollgate::{Clock, CoarseClock, Limiter, Quota, Rate, TscClock};
+use tollgate::{Clock, CoarseClock, Limiter, NginxLimiter, NginxQuota, Quota, Rate, TscClock};
 
 fn allow_heavy() -> Quota {
     Quota::new(Rate::per_second(10_000_000_000), Quota::MAX_BURST).unwrap()
@@ -65,6 +65,10 @@ fn one_thread(c: &mut Criterion) {
     g.bench_function("tollgate-coarse/allow-heavy", |b| b.iter(|| black_box(l.check())));
     let gov = governor_allow();
     g.bench_function("governor/allow-heavy", |b| b.iter(|| black_box(gov.check())));
+    // nginx `limit_req` at a rate it never reaches (1e9 r/s, burst 16,777, nodelay).
+    let nginx =
+        NginxLimiter::new(NginxQuota::per_second(1_000_000_000).unwrap().burst(16_777).unwrap().nodelay());
+    g.bench_function("tollgate-nginx/allow-heavy", |b| b.iter(|| black_box(nginx.check())));
 
     let l = Limiter::new(deny_heavy());
     l.check();
@@ -75,6 +79,9 @@ fn one_thread(c: &mut Criterion) {
     let gov = governor_deny();
     let _ = gov.check();
     g.bench_function("governor/deny-heavy", |b| b.iter(|| black_box(gov.check())));
+    let nginx = NginxLimiter::new(NginxQuota::per_minute(1).unwrap());
+    nginx.check();
+    g.bench_function("tollgate-nginx/deny-heavy", |b| b.iter(|| black_box(nginx.check())));
     g.finish();
 }
 

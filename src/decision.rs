@@ -14,6 +14,9 @@ pub enum Outcome {
     Denied,
     /// Never: the cost exceeds the burst, so no amount of waiting helps. Nothing was taken.
     Insufficient,
+    /// Admitted, to be served after [`Decision::delay`]: nginx's `DELAYED` (a leaky bucket
+    /// that queues a burst instead of serving it at once). Token buckets never delay.
+    Delayed,
 }
 
 /// The outcome of a decision, with what a caller needs for headers and back-off.
@@ -29,7 +32,7 @@ pub struct Decision {
     units_per_nano: u8,
     /// Whole tokens left after this decision (≤ burst ≤ u32::MAX).
     remaining: u32,
-    /// Credit still missing for this request, in units (zero when allowed).
+    /// Credit still missing (Denied) or the delay (Delayed), in units; zero otherwise.
     missing: u64,
     /// Units until the bucket is full.
     until_full: u64,
@@ -48,6 +51,23 @@ impl Decision {
         Decision { outcome, units_per_nano, remaining, missing, until_full }
     }
 
+    /// A decision whose times are already whole nanoseconds.
+    #[inline]
+    pub(crate) const fn from_nanos(
+        outcome: Outcome,
+        remaining: u32,
+        missing: Nanos,
+        until_full: Nanos,
+    ) -> Decision {
+        Decision {
+            outcome,
+            units_per_nano: 1,
+            remaining,
+            missing: missing.as_u64(),
+            until_full: until_full.as_u64(),
+        }
+    }
+
     fn nanos_ceil(&self, units: u64) -> Nanos {
         Nanos::new(units.div_ceil(u64::from(self.units_per_nano)))
     }
@@ -55,7 +75,17 @@ impl Decision {
     /// Whether the request was admitted.
     #[inline]
     pub const fn is_allowed(&self) -> bool {
-        matches!(self.outcome, Outcome::Allowed)
+        matches!(self.outcome, Outcome::Allowed | Outcome::Delayed)
+    }
+
+    /// How long to hold an admitted request before serving it: zero unless the outcome is
+    /// [`Outcome::Delayed`].
+    #[inline]
+    pub fn delay(&self) -> Duration {
+        match self.outcome {
+            Outcome::Delayed => self.nanos_ceil(self.missing).as_duration(),
+            _ => Duration::ZERO,
+        }
     }
 
     /// Allowed, denied for now, or never.
@@ -82,7 +112,8 @@ impl Decision {
     pub fn retry_after_nanos(&self) -> Option<Nanos> {
         match self.outcome {
             Outcome::Insufficient => None,
-            _ => Some(self.nanos_ceil(self.missing)),
+            Outcome::Denied => Some(self.nanos_ceil(self.missing)),
+            Outcome::Allowed | Outcome::Delayed => Some(Nanos::ZERO),
         }
     }
 

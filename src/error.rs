@@ -51,6 +51,15 @@ pub enum ConfigError {
         /// The period, in nanoseconds.
         period_nanos: u64,
     },
+    /// A value outside the range a limiter supports.
+    OutOfRange {
+        /// What the value configures.
+        what: &'static str,
+        /// The value given.
+        value: u64,
+        /// The largest supported value.
+        max: u64,
+    },
     /// The coarse clock's upkeep thread could not be started.
     Upkeep(String),
 }
@@ -83,6 +92,9 @@ impl fmt::Display for ConfigError {
                  than the maximum fill time of {MAX_FILL_UNITS} ns (about 146 years); \
                  lower the burst or raise the rate"
             ),
+            ConfigError::OutOfRange { what, value, max } => {
+                write!(f, "{what} of {value} exceeds the maximum of {max}")
+            }
             ConfigError::Upkeep(why) => write!(f, "could not start the coarse clock: {why}"),
         }
     }

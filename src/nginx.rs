@@ -1,0 +1,229 @@
+//! nginx's `limit_req`, exactly: a leaky bucket counted in milli-requests on a millisecond clock,
+//! with `burst`, `nodelay` and `delay=N`.
+//!
+//! Per request, at `now` in whole milliseconds (nginx's `ngx_http_limit_req_module.c`):
+//!
+//! ```text
+//! ms = now − last;   ms < −60000 → 1;   ms < 0 → 0
+//! excess = max(0, stored − rate·ms/1000 + 1000)          (integer division, as nginx)
+//! excess > burst  → REJECTED, nothing stored
+//! otherwise store excess (and last = now unless ms = 0);
+//!   excess ≤ delay → PASSED, else DELAYED by (excess − delay)·1000/rate ms
+//! ```
+//!
+//! A key's first request always passes and stores an excess of 0. `rate` is `N·1000/scale` in
+//! milli-requests per second (scale 60 for `r/m`), `burst = B·1000`, `delay = D·1000`, and
+//! `nodelay` makes the delay unbounded.
+//!
+//! # Layout
+//!
+//! ```text
+//!  63                                     24 23                    0
+//! +-----------------------------------------+-----------------------+
+//! | last + 1: ms since the limiter's origin |  excess, milli-requests|
+//! +-----------------------------------------+-----------------------+
+//! ```
+//!
+//! The word 0 is a key with no state (nginx's "new node"). 40 bits of milliseconds last 34.8
+//! years from the limiter's creation; the clock saturates there (no more leaking: only denials).
+//! 24 bits of excess hold a burst of up to 16,776 requests. The word is updated by the same
+//! kind of relaxed CAS loop as the token bucket (see `bucket/atomic.rs`): it publishes nothing
+//! else, and a decision takes effect at its CAS (a rejection at its load).
+
+use core::fmt;
+
+use crossbeam_utils::CachePadded;
+
+use crate::sync::{AtomicU64, Ordering::Relaxed};
+use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome};
+
+const EXCESS_BITS: u32 = 24;
+const EXCESS_MASK: u64 = (1 << EXCESS_BITS) - 1;
+const LAST_BITS: u32 = 64 - EXCESS_BITS;
+/// The largest `last` in ms since the origin (`last + 1` must fit its field).
+const MAX_MS: u64 = (1 << LAST_BITS) - 2;
+/// The largest burst: `burst·1000` must fit the excess field.
+const MAX_BURST: u64 = EXCESS_MASK / 1000;
+const _: () = assert!(EXCESS_BITS + LAST_BITS == 64);
+
+/// A `limit_req` configuration: `rate=N r/s` or `r/m`, `burst=B`, and `nodelay` or `delay=D`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NginxQuota {
+    /// Milli-requests per second, `N·1000/scale` truncated as nginx does.
+    rate: u64,
+    /// `B·1000`.
+    burst: u64,
+    /// `D·1000`; `u64::MAX` for `nodelay`.
+    delay: u64,
+}
+
+impl NginxQuota {
+    /// `rate=N r/s`, with no burst.
+    pub fn per_second(n: u64) -> Result<NginxQuota, ConfigError> {
+        NginxQuota::with_scale(n, 1)
+    }
+
+    /// `rate=N r/m`, with no burst.
+    pub fn per_minute(n: u64) -> Result<NginxQuota, ConfigError> {
+        NginxQuota::with_scale(n, 60)
+    }
+
+    fn with_scale(n: u64, scale: u64) -> Result<NginxQuota, ConfigError> {
+        let rate = n.checked_mul(1000).ok_or(ConfigError::OutOfRange {
+            what: "nginx rate (requests per second)",
+            value: n,
+            max: u64::MAX / 1000,
+        })? / scale;
+        if rate == 0 {
+            return Err(ConfigError::ZeroRate);
+        }
+        Ok(NginxQuota { rate, burst: 0, delay: 0 })
+    }
+
+    /// `burst=B`: up to `B` requests above the rate are queued (delayed) rather than rejected.
+    pub fn burst(self, b: u64) -> Result<NginxQuota, ConfigError> {
+        if b > MAX_BURST {
+            return Err(ConfigError::OutOfRange { what: "nginx burst", value: b, max: MAX_BURST });
+        }
+        Ok(NginxQuota { burst: b * 1000, ..self })
+    }
+
+    /// `nodelay`: the whole burst passes at once; only the excess beyond it is rejected.
+    pub fn nodelay(self) -> NginxQuota {
+        NginxQuota { delay: u64::MAX, ..self }
+    }
+
+    /// `delay=D`: the first `D` requests of a burst pass at once, the rest are delayed.
+    pub fn delay(self, d: u64) -> NginxQuota {
+        NginxQuota { delay: d.saturating_mul(1000), ..self }
+    }
+
+    /// Decides one request at `now` (ms since the origin) on `word`. Returns the word to store,
+    /// if any, and the decision.
+    fn decide(&self, word: u64, now: u64) -> (Option<u64>, Decision) {
+        if word == 0 {
+            return (Some(pack(now, 0)), self.passed(0));
+        }
+        let (last, stored) = (unpack_last(word), word & EXCESS_MASK);
+        let elapsed = i128::from(now) - i128::from(last);
+        let ms: u64 = if elapsed < -60_000 {
+            1
+        } else {
+            // `elapsed` ≥ 0 here fits u64: both are below 2^40.
+            u64::try_from(elapsed.max(0)).unwrap_or(0)
+        };
+        let leaked = u128::from(self.rate) * u128::from(ms) / 1000;
+        let excess = (u128::from(stored) + 1000).saturating_sub(leaked);
+        // `excess ≤ stored + 1000 < 2^25`.
+        let excess = u64::try_from(excess).unwrap_or(u64::MAX);
+        if excess > self.burst {
+            // Accepted once `rate·ms'/1000 ≥ stored + 1000 − burst` with `ms' = now + w − last`.
+            let need = stored + 1000 - self.burst;
+            let ms_needed = (u128::from(need) * 1000).div_ceil(u128::from(self.rate));
+            let wait = (ms_needed as i128 - elapsed).max(0);
+            let retry = ms_to_nanos(u64::try_from(wait).unwrap_or(u64::MAX));
+            let d = Decision::from_nanos(Outcome::Denied, 0, retry, self.drain_time(stored));
+            return (None, d);
+        }
+        let last = if ms != 0 { now } else { last };
+        (Some(pack(last, excess)), self.passed(excess))
+    }
+
+    fn passed(&self, excess: u64) -> Decision {
+        #[expect(clippy::cast_possible_truncation, reason = "at most MAX_BURST requests")]
+        let remaining = ((self.burst - excess) / 1000) as u32;
+        if excess <= self.delay {
+            Decision::from_nanos(Outcome::Allowed, remaining, Nanos::ZERO, self.drain_time(excess))
+        } else {
+            let delay = ms_to_nanos((excess - self.delay) * 1000 / self.rate);
+            Decision::from_nanos(Outcome::Delayed, remaining, delay, self.drain_time(excess))
+        }
+    }
+
+    /// The time for `excess` to leak away entirely.
+    fn drain_time(&self, excess: u64) -> Nanos {
+        ms_to_nanos(
+            u64::try_from((u128::from(excess) * 1000).div_ceil(u128::from(self.rate))).unwrap_or(u64::MAX),
+        )
+    }
+}
+
+fn ms_to_nanos(ms: u64) -> Nanos {
+    Nanos::new(ms.saturating_mul(1_000_000))
+}
+
+fn pack(last: u64, excess: u64) -> u64 {
+    ((last + 1) << EXCESS_BITS) | excess
+}
+
+fn unpack_last(word: u64) -> u64 {
+    (word >> EXCESS_BITS) - 1
+}
+
+/// One `limit_req` zone entry: a direct limiter with nginx's semantics.
+///
+/// ```
+/// use tollgate::{NginxLimiter, NginxQuota, ManualClock, Nanos, Outcome};
+///
+/// // rate=1r/s burst=5: the first passes, the next five are delayed 1..5 s, the seventh rejected.
+/// let l = NginxLimiter::with_clock(NginxQuota::per_second(1)?.burst(5)?, ManualClock::new());
+/// let outcomes: Vec<_> = (0..7).map(|_| l.check_at(Nanos::ZERO)).collect();
+/// assert_eq!(outcomes[0].outcome(), Outcome::Allowed);
+/// assert_eq!(outcomes[3].delay().as_secs(), 3);
+/// assert_eq!(outcomes[6].outcome(), Outcome::Denied);
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+pub struct NginxLimiter<C: Clock = DefaultClock> {
+    word: CachePadded<AtomicU64>,
+    quota: NginxQuota,
+    origin: Nanos,
+    clock: C,
+}
+
+impl NginxLimiter<DefaultClock> {
+    /// A limiter on the default clock.
+    pub fn new(quota: NginxQuota) -> NginxLimiter<DefaultClock> {
+        NginxLimiter::with_clock(quota, DefaultClock::new())
+    }
+}
+
+impl<C: Clock> NginxLimiter<C> {
+    /// A limiter on `clock`, with no state yet (nginx's new node).
+    pub fn with_clock(quota: NginxQuota, clock: C) -> NginxLimiter<C> {
+        let origin = clock.now();
+        NginxLimiter { word: CachePadded::new(AtomicU64::new(0)), quota, origin, clock }
+    }
+
+    /// One request now.
+    pub fn check(&self) -> Decision {
+        self.check_at(self.clock.now())
+    }
+
+    /// One request at `now` on this limiter's clock. nginx's clock has millisecond resolution:
+    /// `now` is truncated to whole milliseconds since the limiter's creation.
+    pub fn check_at(&self, now: Nanos) -> Decision {
+        let now = (now.saturating_sub(self.origin).as_u64() / 1_000_000).min(MAX_MS);
+        // Relaxed (load, success, failure): as the token bucket's loop in `bucket/atomic.rs`; the
+        // word is self-contained. Checked by loom-tests/tests/nginx.rs.
+        let mut cur = self.word.load(Relaxed);
+        loop {
+            let (next, decision) = self.quota.decide(cur, now);
+            let Some(next) = next else { return decision };
+            match self.word.compare_exchange_weak(cur, next, Relaxed, Relaxed) {
+                Ok(_) => return decision,
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// The configuration.
+    pub fn quota(&self) -> &NginxQuota {
+        &self.quota
+    }
+}
+
+impl<C: Clock> fmt::Debug for NginxLimiter<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NginxLimiter").field("quota", &self.quota).finish_non_exhaustive()
+    }
+}

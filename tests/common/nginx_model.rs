@@ -1,0 +1,71 @@
+//! nginx `limit_req` as `REFERENCE.md` §1.3 states it, in `i128`, with an unbounded `last`
+//! except for the documented saturation of the clock at 2^40 − 2 ms. Shares no code with the
+//! engine.
+
+#![allow(dead_code, unreachable_pub)]
+
+use tollgate::Outcome;
+
+#[derive(Clone, Debug)]
+pub struct NginxModel {
+    rate: i128,
+    burst: i128,
+    delay: i128,
+    /// `None`: nginx's new node.
+    state: Option<(i128, i128)>, // (last ms, excess milli)
+}
+
+/// (outcome, remaining, delay or retry in ms, reset in ms)
+pub type NginxAnswer = (Outcome, u64, u64, u64);
+
+impl NginxModel {
+    /// `rate` r/s (`scale` 1) or r/m (`scale` 60), `burst`, `delay` (None = nodelay).
+    pub fn new(rate: u64, scale: u64, burst: u64, delay: Option<u64>) -> NginxModel {
+        NginxModel {
+            rate: i128::from(rate) * 1000 / i128::from(scale),
+            burst: i128::from(burst) * 1000,
+            delay: delay.map_or(i128::MAX, |d| i128::from(d) * 1000),
+            state: None,
+        }
+    }
+
+    fn drain_ms(&self, excess: i128) -> u64 {
+        u64::try_from((excess * 1000 + self.rate - 1) / self.rate).unwrap()
+    }
+
+    fn passed(&self, excess: i128) -> NginxAnswer {
+        let remaining = u64::try_from((self.burst - excess) / 1000).unwrap();
+        if excess <= self.delay {
+            (Outcome::Allowed, remaining, 0, self.drain_ms(excess))
+        } else {
+            let delay = u64::try_from((excess - self.delay) * 1000 / self.rate).unwrap();
+            (Outcome::Delayed, remaining, delay, self.drain_ms(excess))
+        }
+    }
+
+    /// One request at `now_ns` after the limiter's creation.
+    pub fn check(&mut self, now_ns: u64) -> NginxAnswer {
+        let now = i128::from((now_ns / 1_000_000).min((1 << 40) - 2));
+        let Some((last, stored)) = self.state else {
+            self.state = Some((now, 0));
+            return self.passed(0);
+        };
+        let raw = now - last;
+        let ms = if raw < -60_000 {
+            1
+        } else if raw < 0 {
+            0
+        } else {
+            raw
+        };
+        let excess = (stored - self.rate * ms / 1000 + 1000).max(0);
+        if excess > self.burst {
+            let need = stored + 1000 - self.burst;
+            let ms_needed = (need * 1000 + self.rate - 1) / self.rate;
+            let retry = u64::try_from((ms_needed - raw).max(0)).unwrap();
+            return (Outcome::Denied, 0, retry, self.drain_ms(stored));
+        }
+        self.state = Some((if ms != 0 { now } else { last }, excess));
+        self.passed(excess)
+    }
+}
