@@ -34,6 +34,7 @@ use core::fmt;
 
 use crossbeam_utils::CachePadded;
 
+use crate::quota::Divisor;
 use crate::sync::{AtomicU64, Ordering::Relaxed};
 use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome};
 
@@ -49,8 +50,10 @@ const _: () = assert!(EXCESS_BITS + LAST_BITS == 64);
 /// A `limit_req` configuration: `rate=N r/s` or `r/m`, `burst=B`, and `nodelay` or `delay=D`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NginxQuota {
-    /// Milli-requests per second, `N·1000/scale` truncated as nginx does.
+    /// Milli-requests per second, `N·1000/scale` truncated as nginx does (below 2^54).
     rate: u64,
+    /// Divides by `rate` without a hardware division.
+    per_rate: Divisor,
     /// `B·1000`.
     burst: u64,
     /// `D·1000`; `u64::MAX` for `nodelay`.
@@ -69,15 +72,20 @@ impl NginxQuota {
     }
 
     fn with_scale(n: u64, scale: u64) -> Result<NginxQuota, ConfigError> {
-        let rate = n.checked_mul(1000).ok_or(ConfigError::OutOfRange {
-            what: "nginx rate (requests per second)",
-            value: n,
-            max: u64::MAX / 1000,
-        })? / scale;
+        // Below 2^54 milli-requests per second, so that every quotient below stays in range.
+        const MAX_N: u64 = (1 << 54) / 1000;
+        if n > MAX_N {
+            return Err(ConfigError::OutOfRange {
+                what: "nginx rate (requests per second)",
+                value: n,
+                max: MAX_N,
+            });
+        }
+        let rate = n * 1000 / scale;
         if rate == 0 {
             return Err(ConfigError::ZeroRate);
         }
-        Ok(NginxQuota { rate, burst: 0, delay: 0 })
+        Ok(NginxQuota { rate, per_rate: Divisor::new(rate), burst: 0, delay: 0 })
     }
 
     /// `burst=B`: up to `B` requests above the rate are queued (delayed) rather than rejected.
@@ -105,28 +113,28 @@ impl NginxQuota {
             return (Some(pack(now, 0)), self.passed(0));
         }
         let (last, stored) = (unpack_last(word), word & EXCESS_MASK);
-        let elapsed = i128::from(now) - i128::from(last);
-        let ms: u64 = if elapsed < -60_000 {
-            1
-        } else {
-            // `elapsed` ≥ 0 here fits u64: both are below 2^40.
-            u64::try_from(elapsed.max(0)).unwrap_or(0)
-        };
-        let leaked = u128::from(self.rate) * u128::from(ms) / 1000;
-        let excess = (u128::from(stored) + 1000).saturating_sub(leaked);
-        // `excess ≤ stored + 1000 < 2^25`.
-        let excess = u64::try_from(excess).unwrap_or(u64::MAX);
+        // Both below 2^40, so the difference fits an i64.
+        let elapsed = now as i64 - last as i64;
+        let ms = if elapsed < -60_000 { 1 } else { elapsed.max(0) as u64 };
+        // Saturating: a product beyond u64 leaks far more than any excess (at most 2^24 + 1000),
+        // so the clamp at zero below gives nginx's exact answer.
+        let leaked = self.rate.saturating_mul(ms) / 1000;
+        let excess = (stored + 1000).saturating_sub(leaked);
         if excess > self.burst {
             // Accepted once `rate·ms'/1000 ≥ stored + 1000 − burst` with `ms' = now + w − last`.
             let need = stored + 1000 - self.burst;
-            let ms_needed = (u128::from(need) * 1000).div_ceil(u128::from(self.rate));
-            let wait = (ms_needed as i128 - elapsed).max(0);
-            let retry = ms_to_nanos(u64::try_from(wait).unwrap_or(u64::MAX));
-            let d = Decision::from_nanos(Outcome::Denied, 0, retry, self.drain_time(stored));
+            let ms_needed = self.ceil_per_rate(need * 1000) as i64; // below 2^35
+            let wait = (ms_needed - elapsed).max(0) as u64;
+            let d = Decision::from_nanos(Outcome::Denied, 0, ms_to_nanos(wait), self.drain_time(stored));
             return (None, d);
         }
         let last = if ms != 0 { now } else { last };
         (Some(pack(last, excess)), self.passed(excess))
+    }
+
+    /// `ceil(x / rate)` for `x < 2^62`.
+    fn ceil_per_rate(&self, x: u64) -> u64 {
+        self.per_rate.div(x + self.rate - 1)
     }
 
     fn passed(&self, excess: u64) -> Decision {
@@ -135,7 +143,7 @@ impl NginxQuota {
         if excess <= self.delay {
             Decision::from_nanos(Outcome::Allowed, remaining, Nanos::ZERO, self.drain_time(excess))
         } else {
-            let delay = ms_to_nanos((excess - self.delay) * 1000 / self.rate);
+            let delay = ms_to_nanos(self.per_rate.div((excess - self.delay) * 1000));
             Decision::from_nanos(Outcome::Delayed, remaining, delay, self.drain_time(excess))
         }
     }

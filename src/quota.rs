@@ -77,7 +77,7 @@ pub(crate) struct Divisor {
 
 impl Divisor {
     /// For `1 ≤ d ≤ 2^62`.
-    const fn new(d: u64) -> Divisor {
+    pub(crate) const fn new(d: u64) -> Divisor {
         debug_assert!(d >= 1 && d <= 1 << 62);
         let l = 64 - (d - 1).leading_zeros(); // ceil(log2 d); 0 for d = 1
         let shift = 63 + l;
