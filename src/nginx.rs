@@ -26,17 +26,14 @@
 //!
 //! The word 0 is a key with no state (nginx's "new node"). 40 bits of milliseconds last 34.8
 //! years from the limiter's creation; the clock saturates there (no more leaking: only denials).
-//! 24 bits of excess hold a burst of up to 16,776 requests. The word is updated by the same
-//! kind of relaxed CAS loop as the token bucket (see `bucket/atomic.rs`): it publishes nothing
-//! else, and a decision takes effect at its CAS (a rejection at its load).
+//! 24 bits of excess hold a burst of up to 16,777 requests. The word is updated by
+//! [`Direct`]'s relaxed CAS loop (see `policy.rs`): it publishes nothing
+//! else, and a decision takes effect at its CAS (a rejection at its load). Checked by
+//! `loom-tests/tests/nginx.rs`.
 
-use core::fmt;
-
-use crossbeam_utils::CachePadded;
-
+use crate::policy::{Direct, Policy};
 use crate::quota::Divisor;
-use crate::sync::{AtomicU64, Ordering::Relaxed};
-use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome};
+use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome};
 
 const EXCESS_BITS: u32 = 24;
 const EXCESS_MASK: u64 = (1 << EXCESS_BITS) - 1;
@@ -106,23 +103,40 @@ impl NginxQuota {
         NginxQuota { delay: d.saturating_mul(1000), ..self }
     }
 
-    /// Decides one request at `now` (ms since the origin) on `word`. Returns the word to store,
-    /// if any, and the decision.
-    fn decide(&self, word: u64, now: u64) -> (Option<u64>, Decision) {
-        if word == 0 {
-            return (Some(pack(now, 0)), self.passed(0));
+    /// Decides `n` requests at once at `now` (ms since the origin) on `word`. Returns the word
+    /// to store, if any, and the decision.
+    ///
+    /// nginx counts one request at a time; `n` generalizes it as `n` arrivals in the same
+    /// millisecond, all or none: the excess grows by `n·1000`, and a new node's first request
+    /// is free. `n = 0` reports the state and stores nothing; more than `burst + 1` at once can
+    /// never pass ([`Outcome::Insufficient`]).
+    fn decide_ms(&self, word: u64, now: u64, n: u64) -> (Option<u64>, Decision) {
+        let max_n = self.burst / 1000 + 1;
+        if n > max_n {
+            let excess = if word == 0 {
+                0
+            } else {
+                let (_, _, _, stored, leaked) = self.leak(word, now);
+                stored.saturating_sub(leaked)
+            };
+            let d = Decision::from_nanos(Outcome::Insufficient, 0, Nanos::ZERO, self.drain_time(excess));
+            return (None, d);
         }
-        let (last, stored) = (unpack_last(word), word & EXCESS_MASK);
-        // Both below 2^40, so the difference fits an i64.
-        let elapsed = now as i64 - last as i64;
-        let ms = if elapsed < -60_000 { 1 } else { elapsed.max(0) as u64 };
-        // Saturating: a product beyond u64 leaks far more than any excess (at most 2^24 + 1000),
-        // so the clamp at zero below gives nginx's exact answer.
-        let leaked = self.rate.saturating_mul(ms) / 1000;
-        let excess = (stored + 1000).saturating_sub(leaked);
+        let add = n * 1000;
+        if word == 0 {
+            let excess = add.saturating_sub(1000);
+            let next = (n > 0).then(|| pack(now, excess));
+            return (next, self.passed(excess));
+        }
+        let (elapsed, ms, last, stored, leaked) = self.leak(word, now);
+        // nginx clamps at zero after adding: `max(0, stored − leaked + 1000)`.
+        let excess = (stored + add).saturating_sub(leaked);
+        if n == 0 {
+            return (None, self.passed(excess));
+        }
         if excess > self.burst {
-            // Accepted once `rate·ms'/1000 ≥ stored + 1000 − burst` with `ms' = now + w − last`.
-            let need = stored + 1000 - self.burst;
+            // Accepted once `rate·ms'/1000 ≥ stored + add − burst` with `ms' = now + w − last`.
+            let need = stored + add - self.burst;
             let ms_needed = self.ceil_per_rate(need * 1000) as i64; // below 2^35
             let wait = (ms_needed - elapsed).max(0) as u64;
             let d = Decision::from_nanos(Outcome::Denied, 0, ms_to_nanos(wait), self.drain_time(stored));
@@ -130,6 +144,19 @@ impl NginxQuota {
         }
         let last = if ms != 0 { now } else { last };
         (Some(pack(last, excess)), self.passed(excess))
+    }
+
+    /// Unpacks `word` (not 0) as of `now`: `(elapsed, ms, last, stored, leaked)`, with nginx's
+    /// treatment of a clock behind `last` (`ms`), and the milli-requests leaked since.
+    fn leak(&self, word: u64, now: u64) -> (i64, u64, u64, u64, u64) {
+        let (last, stored) = (unpack_last(word), word & EXCESS_MASK);
+        // Both below 2^40, so the difference fits an i64.
+        let elapsed = now as i64 - last as i64;
+        let ms = if elapsed < -60_000 { 1 } else { elapsed.max(0) as u64 };
+        // Saturating: a product beyond u64 leaks far more than any excess (at most 2^24 + 1000),
+        // so the clamp at zero gives nginx's exact answer.
+        let leaked = self.rate.saturating_mul(ms) / 1000;
+        (elapsed, ms, last, stored, leaked)
     }
 
     /// `ceil(x / rate)` for `x < 2^62`.
@@ -168,6 +195,15 @@ fn unpack_last(word: u64) -> u64 {
     (word >> EXCESS_BITS) - 1
 }
 
+impl Policy for NginxQuota {
+    /// nginx's clock has millisecond resolution: `elapsed` is truncated to whole milliseconds
+    /// (and saturates after 2^40 − 2 ms, 34.8 years).
+    #[inline]
+    fn decide(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
+        self.decide_ms(word, (elapsed.as_u64() / 1_000_000).min(MAX_MS), n)
+    }
+}
+
 /// One `limit_req` zone entry: a direct limiter with nginx's semantics.
 ///
 /// ```
@@ -181,57 +217,4 @@ fn unpack_last(word: u64) -> u64 {
 /// assert_eq!(outcomes[6].outcome(), Outcome::Denied);
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
-pub struct NginxLimiter<C: Clock = DefaultClock> {
-    word: CachePadded<AtomicU64>,
-    quota: NginxQuota,
-    origin: Nanos,
-    clock: C,
-}
-
-impl NginxLimiter<DefaultClock> {
-    /// A limiter on the default clock.
-    pub fn new(quota: NginxQuota) -> NginxLimiter<DefaultClock> {
-        NginxLimiter::with_clock(quota, DefaultClock::new())
-    }
-}
-
-impl<C: Clock> NginxLimiter<C> {
-    /// A limiter on `clock`, with no state yet (nginx's new node).
-    pub fn with_clock(quota: NginxQuota, clock: C) -> NginxLimiter<C> {
-        let origin = clock.now();
-        NginxLimiter { word: CachePadded::new(AtomicU64::new(0)), quota, origin, clock }
-    }
-
-    /// One request now.
-    pub fn check(&self) -> Decision {
-        self.check_at(self.clock.now())
-    }
-
-    /// One request at `now` on this limiter's clock. nginx's clock has millisecond resolution:
-    /// `now` is truncated to whole milliseconds since the limiter's creation.
-    pub fn check_at(&self, now: Nanos) -> Decision {
-        let now = (now.saturating_sub(self.origin).as_u64() / 1_000_000).min(MAX_MS);
-        // Relaxed (load, success, failure): as the token bucket's loop in `bucket/atomic.rs`; the
-        // word is self-contained. Checked by loom-tests/tests/nginx.rs.
-        let mut cur = self.word.load(Relaxed);
-        loop {
-            let (next, decision) = self.quota.decide(cur, now);
-            let Some(next) = next else { return decision };
-            match self.word.compare_exchange_weak(cur, next, Relaxed, Relaxed) {
-                Ok(_) => return decision,
-                Err(seen) => cur = seen,
-            }
-        }
-    }
-
-    /// The configuration.
-    pub fn quota(&self) -> &NginxQuota {
-        &self.quota
-    }
-}
-
-impl<C: Clock> fmt::Debug for NginxLimiter<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NginxLimiter").field("quota", &self.quota).finish_non_exhaustive()
-    }
-}
+pub type NginxLimiter<C = DefaultClock> = Direct<NginxQuota, C>;

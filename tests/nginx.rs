@@ -89,6 +89,21 @@ fn per_minute_rates() {
     assert!(l.check_at(Nanos::new(2_000 * MS)).is_allowed());
 }
 
+/// Several arrivals at once: all or none; a new node's first is free; zero stores nothing; more
+/// than `burst + 1` can never pass.
+#[test]
+fn several_at_once() {
+    let q = NginxQuota::per_second(1).unwrap().burst(3).unwrap().nodelay();
+    let l = NginxLimiter::with_clock(q, ManualClock::new());
+    assert_eq!(l.check_n_at(Nanos::ZERO, 5).outcome(), Outcome::Insufficient);
+    assert_eq!(l.check_n_at(Nanos::ZERO, 0).remaining(), 3);
+    assert!(l.check_n_at(Nanos::ZERO, 4).is_allowed()); // 1 free + 3 of burst
+    assert_eq!(l.check_n_at(Nanos::ZERO, 1).outcome(), Outcome::Denied);
+    let d = l.check_n_at(Nanos::new(2_000 * MS), 3);
+    assert_eq!((d.outcome(), d.retry_after()), (Outcome::Denied, Some(secs(1))));
+    assert!(l.check_n_at(Nanos::new(2_000 * MS), 2).is_allowed());
+}
+
 #[test]
 fn configuration_errors_are_typed() {
     assert_eq!(NginxQuota::per_second(0), Err(tollgate::ConfigError::ZeroRate));
@@ -104,6 +119,7 @@ enum Op {
     Advance(u64),
     Back(u64),
     Check,
+    CheckN(u64),
 }
 
 proptest! {
@@ -119,6 +135,7 @@ proptest! {
             3 => prop_oneof![0u64..2 * MS, 0u64..2_000 * MS, 0u64..(1 << 50)].prop_map(Op::Advance),
             1 => prop_oneof![0u64..100 * MS, 0u64..(1 << 40)].prop_map(Op::Back),
             6 => Just(Op::Check),
+            1 => prop_oneof![0u64..=3, 0u64..=20_000].prop_map(Op::CheckN),
         ], 1..150),
     ) {
         let base = if per_minute { NginxQuota::per_minute(rate) } else { NginxQuota::per_second(rate) }.unwrap();
@@ -131,11 +148,12 @@ proptest! {
             match op {
                 Op::Advance(by) => now = now.saturating_add(by),
                 Op::Back(by) => now = now.saturating_sub(by),
-                Op::Check => {
-                    let d = l.check_at(Nanos::new(now));
+                Op::Check | Op::CheckN(_) => {
+                    let n = if let Op::CheckN(n) = op { n } else { 1 };
+                    let d = l.check_n_at(Nanos::new(now), n);
                     let wait = match d.outcome() { Outcome::Denied => d.retry_after().unwrap(), _ => d.delay() };
                     let got = (d.outcome(), d.remaining(), u64::try_from(wait.as_millis()).unwrap(), u64::try_from(d.reset_after().as_millis()).unwrap());
-                    prop_assert_eq!(got, model.check(now), "at {} ns", now);
+                    prop_assert_eq!(got, model.check_n(now, n), "n = {} at {} ns", n, now);
                 }
             }
         }

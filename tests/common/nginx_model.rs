@@ -45,22 +45,43 @@ impl NginxModel {
 
     /// One request at `now_ns` after the limiter's creation.
     pub fn check(&mut self, now_ns: u64) -> NginxAnswer {
+        self.check_n(now_ns, 1)
+    }
+
+    /// `n` requests at once (the engine's generalization: the excess grows by `n·1000`, a new
+    /// node's first request is free, `n = 0` stores nothing, `n > burst + 1` never passes).
+    pub fn check_n(&mut self, now_ns: u64, n: u64) -> NginxAnswer {
         let now = i128::from((now_ns / 1_000_000).min((1 << 40) - 2));
-        let Some((last, stored)) = self.state else {
-            self.state = Some((now, 0));
-            return self.passed(0);
+        let n = i128::from(n);
+        let leaked_state = self.state.map(|(last, stored)| {
+            let raw = now - last;
+            let ms = if raw < -60_000 {
+                1
+            } else if raw < 0 {
+                0
+            } else {
+                raw
+            };
+            (last, stored, raw, ms, self.rate * ms / 1000)
+        });
+        if n > self.burst / 1000 + 1 {
+            let excess = leaked_state.map_or(0, |(_, stored, _, _, leaked)| (stored - leaked).max(0));
+            return (Outcome::Insufficient, 0, 0, self.drain_ms(excess));
+        }
+        let Some((last, stored, raw, ms, leaked)) = leaked_state else {
+            if n == 0 {
+                return self.passed(0);
+            }
+            let excess = (n - 1) * 1000;
+            self.state = Some((now, excess));
+            return self.passed(excess);
         };
-        let raw = now - last;
-        let ms = if raw < -60_000 {
-            1
-        } else if raw < 0 {
-            0
-        } else {
-            raw
-        };
-        let excess = (stored - self.rate * ms / 1000 + 1000).max(0);
+        let excess = (stored + n * 1000 - leaked).max(0);
+        if n == 0 {
+            return self.passed(excess);
+        }
         if excess > self.burst {
-            let need = stored + 1000 - self.burst;
+            let need = stored + n * 1000 - self.burst;
             let ms_needed = (need * 1000 + self.rate - 1) / self.rate;
             let retry = u64::try_from((ms_needed - raw).max(0)).unwrap();
             return (Outcome::Denied, 0, retry, self.drain_ms(stored));
