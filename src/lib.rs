@@ -11,6 +11,7 @@ mod policy;
 mod quota;
 mod sync;
 mod time;
+mod window;
 
 pub use clock::{Clock, DefaultClock, ManualClock, StdClock};
 #[cfg(feature = "quanta")]
@@ -23,3 +24,4 @@ pub use nginx::{NginxLimiter, NginxQuota};
 pub use policy::{Direct, Policy};
 pub use quota::{Quota, Rate};
 pub use time::Nanos;
+pub use window::{FixedWindow, FixedWindowLimiter};

@@ -1,2 +1,3 @@
 pub mod model;
 pub mod nginx_model;
+pub mod window_model;

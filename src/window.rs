@@ -1,0 +1,136 @@
+//! Fixed window: at most `limit` per window of length `W`, windows aligned to the limiter's
+//! creation. The cheapest counter; a burst of up to `2·limit` can straddle a boundary.
+//!
+//! # Layout
+//!
+//! ```text
+//!  63                          24 23                     0
+//! +------------------------------+------------------------+
+//! |  window index + 1 (40 bits)  |   count (24 bits)      |
+//! +------------------------------+------------------------+
+//! ```
+//!
+//! Window `i` covers `[i·W, (i+1)·W)` ns since the limiter's creation; the word 0 is a fresh key
+//! (index 0 never matches a current window, which is stored as `i + 1`). The stored index never
+//! moves back: a decision whose clock reads an older window counts in the stored one. 40 bits of windows last
+//! 2^40 − 2 windows (34.8 years of 1 ms windows); after that the index saturates, the last window
+//! never ends and the limiter only denies. `limit` is at most 2^24 − 1. Updated by [`Direct`]'s
+//! relaxed CAS loop.
+
+use core::time::Duration;
+
+use crate::policy::{Direct, Policy};
+use crate::quota::Divisor;
+use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome};
+
+const COUNT_BITS: u32 = 24;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+/// The largest stored index (`i + 1`).
+const MAX_INDEX: u64 = (1 << (64 - COUNT_BITS)) - 1;
+/// Elapsed time is clamped below 2^63 ns (292 years), the divisor's range.
+const MAX_ELAPSED: u64 = (1 << 63) - 1;
+
+/// `limit` per fixed window of `window`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FixedWindow {
+    limit: u64,
+    window: u64,
+    per_window: Divisor,
+}
+
+impl FixedWindow {
+    /// The largest limit: 2^24 − 1.
+    pub const MAX_LIMIT: u64 = COUNT_MASK;
+
+    /// At most `limit` per `window` (1 ns to 2^62 ns).
+    pub fn new(limit: u64, window: Duration) -> Result<FixedWindow, ConfigError> {
+        if limit == 0 {
+            return Err(ConfigError::ZeroBurst);
+        }
+        if limit > COUNT_MASK {
+            return Err(ConfigError::OutOfRange {
+                what: "fixed-window limit",
+                value: limit,
+                max: COUNT_MASK,
+            });
+        }
+        let window = Nanos::try_from(window)?.as_u64();
+        if window == 0 {
+            return Err(ConfigError::ZeroPeriod);
+        }
+        if window > 1 << 62 {
+            return Err(ConfigError::OutOfRange {
+                what: "fixed-window length (ns)",
+                value: window,
+                max: 1 << 62,
+            });
+        }
+        Ok(FixedWindow { limit, window, per_window: Divisor::new(window) })
+    }
+
+    /// The limit per window.
+    pub const fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The window's length.
+    pub const fn window(&self) -> Duration {
+        Duration::from_nanos(self.window)
+    }
+}
+
+impl Policy for FixedWindow {
+    #[inline]
+    fn decide(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
+        let e = elapsed.as_u64().min(MAX_ELAPSED);
+        let i = self.per_window.div(e);
+        let now_index = (i + 1).min(MAX_INDEX);
+        // The window index never moves back: a thread whose clock reads an earlier window than
+        // the stored one counts in the stored window (found by loom-tests/tests/window.rs, where a
+        // late window-0 write otherwise erased window 1's count).
+        let stored = word >> COUNT_BITS;
+        let (index, count) = if stored >= now_index { (stored, word & COUNT_MASK) } else { (now_index, 0) };
+        // Window `index − 1` ends at index·W; past the lifetime it never does.
+        let until_end = if index < MAX_INDEX { index.saturating_mul(self.window) - e } else { u64::MAX };
+        let reset = Nanos::new(if count == 0 { 0 } else { until_end });
+        let remaining = |c: u64| {
+            #[expect(clippy::cast_possible_truncation, reason = "at most the limit, below 2^24")]
+            let r = (self.limit - c) as u32;
+            r
+        };
+        if n > self.limit {
+            return (None, Decision::from_nanos(Outcome::Insufficient, remaining(count), Nanos::ZERO, reset));
+        }
+        if n == 0 {
+            return (None, Decision::from_nanos(Outcome::Allowed, remaining(count), Nanos::ZERO, reset));
+        }
+        if count + n <= self.limit {
+            let next = (index << COUNT_BITS) | (count + n);
+            let d = Decision::from_nanos(
+                Outcome::Allowed,
+                remaining(count + n),
+                Nanos::ZERO,
+                Nanos::new(until_end),
+            );
+            (Some(next), d)
+        } else {
+            let d = Decision::from_nanos(Outcome::Denied, remaining(count), Nanos::new(until_end), reset);
+            (None, d)
+        }
+    }
+}
+
+/// A direct fixed-window limiter.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{FixedWindow, FixedWindowLimiter, ManualClock, Nanos};
+///
+/// let l = FixedWindowLimiter::with_clock(FixedWindow::new(2, Duration::from_secs(1))?, ManualClock::new());
+/// assert!(l.check_at(Nanos::ZERO).is_allowed());
+/// assert!(l.check_at(Nanos::new(999_999_999)).is_allowed());
+/// assert_eq!(l.check_at(Nanos::new(999_999_999)).retry_after(), Some(Duration::from_nanos(1)));
+/// assert!(l.check_at(Nanos::new(1_000_000_000)).is_allowed());
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+pub type FixedWindowLimiter<C = DefaultClock> = Direct<FixedWindow, C>;

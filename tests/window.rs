@@ -1,0 +1,91 @@
+//! Fixed window: boundary behaviour, limits, and the engine against an exact model.
+
+mod common;
+
+use std::time::Duration;
+
+use common::window_model::FixedWindowModel;
+use proptest::prelude::*;
+use tollgate::{ConfigError, FixedWindow, FixedWindowLimiter, ManualClock, Nanos, Outcome};
+
+const S: u64 = 1_000_000_000;
+
+/// The documented weakness: `2·limit` can pass within a few nanoseconds across a boundary.
+#[test]
+fn boundary_burst_is_two_limits() {
+    let l = FixedWindowLimiter::with_clock(
+        FixedWindow::new(100, Duration::from_secs(60)).unwrap(),
+        ManualClock::new(),
+    );
+    let just_before = Nanos::new(60 * S - 1);
+    assert!(l.check_n_at(just_before, 100).is_allowed());
+    assert!(!l.check_at(just_before).is_allowed());
+    assert!(l.check_n_at(Nanos::new(60 * S), 100).is_allowed());
+}
+
+#[test]
+fn fields() {
+    let l = FixedWindowLimiter::with_clock(
+        FixedWindow::new(3, Duration::from_secs(10)).unwrap(),
+        ManualClock::new(),
+    );
+    let d = l.check_n_at(Nanos::new(4 * S), 2);
+    assert_eq!((d.outcome(), d.remaining(), d.reset_after()), (Outcome::Allowed, 1, Duration::from_secs(6)));
+    let d = l.check_n_at(Nanos::new(5 * S), 2);
+    assert_eq!(
+        (d.outcome(), d.remaining(), d.retry_after()),
+        (Outcome::Denied, 1, Some(Duration::from_secs(5)))
+    );
+    assert_eq!(l.check_n_at(Nanos::new(5 * S), 4).outcome(), Outcome::Insufficient);
+    assert_eq!(l.check_n_at(Nanos::new(10 * S), 3).remaining(), 0);
+}
+
+#[test]
+fn limits() {
+    assert_eq!(FixedWindow::new(0, Duration::from_secs(1)), Err(ConfigError::ZeroBurst));
+    assert_eq!(FixedWindow::new(1, Duration::ZERO), Err(ConfigError::ZeroPeriod));
+    assert!(FixedWindow::new(FixedWindow::MAX_LIMIT, Duration::from_nanos(1 << 62)).is_ok());
+    assert!(matches!(
+        FixedWindow::new(FixedWindow::MAX_LIMIT + 1, Duration::from_secs(1)),
+        Err(ConfigError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        FixedWindow::new(1, Duration::from_nanos((1 << 62) + 1)),
+        Err(ConfigError::OutOfRange { .. })
+    ));
+}
+
+/// After 2^40 − 2 windows the index saturates: the last window never ends, nothing resets.
+#[test]
+fn lifetime_saturation() {
+    let l = FixedWindowLimiter::with_clock(
+        FixedWindow::new(1, Duration::from_nanos(1)).unwrap(),
+        ManualClock::new(),
+    );
+    let late = Nanos::new(1 << 41);
+    assert!(l.check_at(late).is_allowed());
+    assert!(!l.check_at(Nanos::new(1 << 42)).is_allowed());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+    #[test]
+    fn engine_matches_model(
+        limit in prop_oneof![1u64..=5, 1u64..=FixedWindow::MAX_LIMIT],
+        window in prop_oneof![1u64..=1_000, 1u64..=10 * S, 1u64..=1 << 62],
+        ops in prop::collection::vec((prop_oneof![Just(0u64), 0u64..2_000, 0u64..20 * S, any::<u64>()], any::<bool>(), prop_oneof![0u64..=3, any::<u64>()]), 1..100),
+    ) {
+        let q = FixedWindow::new(limit, Duration::from_nanos(window)).unwrap();
+        let l = FixedWindowLimiter::with_clock(q, ManualClock::new());
+        let mut model = FixedWindowModel::new(limit, window);
+        let mut now = 0u64;
+        for (step, back, n) in ops {
+            now = if back { now.saturating_sub(step) } else { now.saturating_add(step) };
+            let d = l.check_n_at(Nanos::new(now), n);
+            let retry = match d.outcome() { Outcome::Denied => d.retry_after_nanos().unwrap().as_u64(), _ => 0 };
+            let got = (d.outcome(), d.remaining(), retry, d.reset_after_nanos().as_u64());
+            prop_assert_eq!(got, model.check_n(now, n), "n = {} at {} ns", n, now);
+        }
+    }
+}
