@@ -19,7 +19,10 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use tollgate::{Clock, CoarseClock, Limiter, NginxLimiter, NginxQuota, Quota, Rate, TscClock};
+use tollgate::{
+    Clock, CoarseClock, FixedWindow, FixedWindowLimiter, Limiter, NginxLimiter, NginxQuota, Quota, Rate,
+    TscClock,
+};
 
 fn allow_heavy() -> Quota {
     Quota::new(Rate::per_second(10_000_000_000), Quota::MAX_BURST).unwrap()
@@ -69,6 +72,10 @@ fn one_thread(c: &mut Criterion) {
     let nginx =
         NginxLimiter::new(NginxQuota::per_second(1_000_000_000).unwrap().burst(16_777).unwrap().nodelay());
     g.bench_function("tollgate-nginx/allow-heavy", |b| b.iter(|| black_box(nginx.check())));
+    // Fixed window: the largest limit per 1 s (a counter that starts again each second).
+    let fixed =
+        FixedWindowLimiter::new(FixedWindow::new(FixedWindow::MAX_LIMIT, Duration::from_secs(1)).unwrap());
+    g.bench_function("tollgate-fixed-window/allow-heavy", |b| b.iter(|| black_box(fixed.check())));
 
     let l = Limiter::new(deny_heavy());
     l.check();
@@ -82,6 +89,9 @@ fn one_thread(c: &mut Criterion) {
     let nginx = NginxLimiter::new(NginxQuota::per_minute(1).unwrap());
     nginx.check();
     g.bench_function("tollgate-nginx/deny-heavy", |b| b.iter(|| black_box(nginx.check())));
+    let fixed = FixedWindowLimiter::new(FixedWindow::new(1, Duration::from_secs(3600)).unwrap());
+    fixed.check();
+    g.bench_function("tollgate-fixed-window/deny-heavy", |b| b.iter(|| black_box(fixed.check())));
     g.finish();
 }
 
