@@ -110,6 +110,7 @@ impl NginxQuota {
     /// millisecond, all or none: the excess grows by `n·1000`, and a new node's first request
     /// is free. `n = 0` reports the state and stores nothing; more than `burst + 1` at once can
     /// never pass ([`Outcome::Insufficient`]).
+    #[inline]
     fn decide_ms(&self, word: u64, now: u64, n: u64) -> (Option<u64>, Decision) {
         let max_n = self.burst / 1000 + 1;
         if n > max_n {
@@ -148,6 +149,7 @@ impl NginxQuota {
 
     /// Unpacks `word` (not 0) as of `now`: `(elapsed, ms, last, stored, leaked)`, with nginx's
     /// treatment of a clock behind `last` (`ms`), and the milli-requests leaked since.
+    #[inline]
     fn leak(&self, word: u64, now: u64) -> (i64, u64, u64, u64, u64) {
         let (last, stored) = (unpack_last(word), word & EXCESS_MASK);
         // Both below 2^40, so the difference fits an i64.
@@ -160,10 +162,12 @@ impl NginxQuota {
     }
 
     /// `ceil(x / rate)` for `x < 2^62`.
+    #[inline]
     fn ceil_per_rate(&self, x: u64) -> u64 {
         self.per_rate.div(x + self.rate - 1)
     }
 
+    #[inline]
     fn passed(&self, excess: u64) -> Decision {
         #[expect(clippy::cast_possible_truncation, reason = "at most MAX_BURST requests")]
         let remaining = ((self.burst - excess) / 1000) as u32;
@@ -176,6 +180,7 @@ impl NginxQuota {
     }
 
     /// The time for `excess` to leak away entirely.
+    #[inline]
     fn drain_time(&self, excess: u64) -> Nanos {
         ms_to_nanos(
             u64::try_from((u128::from(excess) * 1000).div_ceil(u128::from(self.rate))).unwrap_or(u64::MAX),
@@ -183,14 +188,17 @@ impl NginxQuota {
     }
 }
 
+#[inline]
 fn ms_to_nanos(ms: u64) -> Nanos {
     Nanos::new(ms.saturating_mul(1_000_000))
 }
 
+#[inline]
 fn pack(last: u64, excess: u64) -> u64 {
     ((last + 1) << EXCESS_BITS) | excess
 }
 
+#[inline]
 fn unpack_last(word: u64) -> u64 {
     (word >> EXCESS_BITS) - 1
 }
