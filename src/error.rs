@@ -60,6 +60,16 @@ pub enum ConfigError {
         /// The largest supported value.
         max: u64,
     },
+    /// A sliding window too short for its limit: the packed window index would run out within
+    /// 100 years.
+    WindowTooShort {
+        /// The limit.
+        limit: u64,
+        /// The window, in nanoseconds.
+        window_nanos: u64,
+        /// The shortest window this limit supports, in nanoseconds.
+        min_nanos: u64,
+    },
     /// The coarse clock's upkeep thread could not be started.
     Upkeep(String),
 }
@@ -95,6 +105,11 @@ impl fmt::Display for ConfigError {
             ConfigError::OutOfRange { what, value, max } => {
                 write!(f, "{what} of {value} exceeds the maximum of {max}")
             }
+            ConfigError::WindowTooShort { limit, window_nanos, min_nanos } => write!(
+                f,
+                "a sliding window of {window_nanos} ns is too short for a limit of {limit}: \
+                 it needs at least {min_nanos} ns to last 100 years"
+            ),
             ConfigError::Upkeep(why) => write!(f, "could not start the coarse clock: {why}"),
         }
     }

@@ -1,5 +1,5 @@
-//! Fixed window: request sequences compared with the exact model (`tests/common/window_model.rs`),
-//! on a `ManualClock` moved only by the input.
+//! Fixed window and sliding-window counter: request sequences compared with the exact models
+//! (`tests/common/window_model.rs`), on a `ManualClock` moved only by the input.
 
 #![no_main]
 
@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tollgate::{FixedWindow, FixedWindowLimiter, ManualClock, Nanos, Outcome};
+use tollgate::{FixedWindow, FixedWindowLimiter, ManualClock, Nanos, Outcome, SlidingWindow, SlidingWindowLimiter};
 
 #[path = "../../tests/common/window_model.rs"]
 mod window_model;
 
-use window_model::FixedWindowModel;
+use window_model::{FixedWindowModel, SlidingWindowModel};
 
 #[derive(Arbitrary, Debug)]
 enum Op {
@@ -25,24 +25,52 @@ enum Op {
 
 #[derive(Arbitrary, Debug)]
 struct Input {
+    sliding: bool,
     limit: u32,
     window: u64,
     ops: Vec<Op>,
 }
 
 fuzz_target!(|input: Input| {
-    let Ok(q) = FixedWindow::new(u64::from(input.limit), Duration::from_nanos(input.window)) else { return };
-    let limiter = FixedWindowLimiter::with_clock(q, ManualClock::new());
-    let mut model = FixedWindowModel::new(u64::from(input.limit), input.window);
+    let (limit, window) = (u64::from(input.limit), Duration::from_nanos(input.window));
+    if input.sliding {
+        let Ok(q) = SlidingWindow::new(limit, window) else { return };
+        let limiter = SlidingWindowLimiter::with_clock(q, ManualClock::new());
+        let mut model = SlidingWindowModel::new(limit, input.window);
+        // The model has no index saturation: keep time within the lifetime (≥ 100 years).
+        run(input.ops, 1 << 61, |now, n| {
+            (answer(&limiter.check_n_at(Nanos::new(now), n)), model.check_n(now, n))
+        });
+    } else {
+        let Ok(q) = FixedWindow::new(limit, window) else { return };
+        let limiter = FixedWindowLimiter::with_clock(q, ManualClock::new());
+        let mut model = FixedWindowModel::new(limit, input.window);
+        run(input.ops, u64::MAX, |now, n| {
+            (answer(&limiter.check_n_at(Nanos::new(now), n)), model.check_n(now, n))
+        });
+    }
+});
+
+type Answer = (Outcome, u64, u64, u64);
+
+fn answer(d: &tollgate::Decision) -> Answer {
+    let retry = match d.outcome() {
+        Outcome::Denied => d.retry_after_nanos().unwrap().as_u64(),
+        _ => 0,
+    };
+    (d.outcome(), d.remaining(), retry, d.reset_after_nanos().as_u64())
+}
+
+fn run(ops: Vec<Op>, max_now: u64, mut decide: impl FnMut(u64, u64) -> (Answer, Answer)) {
     let mut now = 0u64;
-    for op in input.ops {
+    for op in ops {
         let n = match op {
             Op::Advance(by) => {
-                now = now.saturating_add(u64::from(by));
+                now = now.saturating_add(u64::from(by)).min(max_now);
                 continue;
             }
             Op::AdvanceFar(by) => {
-                now = now.saturating_add(by);
+                now = now.saturating_add(by).min(max_now);
                 continue;
             }
             Op::Back(by) => {
@@ -52,12 +80,7 @@ fuzz_target!(|input: Input| {
             Op::Check(n) => u64::from(n),
             Op::CheckHuge(n) => n,
         };
-        let d = limiter.check_n_at(Nanos::new(now), n);
-        let retry = match d.outcome() {
-            Outcome::Denied => d.retry_after_nanos().unwrap().as_u64(),
-            _ => 0,
-        };
-        let got = (d.outcome(), d.remaining(), retry, d.reset_after_nanos().as_u64());
-        assert_eq!(got, model.check_n(now, n), "n = {n} at {now} ns");
+        let (got, want) = decide(now, n);
+        assert_eq!(got, want, "n = {n} at {now} ns");
     }
-});
+}

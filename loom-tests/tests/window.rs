@@ -48,3 +48,28 @@ fn rollover_race() {
         assert!(!l.check_at(Nanos::new(11)).is_allowed());
     });
 }
+
+/// The sliding-window counter on the same loop: limit 2 per 10 ns; two threads decide at the end
+/// of window 0 and the start of window 1. The stored index never moves back, so window 1 always
+/// sees window 0's grants as its previous count: at most 2 are admitted in total here (at δ = 0
+/// of window 1 the previous window still weighs fully).
+#[test]
+fn sliding_rollover_race() {
+    use tollgate::{SlidingWindow, SlidingWindowLimiter};
+    model(|| {
+        let q = SlidingWindow::new(2, Duration::from_secs(1)).unwrap();
+        let l = Arc::new(SlidingWindowLimiter::with_clock(q, ManualClock::new()));
+        let t0 = 999_999_999; // last ns of window 0
+        let t1 = 1_000_000_000; // first ns of window 1
+        let a = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || (0..2).filter(|_| l.check_at(Nanos::new(t0)).is_allowed()).count())
+        };
+        let b = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || (0..2).filter(|_| l.check_at(Nanos::new(t1)).is_allowed()).count())
+        };
+        let total = a.join().unwrap() + b.join().unwrap();
+        assert!(total <= 2, "{total} admitted within 1 ns across a boundary, limit 2");
+    });
+}

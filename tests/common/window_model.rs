@@ -48,3 +48,78 @@ impl FixedWindowModel {
         }
     }
 }
+
+/// The sliding-window counter as its documentation states it, in `i128`, with the wait found by
+/// binary search over time (the estimate never grows, so admission is monotone in time) instead
+/// of the engine's closed form. Times stay below the index's lifetime in the tests that use it.
+#[derive(Clone, Debug)]
+pub struct SlidingWindowModel {
+    limit: i128,
+    window: i128,
+    state: Option<(i128, i128, i128)>, // (index = i + 1, prev, curr)
+}
+
+impl SlidingWindowModel {
+    pub fn new(limit: u64, window_ns: u64) -> SlidingWindowModel {
+        SlidingWindowModel { limit: i128::from(limit), window: i128::from(window_ns), state: None }
+    }
+
+    /// (index, prev, curr, δ, ahead) as seen at `e`.
+    fn view(&self, e: i128) -> (i128, i128, i128, i128, i128) {
+        let now_index = e / self.window + 1;
+        let (index, prev, curr) = match self.state {
+            Some((s, p, c)) if s >= now_index => (s, p, c),
+            Some((s, _, c)) if s + 1 == now_index => (now_index, c, 0),
+            _ => (now_index, 0, 0),
+        };
+        let start = (index - 1) * self.window;
+        let (delta, ahead) = if start <= e { (e - start, 0) } else { (0, start - e) };
+        (index, prev, curr, delta, ahead)
+    }
+
+    fn fits(&self, e: i128, n: i128) -> bool {
+        let (_, prev, curr, delta, _) = self.view(e);
+        prev * (self.window - delta) + (curr + n) * self.window <= self.limit * self.window
+    }
+
+    pub fn check_n(&mut self, elapsed_ns: u64, n: u64) -> WindowAnswer {
+        let e = i128::from(elapsed_ns);
+        let n = i128::from(n);
+        let (index, prev, curr, delta, ahead) = self.view(e);
+        let w = self.window;
+        let remaining = |p: i128, c: i128| {
+            u64::try_from(((self.limit * w - p * (w - delta) - c * w).max(0)) / w).unwrap()
+        };
+        let reset = |p: i128, c: i128| {
+            u64::try_from(if c > 0 {
+                ahead + 2 * w - delta
+            } else if p > 0 {
+                ahead + w - delta
+            } else {
+                0
+            })
+            .unwrap()
+        };
+        if n > self.limit {
+            return (Outcome::Insufficient, remaining(prev, curr), 0, reset(prev, curr));
+        }
+        if n == 0 {
+            return (Outcome::Allowed, remaining(prev, curr), 0, reset(prev, curr));
+        }
+        if self.fits(e, n) {
+            self.state = Some((index, prev, curr + n));
+            return (Outcome::Allowed, remaining(prev, curr + n), 0, reset(prev, curr + n));
+        }
+        // The least wait at which n fits: admission is monotone in time.
+        let (mut lo, mut hi) = (0i128, ahead + 3 * w);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.fits(e + mid, n) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        (Outcome::Denied, remaining(prev, curr), u64::try_from(lo).unwrap(), reset(prev, curr))
+    }
+}

@@ -1,0 +1,226 @@
+//! Sliding-window counter (Cloudflare's): "at most N per W" without fixed-window's boundary
+//! burst, in one word. The previous window's count is weighted by the part of it still inside
+//! the sliding window:
+//!
+//! ```text
+//! admit n at δ into window i  ⇔  prev·(W − δ) + (curr + n)·W ≤ N·W        (exact integers)
+//! ```
+//!
+//! The estimate assumes the previous window's requests were spread evenly; the test itself is
+//! exact integer arithmetic, so nothing rounds.
+//!
+//! # Layout
+//!
+//! ```text
+//!  63                         2c  2c-1          c  c-1          0
+//! +-------------------------------+---------------+---------------+
+//! | window index + 1 (64−2c bits) |  curr (c bits) |  prev (c bits)|
+//! +-------------------------------+---------------+---------------+
+//! ```
+//!
+//! `c` is the number of bits the limit needs (at most 20). Window `i` covers `[i·W, (i+1)·W)` ns
+//! since the limiter's creation; the word 0 is a fresh key. The index has `64 − 2c` bits, so a
+//! limiter lasts `2^(64−2c) − 2` windows: construction refuses a window so short that this is
+//! under 100 years. The stored index never moves back (a thread whose clock reads an earlier
+//! window counts in the stored one, as if at its start). Updated by [`Direct`]'s CAS loop.
+
+use core::time::Duration;
+
+use crate::policy::{Direct, Policy};
+use crate::quota::Divisor;
+use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome};
+
+/// Elapsed time is clamped below 2^63 ns (292 years), the divisor's range.
+const MAX_ELAPSED: u64 = (1 << 63) - 1;
+/// The shortest lifetime construction accepts: 100 years.
+const MIN_LIFETIME_NANOS: u128 = 100 * 365 * 86_400 * 1_000_000_000;
+
+/// At most `limit` per sliding window of `window`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlidingWindow {
+    limit: u64,
+    window: u64,
+    per_window: Divisor,
+    /// Bits per count.
+    bits: u32,
+    /// The largest stored index (`i + 1`).
+    max_index: u64,
+}
+
+impl SlidingWindow {
+    /// The largest limit: 2^20 − 1.
+    pub const MAX_LIMIT: u64 = (1 << 20) - 1;
+
+    /// At most `limit` per `window`. The window must be long enough for the limiter to last 100
+    /// years: `window · 2^(64 − 2·bits(limit))` ≥ 100 years (any window of 1 ms or more for
+    /// limits up to 2,047; 1 s or more up to 65,535).
+    pub fn new(limit: u64, window: Duration) -> Result<SlidingWindow, ConfigError> {
+        if limit == 0 {
+            return Err(ConfigError::ZeroBurst);
+        }
+        if limit > Self::MAX_LIMIT {
+            return Err(ConfigError::OutOfRange {
+                what: "sliding-window limit",
+                value: limit,
+                max: Self::MAX_LIMIT,
+            });
+        }
+        let w = Nanos::try_from(window)?.as_u64();
+        if w == 0 {
+            return Err(ConfigError::ZeroPeriod);
+        }
+        if w > 1 << 62 {
+            return Err(ConfigError::OutOfRange {
+                what: "sliding-window length (ns)",
+                value: w,
+                max: 1 << 62,
+            });
+        }
+        let bits = 64 - limit.leading_zeros();
+        let max_index = (1u64 << (64 - 2 * bits)) - 1;
+        if u128::from(max_index - 1) * u128::from(w) < MIN_LIFETIME_NANOS {
+            return Err(ConfigError::WindowTooShort {
+                limit,
+                window_nanos: w,
+                min_nanos: u64::try_from(MIN_LIFETIME_NANOS.div_ceil(u128::from(max_index - 1)))
+                    .unwrap_or(u64::MAX),
+            });
+        }
+        Ok(SlidingWindow { limit, window: w, per_window: Divisor::new(w), bits, max_index })
+    }
+
+    /// The limit per window.
+    pub const fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The window's length.
+    pub const fn window(&self) -> Duration {
+        Duration::from_nanos(self.window)
+    }
+
+    /// Whether `n` more fit with `prev`, `curr` at `delta` into the window.
+    #[inline]
+    fn fits(&self, prev: u64, curr: u64, delta: u64, n: u64) -> bool {
+        let w = u128::from(self.window);
+        u128::from(prev) * u128::from(self.window - delta) + u128::from(curr + n) * w
+            <= u128::from(self.limit) * w
+    }
+
+    /// The earliest wait after which `n` fit, given no other request (the estimate never grows
+    /// with time, so this is exact). `None` once the index has saturated: windows no longer end.
+    fn wait_for(&self, prev: u64, curr: u64, delta: u64, n: u64) -> u64 {
+        let (w, limit) = (self.window, self.limit);
+        // In this window: prev·(W − δ − x) ≤ (N − curr − n)·W.
+        if curr + n <= limit && prev > 0 {
+            let slack = u128::from(limit - curr - n) * u128::from(w) / u128::from(prev);
+            let x = (w - delta).saturating_sub(u64::try_from(slack).unwrap_or(u64::MAX));
+            if delta + x < w {
+                return x;
+            }
+        }
+        // In the next one, where prev' = curr and curr' = 0: curr·(W − δ') ≤ (N − n)·W.
+        let to_next = w - delta;
+        if curr == 0 {
+            return to_next;
+        }
+        let slack = u128::from(limit - n) * u128::from(w) / u128::from(curr);
+        let d = w.saturating_sub(u64::try_from(slack).unwrap_or(u64::MAX));
+        if d < w {
+            return to_next + d;
+        }
+        // The one after: both counts have aged out.
+        to_next + w
+    }
+}
+
+impl Policy for SlidingWindow {
+    #[inline]
+    fn decide(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
+        let (c, mask) = (self.bits, (1u64 << self.bits) - 1);
+        let e = elapsed.as_u64().min(MAX_ELAPSED);
+        let i = self.per_window.div(e);
+        let now_index = (i + 1).min(self.max_index);
+        let stored = word >> (2 * c);
+        let (s_curr, s_prev) = ((word >> c) & mask, word & mask);
+        let (index, prev, curr) = if stored >= now_index {
+            (stored, s_prev, s_curr)
+        } else if stored + 1 == now_index {
+            (now_index, s_curr, 0)
+        } else {
+            (now_index, 0, 0)
+        };
+        let saturated = index >= self.max_index;
+        // The effective window starts at (index − 1)·W; a later stored window lies ahead of `e`.
+        let start = (index - 1).saturating_mul(self.window);
+        let (delta, ahead) = if saturated {
+            (0, 0)
+        } else if start <= e {
+            (e - start, 0)
+        } else {
+            (0, start - e)
+        };
+        let remaining = {
+            let w = u128::from(self.window);
+            let used = u128::from(prev) * u128::from(self.window - delta) + u128::from(curr) * w;
+            let r = (u128::from(self.limit) * w).saturating_sub(used) / w;
+            #[expect(clippy::cast_possible_truncation, reason = "at most the limit, below 2^20")]
+            let r = r as u32;
+            r
+        };
+        let reset = |prev: u64, curr: u64| {
+            if saturated && (prev | curr) != 0 {
+                Nanos::MAX
+            } else if curr > 0 {
+                Nanos::new(ahead + 2 * self.window - delta)
+            } else if prev > 0 {
+                Nanos::new(ahead + self.window - delta)
+            } else {
+                Nanos::ZERO
+            }
+        };
+        if n > self.limit {
+            return (
+                None,
+                Decision::from_nanos(Outcome::Insufficient, remaining, Nanos::ZERO, reset(prev, curr)),
+            );
+        }
+        if n == 0 {
+            return (None, Decision::from_nanos(Outcome::Allowed, remaining, Nanos::ZERO, reset(prev, curr)));
+        }
+        if self.fits(prev, curr, delta, n) {
+            let next = (index << (2 * c)) | ((curr + n) << c) | prev;
+            let left = {
+                let w = u128::from(self.window);
+                let used = u128::from(prev) * u128::from(self.window - delta) + u128::from(curr + n) * w;
+                #[expect(clippy::cast_possible_truncation, reason = "at most the limit, below 2^20")]
+                let r = ((u128::from(self.limit) * w - used) / w) as u32;
+                r
+            };
+            return (
+                Some(next),
+                Decision::from_nanos(Outcome::Allowed, left, Nanos::ZERO, reset(prev, curr + n)),
+            );
+        }
+        let retry =
+            if saturated { Nanos::MAX } else { Nanos::new(ahead + self.wait_for(prev, curr, delta, n)) };
+        (None, Decision::from_nanos(Outcome::Denied, remaining, retry, reset(prev, curr)))
+    }
+}
+
+/// A direct sliding-window-counter limiter.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{ManualClock, Nanos, SlidingWindow, SlidingWindowLimiter};
+///
+/// // 10 per minute; 10 at 0:50 leave no room at 1:00, where a fixed window would reset.
+/// let l = SlidingWindowLimiter::with_clock(SlidingWindow::new(10, Duration::from_secs(60))?, ManualClock::new());
+/// let s = |secs: u64| Nanos::new(secs * 1_000_000_000);
+/// assert!(l.check_n_at(s(50), 10).is_allowed());
+/// assert!(!l.check_at(s(60)).is_allowed());
+/// // At 1:06 a tenth of the previous window has slid out: one more fits.
+/// assert!(l.check_at(s(66)).is_allowed());
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+pub type SlidingWindowLimiter<C = DefaultClock> = Direct<SlidingWindow, C>;
