@@ -77,6 +77,11 @@ fn one_thread(c: &mut Criterion) {
         FixedWindow::new(FixedWindow::MAX_LIMIT, Duration::from_millis(100)).unwrap(),
     );
     g.bench_function("tollgate-fixed-window/allow-heavy", |b| b.iter(|| black_box(fixed.check())));
+    // Sliding window: the largest limit that lasts 100 years with 200 s windows (never reached).
+    let sliding = SlidingWindowLimiter::new(
+        SlidingWindow::new(SlidingWindow::MAX_LIMIT, Duration::from_secs(200)).unwrap(),
+    );
+    g.bench_function("tollgate-sliding-window/allow-heavy", |b| b.iter(|| black_box(sliding.check())));
 
     let l = Limiter::new(deny_heavy());
     l.check();
@@ -93,6 +98,9 @@ fn one_thread(c: &mut Criterion) {
     let fixed = FixedWindowLimiter::new(FixedWindow::new(1, Duration::from_secs(3600)).unwrap());
     fixed.check();
     g.bench_function("tollgate-fixed-window/deny-heavy", |b| b.iter(|| black_box(fixed.check())));
+    let sliding = SlidingWindowLimiter::new(SlidingWindow::new(1, Duration::from_secs(3600)).unwrap());
+    sliding.check();
+    g.bench_function("tollgate-sliding-window/deny-heavy", |b| b.iter(|| black_box(sliding.check())));
     g.finish();
 }
 
