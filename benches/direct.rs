@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use tollgate::{
     Clock, CoarseClock, FixedWindow, FixedWindowLimiter, Limiter, NginxLimiter, NginxQuota, Quota, Rate,
-    TscClock,
+    SlidingWindow, SlidingWindowLimiter, TscClock,
 };
 
 fn allow_heavy() -> Quota {
