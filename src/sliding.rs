@@ -208,6 +208,9 @@ impl Policy for SlidingWindow {
 /// which it does for every window under 4.9 hours.
 #[inline]
 fn mul_div(a: u64, b: u64, c: u64) -> u64 {
+    if a == 0 {
+        return 0; // the common denial: no room left at all
+    }
     match a.checked_mul(b) {
         Some(x) => x / c,
         None => u64::try_from(u128::from(a) * u128::from(b) / u128::from(c)).unwrap_or(u64::MAX),
