@@ -28,6 +28,7 @@ use core::time::Duration;
 
 use crate::policy::{Direct, Policy};
 use crate::quota::Divisor;
+use crate::window::check_window;
 use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome};
 
 /// Elapsed time is clamped below 2^63 ns (292 years), the divisor's range.
@@ -55,27 +56,7 @@ impl SlidingWindow {
     /// years: `window · 2^(64 − 2·bits(limit))` ≥ 100 years (any window of 1 ms or more for
     /// limits up to 2,047; 1 s or more up to 65,535).
     pub fn new(limit: u64, window: Duration) -> Result<SlidingWindow, ConfigError> {
-        if limit == 0 {
-            return Err(ConfigError::ZeroBurst);
-        }
-        if limit > Self::MAX_LIMIT {
-            return Err(ConfigError::OutOfRange {
-                what: "sliding-window limit",
-                value: limit,
-                max: Self::MAX_LIMIT,
-            });
-        }
-        let w = Nanos::try_from(window)?.as_u64();
-        if w == 0 {
-            return Err(ConfigError::ZeroPeriod);
-        }
-        if w > 1 << 62 {
-            return Err(ConfigError::OutOfRange {
-                what: "sliding-window length (ns)",
-                value: w,
-                max: 1 << 62,
-            });
-        }
+        let w = check_window("sliding-window", limit, Self::MAX_LIMIT, window)?;
         let bits = 64 - limit.leading_zeros();
         let max_index = (1u64 << (64 - 2 * bits)) - 1;
         if u128::from(max_index - 1) * u128::from(w) < MIN_LIFETIME_NANOS {

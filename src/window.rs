@@ -44,27 +44,7 @@ impl FixedWindow {
 
     /// At most `limit` per `window` (1 ns to 2^62 ns).
     pub fn new(limit: u64, window: Duration) -> Result<FixedWindow, ConfigError> {
-        if limit == 0 {
-            return Err(ConfigError::ZeroBurst);
-        }
-        if limit > COUNT_MASK {
-            return Err(ConfigError::OutOfRange {
-                what: "fixed-window limit",
-                value: limit,
-                max: COUNT_MASK,
-            });
-        }
-        let window = Nanos::try_from(window)?.as_u64();
-        if window == 0 {
-            return Err(ConfigError::ZeroPeriod);
-        }
-        if window > 1 << 62 {
-            return Err(ConfigError::OutOfRange {
-                what: "fixed-window length (ns)",
-                value: window,
-                max: 1 << 62,
-            });
-        }
+        let window = check_window("fixed-window", limit, COUNT_MASK, window)?;
         Ok(FixedWindow { limit, window, per_window: Divisor::new(window) })
     }
 
@@ -118,6 +98,33 @@ impl Policy for FixedWindow {
             (None, d)
         }
     }
+}
+
+/// Validates a window limiter's `limit` (1 to `max_limit`) and `window` (1 ns to 2^62 ns, the
+/// divisor's range); returns the window in nanoseconds. `kind` names the limiter in errors.
+pub(crate) fn check_window(
+    kind: &'static str,
+    limit: u64,
+    max_limit: u64,
+    window: Duration,
+) -> Result<u64, ConfigError> {
+    if limit == 0 {
+        return Err(ConfigError::ZeroBurst);
+    }
+    if limit > max_limit {
+        let what = if kind == "fixed-window" { "fixed-window limit" } else { "sliding-window limit" };
+        return Err(ConfigError::OutOfRange { what, value: limit, max: max_limit });
+    }
+    let window = Nanos::try_from(window)?.as_u64();
+    if window == 0 {
+        return Err(ConfigError::ZeroPeriod);
+    }
+    if window > 1 << 62 {
+        let what =
+            if kind == "fixed-window" { "fixed-window length (ns)" } else { "sliding-window length (ns)" };
+        return Err(ConfigError::OutOfRange { what, value: window, max: 1 << 62 });
+    }
+    Ok(window)
 }
 
 /// A direct fixed-window limiter.

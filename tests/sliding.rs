@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::window_model::SlidingWindowModel;
+use common::window_model::{answer, SlidingWindowModel};
 use proptest::prelude::*;
 use tollgate::{ConfigError, ManualClock, Nanos, Outcome, SlidingWindow, SlidingWindowLimiter};
 
@@ -62,9 +62,7 @@ proptest! {
         let mut now = 0u64;
         for (step, back, n) in ops {
             now = if back { now.saturating_sub(step) } else { now.saturating_add(step) };
-            let d = l.check_n_at(Nanos::new(now), n);
-            let retry = match d.outcome() { Outcome::Denied => d.retry_after_nanos().unwrap().as_u64(), _ => 0 };
-            let got = (d.outcome(), d.remaining(), retry, d.reset_after_nanos().as_u64());
+            let got = answer(&l.check_n_at(Nanos::new(now), n));
             prop_assert_eq!(got, model.check_n(now, n), "n = {} at {} ns", n, now);
         }
     }

@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tollgate::{FixedWindow, FixedWindowLimiter, ManualClock, Nanos, Outcome, SlidingWindow, SlidingWindowLimiter};
+use tollgate::{FixedWindow, FixedWindowLimiter, ManualClock, Nanos, SlidingWindow, SlidingWindowLimiter};
 
 #[path = "../../tests/common/window_model.rs"]
 mod window_model;
 
-use window_model::{FixedWindowModel, SlidingWindowModel};
+use window_model::{answer, FixedWindowModel, SlidingWindowModel, WindowAnswer};
 
 #[derive(Arbitrary, Debug)]
 enum Op {
@@ -51,17 +51,7 @@ fuzz_target!(|input: Input| {
     }
 });
 
-type Answer = (Outcome, u64, u64, u64);
-
-fn answer(d: &tollgate::Decision) -> Answer {
-    let retry = match d.outcome() {
-        Outcome::Denied => d.retry_after_nanos().unwrap().as_u64(),
-        _ => 0,
-    };
-    (d.outcome(), d.remaining(), retry, d.reset_after_nanos().as_u64())
-}
-
-fn run(ops: Vec<Op>, max_now: u64, mut decide: impl FnMut(u64, u64) -> (Answer, Answer)) {
+fn run(ops: Vec<Op>, max_now: u64, mut decide: impl FnMut(u64, u64) -> (WindowAnswer, WindowAnswer)) {
     let mut now = 0u64;
     for op in ops {
         let n = match op {

@@ -8,6 +8,15 @@ use tollgate::Outcome;
 /// (outcome, remaining, retry ns when denied, reset ns)
 pub type WindowAnswer = (Outcome, u64, u64, u64);
 
+/// An engine decision in the models' terms.
+pub fn answer(d: &tollgate::Decision) -> WindowAnswer {
+    let retry = match d.outcome() {
+        Outcome::Denied => d.retry_after_nanos().unwrap().as_u64(),
+        _ => 0,
+    };
+    (d.outcome(), d.remaining(), retry, d.reset_after_nanos().as_u64())
+}
+
 #[derive(Clone, Debug)]
 pub struct FixedWindowModel {
     limit: i128,
