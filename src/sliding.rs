@@ -150,7 +150,6 @@ impl Policy for SlidingWindow {
         } else {
             (0, start - e)
         };
-        let remaining = self.remaining(prev, curr, delta);
         let reset = |prev: u64, curr: u64| {
             if saturated && (prev | curr) != 0 {
                 Nanos::MAX
@@ -165,11 +164,24 @@ impl Policy for SlidingWindow {
         if n > self.limit {
             return (
                 None,
-                Decision::from_nanos(Outcome::Insufficient, remaining, Nanos::ZERO, reset(prev, curr)),
+                Decision::from_nanos(
+                    Outcome::Insufficient,
+                    self.remaining(prev, curr, delta),
+                    Nanos::ZERO,
+                    reset(prev, curr),
+                ),
             );
         }
         if n == 0 {
-            return (None, Decision::from_nanos(Outcome::Allowed, remaining, Nanos::ZERO, reset(prev, curr)));
+            return (
+                None,
+                Decision::from_nanos(
+                    Outcome::Allowed,
+                    self.remaining(prev, curr, delta),
+                    Nanos::ZERO,
+                    reset(prev, curr),
+                ),
+            );
         }
         if self.fits(prev, curr, delta, n) {
             let next = (index << (2 * c)) | ((curr + n) << c) | prev;
@@ -181,7 +193,15 @@ impl Policy for SlidingWindow {
         }
         let retry =
             if saturated { Nanos::MAX } else { Nanos::new(ahead + self.wait_for(prev, curr, delta, n)) };
-        (None, Decision::from_nanos(Outcome::Denied, remaining, retry, reset(prev, curr)))
+        (
+            None,
+            Decision::from_nanos(
+                Outcome::Denied,
+                self.remaining(prev, curr, delta),
+                retry,
+                reset(prev, curr),
+            ),
+        )
     }
 }
 
