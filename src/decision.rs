@@ -17,6 +17,12 @@ pub enum Outcome {
     /// Admitted, to be served after [`Decision::delay`]: nginx's `DELAYED` (a leaky bucket
     /// that queues a burst instead of serving it at once). Token buckets never delay.
     Delayed,
+    /// Denied because the key is new and a keyed limiter's table has no room for it (the
+    /// [`WhenFull::Deny`](crate::WhenFull::Deny) policy). No wait can be computed.
+    TableFull,
+    /// Admitted without being counted: the key is new and the table has no room for it (the
+    /// fail-open [`WhenFull::Allow`](crate::WhenFull::Allow) policy).
+    Untracked,
 }
 
 /// The outcome of a decision, with what a caller needs for headers and back-off.
@@ -75,7 +81,7 @@ impl Decision {
     /// Whether the request was admitted.
     #[inline]
     pub const fn is_allowed(&self) -> bool {
-        matches!(self.outcome, Outcome::Allowed | Outcome::Delayed)
+        matches!(self.outcome, Outcome::Allowed | Outcome::Delayed | Outcome::Untracked)
     }
 
     /// How long to hold an admitted request before serving it: zero unless the outcome is
@@ -101,7 +107,8 @@ impl Decision {
     }
 
     /// The exact wait until the same request would be allowed: zero if it was allowed, `None`
-    /// if it never will be (its cost exceeds the burst). Rounded up to the next nanosecond.
+    /// if it never will be (its cost exceeds the burst) or if no wait can be computed (the
+    /// table was full). Rounded up to the next nanosecond.
     #[inline]
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after_nanos().map(Nanos::as_duration)
@@ -111,9 +118,9 @@ impl Decision {
     #[inline]
     pub fn retry_after_nanos(&self) -> Option<Nanos> {
         match self.outcome {
-            Outcome::Insufficient => None,
+            Outcome::Insufficient | Outcome::TableFull => None,
             Outcome::Denied => Some(self.nanos_ceil(self.missing)),
-            Outcome::Allowed | Outcome::Delayed => Some(Nanos::ZERO),
+            Outcome::Allowed | Outcome::Delayed | Outcome::Untracked => Some(Nanos::ZERO),
         }
     }
 

@@ -271,6 +271,19 @@ impl Quota {
         Nanos::new(self.max_elapsed)
     }
 
+    /// This quota for a keyed table, whose bucket instants must stay at or below `limit` units
+    /// (the slot word keeps two bits for its state). Shortens the lifetime accordingly.
+    pub(crate) fn limited_to(self, limit: u64) -> Result<Quota, ConfigError> {
+        let Some(room) = limit.checked_sub(2 * self.fill_units) else {
+            return Err(ConfigError::OutOfRange {
+                what: "fill time of a keyed quota, in units",
+                value: self.fill_units,
+                max: limit / 2,
+            });
+        };
+        Ok(Quota { max_elapsed: room / self.units_per_nano, ..self })
+    }
+
     // ---- crate-internal fixed-point helpers, all exact ----
 
     /// Whole tokens in `units` (at most the fill, so below 2^63), rounded down. An empty bucket

@@ -70,6 +70,12 @@ impl Model {
         i128::from(elapsed_ns).min(self.lifetime) * self.m
     }
 
+    /// Whether the bucket is strictly past full at `elapsed_ns`: its empty instant lies more than
+    /// one fill before now. A keyed table may evict such a bucket (a fresh one is identical).
+    pub fn past_full(&self, elapsed_ns: u64) -> bool {
+        self.z < self.instant(elapsed_ns) - self.burst * self.t
+    }
+
     /// `check_n` (when `take`) or `peek_n` at `elapsed_ns` since creation.
     pub fn decide(&mut self, elapsed_ns: u64, n: u64, take: bool) -> Answer {
         let now = self.instant(elapsed_ns);

@@ -1,0 +1,658 @@
+//! The keyed table: shards of open-addressing slots, each slot a bucket word beside the key's
+//! identity words. Every atomic access to a table lives in this file.
+//!
+//! # Layout
+//!
+//! A table is a power-of-two number of `CachePadded` shards, chosen by the hash's bits 32 and up.
+//! A shard is an array of slots cut into *groups* of 8 (128 bytes for `u64` keys), one 64-bit
+//! *header* and one *ghost* word per group. A key's *home* is a group, chosen by the hash's low
+//! bits; it lives in one of the 64 slots of its *window*, the home group and the 7 after it.
+//!
+//! ```text
+//!  slot word   63 62 61                                                   0
+//!             +-----+-----------------------------------------------------+
+//!             |  00 | stamp: the key's bucket (see bucket.rs)              |  LIVE
+//!             |  01 | stamp of a full bucket being evicted                 |  LOCKED
+//!             |  10 | high-water mark: the floor for the next stamp         |  VACANT
+//!             |  11 | the first stamp of a claimed, not yet live key        |  CLAIMED
+//!             +-----+-----------------------------------------------------+
+//!  header      63                             14 13        7 6          0
+//!             +---------------------------------+-----------+------------+
+//!             | version (+1 per change)         | reach     | last       |
+//!             +---------------------------------+-----------+------------+
+//! ```
+//!
+//! # Why it is safe to reuse a slot: stamps only grow
+//!
+//! Over a slot's whole life, across keys, the value in its word only grows: a decision moves a
+//! stamp forward; eviction (allowed only when the bucket is full) leaves `w + 1`; the next key
+//! starts at or above that. So a value a thread read is never seen again once the slot moved
+//! on, and a CAS that expects it fails: there is no ABA, with no epoch to track. That is this
+//! table's reclamation protocol: a thread acting on an evicted key's stale word can never
+//! commit, and a thread that read the word checks the key *after* reading it (the word is
+//! loaded with `Acquire`, pairing with the `Release` that made it live after the key was
+//! written), so it can never take a new key's word for its own.
+//!
+//! # Membership: the header serializes it, per home group
+//!
+//! A key is *inserted* by claiming a slot privately (VACANT → CLAIMED, key words written) and
+//! *committing* it with a CAS on its home group's header that names the slot (`last`) and bumps
+//! the version. Every change to the set of keys of a home — a commit or an eviction — is a
+//! header CAS, and each inserter scans the home's slots (up to `reach`) between reading the
+//! header and its CAS, so two inserters of one key cannot both commit: the second sees the
+//! first, or its CAS fails. A committed slot becomes LIVE right after; until then any thread
+//! that reads the header *helps*: it makes `last` LIVE before doing anything else, so a
+//! stalled inserter blocks nobody (lock-free), and every committed slot but the latest is
+//! LIVE, which is what scans look for.
+//!
+//! Eviction is LIVE → LOCKED (the CAS fails if anyone decided meanwhile), a version bump of the
+//! evicted key's home (so that helping can tell an old commit from a new claim in the same
+//! slot, and concurrent inserts of that home re-scan), then LOCKED → VACANT or CLAIMED at
+//! `w + 1`. These loops are lock-free: each retry means another thread's CAS succeeded.
+
+use core::fmt;
+
+use crossbeam_utils::CachePadded;
+
+use super::key::Words;
+use crate::bucket::{BucketWord, Verdict};
+use crate::decision::Decision;
+use crate::quota::At;
+use crate::sync::{
+    AtomicU64,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
+};
+use crate::Quota;
+
+/// Slots per group.
+#[cfg(not(tollgate_loom))]
+pub(crate) const GROUP: usize = 8;
+/// Groups per window.
+#[cfg(not(tollgate_loom))]
+const WINDOW_GROUPS: usize = 8;
+// Small enough for loom to explore every interleaving.
+#[cfg(tollgate_loom)]
+pub(crate) const GROUP: usize = 2;
+#[cfg(tollgate_loom)]
+const WINDOW_GROUPS: usize = 2;
+/// Slots a key may live in: its window.
+pub(crate) const WINDOW: usize = GROUP * WINDOW_GROUPS;
+
+const STATE: u64 = 0b11 << 62;
+const LIVE: u64 = 0;
+const LOCKED: u64 = 0b01 << 62;
+const VACANT: u64 = 0b10 << 62;
+const CLAIMED: u64 = 0b11 << 62;
+const VALUE: u64 = !STATE;
+/// Bucket instants in a table stay at or below this, so that `stamp + 1` is still a value.
+pub(crate) const MAX_UNITS: u64 = VALUE - 1;
+
+const POS_MASK: u64 = 0x7f;
+const NONE: u64 = POS_MASK;
+const REACH_SHIFT: u32 = 7;
+const VERSION_ONE: u64 = 1 << 14;
+
+#[inline]
+fn h_last(h: u64) -> Option<usize> {
+    let last = h & POS_MASK;
+    (last != NONE).then_some(last as usize)
+}
+
+#[inline]
+fn h_reach(h: u64) -> usize {
+    ((h >> REACH_SHIFT) & POS_MASK) as usize
+}
+
+/// The header after one more change: version + 1, the given `last` and `reach`.
+#[inline]
+fn h_next(h: u64, last: u64, reach: usize) -> u64 {
+    (h & !(VERSION_ONE - 1)).wrapping_add(VERSION_ONE) | ((reach as u64) << REACH_SHIFT) | last
+}
+
+/// Ghost words: a 22-bit tag of the evicted key's hash and its stamp in units of 2^20, rounded
+/// up. A key whose tag matches starts no fuller than the ghost (see [`Shard::force`]).
+const GHOST_SHIFT: u32 = 20;
+const GHOST_TAG_SHIFT: u32 = 42;
+const GHOST_STAMP: u64 = (1 << GHOST_TAG_SHIFT) - 1;
+
+#[inline]
+fn ghost_tag(hash: u64) -> u64 {
+    (hash >> GHOST_TAG_SHIFT) | 1 // never 0, so that an empty ghost matches nobody
+}
+
+/// What a decision needs to know about time and the quota.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Now<'a> {
+    pub(crate) q: &'a Quota,
+    pub(crate) at: At,
+    /// A new key's first stamp: the quota's initial level at `at`.
+    pub(crate) fresh: u64,
+    /// Stamps strictly below this are full buckets under every quota in the table, with room
+    /// to spare: evicting one leaves a high-water mark (`w + 1`) at or below it, so the slot's
+    /// next key still starts full.
+    pub(crate) evictable: u64,
+    /// What to do when a new key finds no room.
+    pub(crate) overflow: Overflow,
+    /// The table's placement hasher (to find an evicted key's home).
+    pub(crate) hasher: &'a ahash::RandomState,
+}
+
+/// One slot: the bucket word and the key's identity words.
+struct Slot<W: Words> {
+    word: AtomicU64,
+    key: W::Atomic,
+}
+
+impl<W: Words> Slot<W> {
+    fn new() -> Slot<W> {
+        Slot { word: AtomicU64::new(VACANT), key: W::new_atomic() }
+    }
+
+    /// The slot's word, if the slot still holds `words` after the word was read.
+    #[inline]
+    fn load_for(&self, words: W) -> Option<u64> {
+        // Acquire: pairs with the Release that made the word live (after the key was written,
+        // `Shard::acquire_slow` and `Shard::help`), so the key read below is at least that key.
+        let w = self.word.load(Acquire);
+        (W::load(&self.key, Relaxed) == words).then_some(w)
+    }
+}
+
+/// Eight slots on their own cache lines.
+#[repr(C, align(64))]
+struct Group<W: Words> {
+    slots: [Slot<W>; GROUP],
+}
+
+/// Counters of one shard. All `Relaxed`: statistics, read approximately.
+#[derive(Debug, Default)]
+struct Counters {
+    inserts: AtomicU64,
+    evicted: AtomicU64,
+    forced: AtomicU64,
+    full: AtomicU64,
+}
+
+/// One shard: `groups.len() * GROUP` slots and their headers and ghosts.
+pub(crate) struct Shard<W: Words> {
+    groups: Box<[Group<W>]>,
+    headers: Box<[AtomicU64]>,
+    ghosts: Box<[AtomicU64]>,
+    group_mask: usize,
+    /// Keys this shard holds at most (7/8 of its slots).
+    max_live: u64,
+    /// Live keys, as a wrapping count (an eviction may be counted before its insert).
+    live: AtomicU64,
+    counters: Counters,
+}
+
+/// What the table does with a new key when its window has no room.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Overflow {
+    Refuse,
+    EvictStalest,
+}
+
+/// The result of looking for room for a new key.
+enum Room {
+    /// A slot claimed for us: its window position and high-water mark.
+    Claimed(usize, u64),
+    /// No room.
+    Full,
+}
+
+impl<W: Words> Shard<W> {
+    fn new(slots: usize) -> Shard<W> {
+        let groups = slots / GROUP;
+        Shard {
+            groups: (0..groups).map(|_| Group { slots: core::array::from_fn(|_| Slot::new()) }).collect(),
+            headers: (0..groups).map(|_| AtomicU64::new(NONE)).collect(),
+            ghosts: (0..groups).map(|_| AtomicU64::new(0)).collect(),
+            group_mask: groups - 1,
+            max_live: (slots - slots / 8) as u64,
+            live: AtomicU64::new(0),
+            counters: Counters::default(),
+        }
+    }
+
+    #[inline]
+    fn slot(&self, home: usize, pos: usize) -> &Slot<W> {
+        &self.groups[(home + pos / GROUP) & self.group_mask].slots[pos % GROUP]
+    }
+
+    #[inline]
+    pub(crate) fn home_of(&self, hash: u64) -> usize {
+        #[expect(clippy::cast_possible_truncation, reason = "masked to the group count")]
+        let home = hash as usize & self.group_mask;
+        home
+    }
+
+    /// A pointer to a key's home group, to prefetch.
+    #[inline]
+    pub(crate) fn home_ptr(&self, home: usize) -> *const u8 {
+        (&self.groups[home] as *const Group<W>).cast()
+    }
+
+    /// Keys this shard tracks.
+    pub(crate) fn len(&self) -> u64 {
+        self.live()
+    }
+
+    /// Keys this shard holds at most.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.max_live
+    }
+
+    /// The first stamp of a new key with this hash: `fresh`, or its ghost's if later.
+    pub(crate) fn first_stamp(&self, home: usize, hash: u64, fresh: u64) -> u64 {
+        fresh.max(self.ghost_for(home, hash))
+    }
+
+    fn live(&self) -> u64 {
+        let live = self.live.load(Relaxed);
+        if live > 1 << 63 {
+            0 // transiently negative
+        } else {
+            live
+        }
+    }
+
+    /// Takes `n` tokens (`1 ≤ n ≤ burst`) from the key's bucket, inserting the key if it is not
+    /// tracked. `None` when the key is new and there is no room for it.
+    #[inline]
+    pub(crate) fn acquire(
+        &self,
+        words: W,
+        hash: u64,
+        home: usize,
+        now: &Now<'_>,
+        n: u64,
+    ) -> Option<Decision> {
+        // The home group first, without the header: a live slot holding the key is the key's
+        // only live slot (the header protocol), so deciding on it is always right.
+        for pos in 0..GROUP {
+            let slot = self.slot(home, pos);
+            if W::load(&slot.key, Relaxed) == words {
+                if let Some(w) = slot.load_for(words) {
+                    if let Some(d) = decide_on(slot, w, words, now, n) {
+                        return Some(d);
+                    }
+                }
+            }
+        }
+        self.acquire_slow(words, hash, home, now, n)
+    }
+
+    #[inline(never)]
+    fn acquire_slow(&self, words: W, hash: u64, home: usize, now: &Now<'_>, n: u64) -> Option<Decision> {
+        let header = &self.headers[home];
+        // A slot we claimed and wrote our key into, kept across failed commits: (position, the
+        // CLAIMED value it holds).
+        let mut claim: Option<(usize, u64)> = None;
+        loop {
+            // Acquire: pairs with the AcqRel header CASes below and in `bump`, so that the
+            // scan sees every slot committed up to this version, key words included.
+            let h = header.load(Acquire);
+            if !self.help(home, h) {
+                continue;
+            }
+            if let Some((slot, w)) = self.scan(home, h_reach(h), words) {
+                if let Some((pos, c)) = claim.take() {
+                    // Release: the next claimer's Acquire CAS sees our key words as old news.
+                    self.slot(home, pos).word.store(VACANT | (c & VALUE), Release);
+                }
+                if let Some(d) = decide_on(slot, w, words, now, n) {
+                    return Some(d);
+                }
+                continue;
+            }
+            // The key is absent as of `h`: claim room, or reuse our claim.
+            let first = now.fresh.max(self.ghost_for(home, hash));
+            let (pos, claimed) = match claim {
+                Some((pos, c)) => (pos, c),
+                None => {
+                    let (pos, hwm) = match self.room(home, now) {
+                        Room::Claimed(pos, hwm) => (pos, hwm),
+                        Room::Full => {
+                            self.counters.full.fetch_add(1, Relaxed);
+                            return None;
+                        }
+                    };
+                    // Release: a helper or scanner that reads these words synchronizes through
+                    // the header CAS; Release here also orders them for `force`'s Acquire read.
+                    W::store(&self.slot(home, pos).key, words, Release);
+                    (pos, CLAIMED | hwm)
+                }
+            };
+            let slot = self.slot(home, pos);
+            // The first stamp: never below the slot's high-water mark (stamps only grow).
+            let want = CLAIMED | first.max(claimed & VALUE);
+            if want != claimed {
+                slot.word.store(want, Relaxed); // still private: published by the header CAS
+            }
+            let next = h_next(h, pos as u64, h_reach(h).max(pos + 1));
+            // AcqRel: Release publishes the key words and the CLAIMED value to every thread
+            // that reads this header (Acquire, above and in `help`); Acquire on failure, as the
+            // header load above.
+            match header.compare_exchange(h, next, AcqRel, Acquire) {
+                Ok(_) => {
+                    // Release: pairs with `Slot::load_for`'s Acquire, publishing the key words.
+                    let _ = slot.word.compare_exchange(want, want & VALUE, Release, Relaxed);
+                    self.live.fetch_add(1, Relaxed);
+                    self.counters.inserts.fetch_add(1, Relaxed);
+                    if let Some(w) = slot.load_for(words) {
+                        if let Some(d) = decide_on(slot, w, words, now, n) {
+                            return Some(d);
+                        }
+                    }
+                    // Evicted already (it was full): decide again from the top.
+                    claim = None;
+                }
+                Err(_) => claim = Some((pos, want)),
+            }
+        }
+    }
+
+    /// The key's live slot and its word, scanning the home's window up to `reach`.
+    #[inline]
+    fn scan(&self, home: usize, reach: usize, words: W) -> Option<(&Slot<W>, u64)> {
+        (0..reach).find_map(|pos| {
+            let slot = self.slot(home, pos);
+            if W::load(&slot.key, Relaxed) != words {
+                return None;
+            }
+            let w = slot.load_for(words)?;
+            (w & STATE == LIVE).then_some((slot, w))
+        })
+    }
+
+    /// Makes the home's latest commit live if it is still CLAIMED. `false` if the header moved
+    /// on meanwhile: the caller starts over.
+    fn help(&self, home: usize, h: u64) -> bool {
+        let Some(pos) = h_last(h) else { return true };
+        let slot = self.slot(home, pos);
+        // Acquire: if this is a newer claim than the commit `h` names, it was stored (Release)
+        // after a version bump of this home, which the header load below then sees.
+        let w = slot.word.load(Acquire);
+        if w & STATE != CLAIMED {
+            return true;
+        }
+        if self.headers[home].load(Acquire) != h {
+            return false;
+        }
+        // The header did not move, so the home's keys were not evicted: `w` is the committed
+        // claim. Release: pairs with `Slot::load_for`, as in `acquire_slow`.
+        let _ = slot.word.compare_exchange(w, w & VALUE, Release, Relaxed);
+        true
+    }
+
+    /// Bumps the home's version (after helping its latest commit), so that no thread can
+    /// mistake a later claim of an evicted slot for the home's commit.
+    fn bump(&self, home: usize) {
+        let header = &self.headers[home];
+        loop {
+            let h = header.load(Acquire);
+            if !self.help(home, h) {
+                continue;
+            }
+            // AcqRel: as the commit CAS in `acquire_slow`.
+            if header.compare_exchange(h, h_next(h, NONE, h_reach(h)), AcqRel, Acquire).is_ok() {
+                return;
+            }
+        }
+    }
+
+    /// Finds room for a new key in its window: the first vacant slot (below capacity), the first
+    /// full bucket (evicted), or, with [`Overflow::EvictStalest`], the stalest bucket.
+    fn room(&self, home: usize, now: &Now<'_>) -> Room {
+        let at_capacity = self.live() >= self.max_live;
+        for pos in 0..WINDOW {
+            let slot = self.slot(home, pos);
+            let w = slot.word.load(Relaxed);
+            match w & STATE {
+                // Acquire: our key-word stores must not move above the claim.
+                VACANT
+                    if !at_capacity
+                        && slot.word.compare_exchange(w, CLAIMED | (w & VALUE), Acquire, Relaxed).is_ok() =>
+                {
+                    return Room::Claimed(pos, w & VALUE);
+                }
+                LIVE if w < now.evictable => {
+                    if let Some(hwm) = self.evict(slot, w, CLAIMED, now.hasher) {
+                        return Room::Claimed(pos, hwm);
+                    }
+                }
+                _ => {}
+            }
+        }
+        match now.overflow {
+            Overflow::Refuse => Room::Full,
+            Overflow::EvictStalest => self.force(home, now),
+        }
+    }
+
+    /// Evicts the full bucket `w` from `slot`, leaving it `to` (VACANT or CLAIMED for the
+    /// caller) with high-water mark `w + 1`. `None` if the slot changed first.
+    fn evict(&self, slot: &Slot<W>, w: u64, to: u64, hasher: &ahash::RandomState) -> Option<u64> {
+        // Acquire: the key words read below are the evicted key's (they cannot change while
+        // the slot is LOCKED). Fails if anyone decided on `w` meanwhile.
+        slot.word.compare_exchange(w, LOCKED | w, Acquire, Relaxed).ok()?;
+        let words = W::load(&slot.key, Relaxed);
+        self.bump(self.home_of(words.hash_with(hasher)));
+        // Release: pairs with `help`'s Acquire load (the bump happens-before this value).
+        slot.word.store(to | (w + 1), Release);
+        self.live.fetch_sub(1, Relaxed);
+        self.counters.evicted.fetch_add(1, Relaxed);
+        Some(w + 1)
+    }
+
+    /// The table-full fallback: evicts the live bucket with the oldest stamp (the one nearest
+    /// to full) in the window, after leaving a *ghost* of it in its home: a returning key whose
+    /// tag matches starts from the ghost's stamp (rounded toward empty), not from a fresh full
+    /// bucket. A ghost is only overwritten once its stamp is full in every quota, so no ghost is
+    /// lost while it matters; if the victim's home has an unexpired ghost of another key,
+    /// nothing is evicted and the new key is refused.
+    fn force(&self, home: usize, now: &Now<'_>) -> Room {
+        for _ in 0..4 {
+            let Some((pos, _)) = (0..WINDOW)
+                .map(|pos| (pos, self.slot(home, pos).word.load(Relaxed)))
+                .filter(|&(_, w)| w & STATE == LIVE)
+                .min_by_key(|&(_, w)| w)
+            else {
+                return Room::Full;
+            };
+            let slot = self.slot(home, pos);
+            // Read the victim's key between two reads of its word. Acquire on all three: a key
+            // word written for a later claim was stored with Release after the word left `w`,
+            // so reading it makes the second word read see the change.
+            let w = slot.word.load(Acquire);
+            let words = W::load(&slot.key, Acquire);
+            if w & STATE != LIVE || slot.word.load(Acquire) != w {
+                continue;
+            }
+            let hash = words.hash_with(now.hasher);
+            let victim_home = self.home_of(hash);
+            if !self.leave_ghost(victim_home, ghost_tag(hash), w, now.evictable) {
+                return Room::Full;
+            }
+            // AcqRel: Release so that a thread that sees LOCKED sees the ghost.
+            if slot.word.compare_exchange(w, LOCKED | w, AcqRel, Relaxed).is_err() {
+                continue;
+            }
+            self.bump(victim_home);
+            slot.word.store(CLAIMED | (w + 1), Release);
+            self.live.fetch_sub(1, Relaxed);
+            self.counters.forced.fetch_add(1, Relaxed);
+            return Room::Claimed(pos, w + 1);
+        }
+        Room::Full
+    }
+
+    fn leave_ghost(&self, home: usize, tag: u64, stamp: u64, evictable: u64) -> bool {
+        let ghost = &self.ghosts[home];
+        let coarse = stamp.div_ceil(1 << GHOST_SHIFT);
+        let mut cur = ghost.load(Acquire);
+        loop {
+            let (cur_tag, cur_stamp) = (cur >> GHOST_TAG_SHIFT, (cur & GHOST_STAMP) << GHOST_SHIFT);
+            let next = if cur_tag == tag {
+                tag << GHOST_TAG_SHIFT | coarse.max(cur & GHOST_STAMP)
+            } else if cur == 0 || cur_stamp <= evictable {
+                tag << GHOST_TAG_SHIFT | coarse
+            } else {
+                return false;
+            };
+            // AcqRel: the ghost happens-before the victim's LOCKED (see `force`).
+            match ghost.compare_exchange(cur, next, AcqRel, Acquire) {
+                Ok(_) => return true,
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// The stamp a new key with this hash must start at or above, from its home's ghost.
+    #[inline]
+    fn ghost_for(&self, home: usize, hash: u64) -> u64 {
+        // Acquire: pairs with `leave_ghost`.
+        let g = self.ghosts[home].load(Acquire);
+        if g != 0 && g >> GHOST_TAG_SHIFT == ghost_tag(hash) {
+            (g & GHOST_STAMP) << GHOST_SHIFT
+        } else {
+            0
+        }
+    }
+
+    /// The key's word, if it is tracked, without changing anything but helping.
+    pub(crate) fn find(&self, words: W, home: usize) -> Option<u64> {
+        loop {
+            let h = self.headers[home].load(Acquire);
+            if !self.help(home, h) {
+                continue;
+            }
+            let reach = h_reach(h).max(GROUP);
+            return self.scan(home, reach, words).map(|(_, w)| w);
+        }
+    }
+
+    /// Evicts every full bucket. Returns how many.
+    pub(crate) fn sweep(&self, evictable: u64, hasher: &ahash::RandomState) -> usize {
+        let mut evicted = 0;
+        for group in self.groups.iter() {
+            for slot in &group.slots {
+                let w = slot.word.load(Relaxed);
+                if w & STATE == LIVE && w < evictable && self.evict(slot, w, VACANT, hasher).is_some() {
+                    evicted += 1;
+                }
+            }
+        }
+        evicted
+    }
+
+    /// Adds this shard's figures to `stats`.
+    pub(crate) fn add_stats(&self, stats: &mut TableStats, hasher: &ahash::RandomState) {
+        stats.capacity += self.max_live;
+        stats.slots += (self.groups.len() * GROUP) as u64;
+        stats.inserts += self.counters.inserts.load(Relaxed);
+        stats.evictions += self.counters.evicted.load(Relaxed);
+        stats.forced_evictions += self.counters.forced.load(Relaxed);
+        stats.refused += self.counters.full.load(Relaxed);
+        let slots = self.groups.len() * GROUP;
+        for (index, slot) in self.groups.iter().flat_map(|g| g.slots.iter()).enumerate() {
+            let w = slot.word.load(Acquire);
+            if w & STATE != LIVE {
+                continue;
+            }
+            let home = self.home_of(W::load(&slot.key, Relaxed).hash_with(hasher));
+            let distance = (index + slots - home * GROUP) % slots;
+            stats.live += 1;
+            if stats.probe_histogram.len() <= WINDOW {
+                stats.probe_histogram.resize(WINDOW + 1, 0);
+            }
+            stats.probe_histogram[distance.min(WINDOW)] += 1;
+            stats.max_probe = stats.max_probe.max(distance as u64);
+            stats.total_probe += distance as u64;
+        }
+    }
+
+    /// Bytes this shard owns.
+    pub(crate) fn memory(&self) -> usize {
+        core::mem::size_of::<CachePadded<Shard<W>>>()
+            + self.groups.len() * core::mem::size_of::<Group<W>>()
+            + (self.headers.len() + self.ghosts.len()) * core::mem::size_of::<AtomicU64>()
+    }
+}
+
+/// Decides on the key's live word `w` (read with Acquire, the key checked after), retrying the
+/// CAS while the slot still holds the key. `None` if the key left the slot.
+#[inline]
+fn decide_on<W: Words>(slot: &Slot<W>, mut w: u64, words: W, now: &Now<'_>, n: u64) -> Option<Decision> {
+    loop {
+        if w & STATE != LIVE {
+            return None;
+        }
+        let next = match BucketWord::from_raw(w).decide(now.q, now.at, n) {
+            Verdict::Take { next } => next,
+            Verdict::Final(d) => return Some(d),
+        };
+        // Success Relaxed: the bucket word is self-contained, as in `bucket/atomic.rs`, and the
+        // key words stay published by the release sequence this RMW continues. Failure
+        // Acquire: the new value may be a new key's, so the key is checked again after it.
+        // Fails whenever the slot changed: stamps only grow (module docs).
+        match slot.word.compare_exchange_weak(w, next.raw(), Relaxed, Acquire) {
+            Ok(_) => return Some(next.taken(now.q, now.at)),
+            Err(seen) => {
+                if W::load(&slot.key, Relaxed) != words {
+                    return None;
+                }
+                w = seen;
+            }
+        }
+    }
+}
+
+/// Figures of a whole table.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TableStats {
+    pub(crate) live: u64,
+    pub(crate) capacity: u64,
+    pub(crate) slots: u64,
+    pub(crate) inserts: u64,
+    pub(crate) evictions: u64,
+    pub(crate) forced_evictions: u64,
+    pub(crate) refused: u64,
+    pub(crate) max_probe: u64,
+    pub(crate) total_probe: u64,
+    pub(crate) probe_histogram: Vec<u64>,
+}
+
+/// The shards.
+pub(crate) struct Table<W: Words> {
+    shards: Box<[CachePadded<Shard<W>>]>,
+    shard_mask: usize,
+}
+
+impl<W: Words> Table<W> {
+    /// `slots` and `shards` are powers of two, `slots ≥ shards · WINDOW`.
+    pub(crate) fn new(slots: usize, shards: usize) -> Table<W> {
+        let per_shard = slots / shards;
+        debug_assert!(per_shard >= WINDOW && per_shard.is_power_of_two());
+        Table {
+            shards: (0..shards).map(|_| CachePadded::new(Shard::new(per_shard))).collect(),
+            shard_mask: shards - 1,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn shard(&self, hash: u64) -> &Shard<W> {
+        &self.shards[(hash >> 32) as usize & self.shard_mask]
+    }
+
+    pub(crate) fn shards(&self) -> &[CachePadded<Shard<W>>] {
+        &self.shards
+    }
+}
+
+impl<W: Words> fmt::Debug for Table<W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Table").field("shards", &self.shards.len()).finish_non_exhaustive()
+    }
+}

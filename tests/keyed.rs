@@ -1,0 +1,283 @@
+//! The keyed limiter against a `HashMap` of exact reference buckets (`common/model.rs`), under
+//! random inserts, decisions, clock advances, sweeps and a full table; plus the table-full
+//! policies, key types, configuration errors, introspection, and a key flood.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::model::{Answer, Model};
+use proptest::prelude::*;
+use tollgate::Clock;
+use tollgate::{ConfigError, KeyedBuilder, KeyedLimiter, ManualClock, Outcome, Quota, Rate, WhenFull};
+
+const SEEDS: [u64; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
+
+#[derive(Clone, Debug)]
+enum Op {
+    Advance(u64),
+    Check(u64, u64),
+    Peek(u64, u64),
+    Sweep,
+}
+
+fn ops(burst: u64, keys: u64) -> impl Strategy<Value = Vec<Op>> {
+    let cost = prop_oneof![6 => 1..=burst, 1 => Just(0u64), 1 => Just(burst + 1)];
+    let span = prop_oneof![4 => 0u64..1_000, 2 => 0u64..20_000_000, 1 => 0u64..2_000_000_000];
+    let op = prop_oneof![
+        1 => span.prop_map(Op::Advance),
+        8 => (0..keys, cost.clone()).prop_map(|(k, n)| Op::Check(k, n)),
+        1 => (0..keys, cost).prop_map(|(k, n)| Op::Peek(k, n)),
+        1 => Just(Op::Sweep),
+    ];
+    prop::collection::vec(op, 1..600)
+}
+
+fn quota() -> impl Strategy<Value = Quota> {
+    (1u64..=5, prop_oneof![Just(10u64), Just(3), Just(1_000)], 1u64..=5).prop_map(|(tokens, per_s, burst)| {
+        Quota::new(Rate::per(tokens, Duration::from_millis(1_000 * 10 / per_s.max(1))), burst).unwrap()
+    })
+}
+
+/// One shard of 64 slots holding at most 56 keys: every key's window is the whole shard, so
+/// the table is full exactly when 56 tracked buckets are not full, which the model can tell.
+fn small(q: Quota, when_full: WhenFull, clock: &ManualClock) -> KeyedLimiter<u64, ManualClock> {
+    let l = KeyedBuilder::new(q)
+        .capacity(56)
+        .shards(1)
+        .when_full(when_full)
+        .seeds(SEEDS)
+        .build_with_clock(clock.clone())
+        .unwrap();
+    assert_eq!((l.capacity(), l.stats().slots), (56, 64));
+    l
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Deny and Allow: every field of every decision equals the model's, and the table refuses
+    /// a new key exactly when 56 tracked buckets are not full.
+    #[test]
+    fn matches_a_hashmap_of_models(q in quota(), ops in ops(5, 80), fail_open in any::<bool>()) {
+        let clock = ManualClock::new();
+        let when_full = if fail_open { WhenFull::Allow } else { WhenFull::Deny };
+        let l = small(q, when_full, &clock);
+        let q = *l.quota();
+        let mut models: HashMap<u64, Model> = HashMap::new();
+        for op in ops {
+            let elapsed = clock.now().as_u64();
+            match op {
+                Op::Advance(ns) => clock.advance(Duration::from_nanos(ns)),
+                Op::Sweep => {
+                    l.sweep();
+                }
+                Op::Peek(k, n) => {
+                    let want = models.get(&k).cloned().unwrap_or_else(|| Model::new(&q)).decide(elapsed, n, false);
+                    prop_assert_eq!(Answer::of(&l.peek_n_at(&k, clock.now(), n)), want);
+                }
+                Op::Check(k, n) => {
+                    let got = l.check_n(&k, n);
+                    models.retain(|_, m| !m.past_full(elapsed));
+                    let inserting = n >= 1 && n <= q.burst() && !models.contains_key(&k);
+                    let busy = models.len();
+                    if inserting && busy >= 56 {
+                        let want = if fail_open { Outcome::Untracked } else { Outcome::TableFull };
+                        prop_assert_eq!(got.outcome(), want);
+                        continue;
+                    }
+                    let want = if inserting || models.contains_key(&k) {
+                        models.entry(k).or_insert_with(|| Model::new(&q)).decide(elapsed, n, true)
+                    } else {
+                        Model::new(&q).decide(elapsed, n, true) // n = 0 or above the burst: a peek
+                    };
+                    prop_assert_eq!(Answer::of(&got), want, "key {} cost {} at {}", k, n, elapsed);
+                }
+            }
+            prop_assert!(l.len() <= 56);
+        }
+    }
+
+    /// EvictStalest: whatever the table evicts, every admission for a key is one that a bucket
+    /// never evicted would also admit (the ghost brings a returning key back no fuller).
+    #[test]
+    fn forced_eviction_never_over_admits(q in quota(), ops in ops(5, 120)) {
+        let clock = ManualClock::new();
+        let l = small(q, WhenFull::EvictStalest, &clock);
+        let q = *l.quota();
+        let mut models: HashMap<u64, Model> = HashMap::new();
+        for op in ops {
+            let elapsed = clock.now().as_u64();
+            match op {
+                Op::Advance(ns) => clock.advance(Duration::from_nanos(ns)),
+                Op::Sweep => {
+                    l.sweep();
+                }
+                Op::Peek(..) => {}
+                Op::Check(k, n) => {
+                    let got = l.check_n(&k, n);
+                    if got.outcome() == Outcome::Allowed && n > 0 {
+                        let m = models.entry(k).or_insert_with(|| Model::new(&q));
+                        let want = m.decide(elapsed, n, true);
+                        prop_assert_eq!(want.outcome, Outcome::Allowed, "key {} over-admitted at {}", k, elapsed);
+                        prop_assert!(got.remaining() <= want.remaining);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn table_full_policies_at_the_boundary() {
+    let q = Quota::new(Rate::per_second(1), 2).unwrap();
+    for (policy, outcome) in [(WhenFull::Deny, Outcome::TableFull), (WhenFull::Allow, Outcome::Untracked)] {
+        let clock = ManualClock::new();
+        let l = small(q, policy, &clock);
+        for k in 0..56u64 {
+            assert!(l.check(&k).is_allowed());
+        }
+        let refused = l.check(&56);
+        assert_eq!(refused.outcome(), outcome);
+        assert_eq!(refused.is_allowed(), policy == WhenFull::Allow);
+        assert_eq!(refused.retry_after().is_none(), policy == WhenFull::Deny);
+        // Tracked keys keep deciding normally.
+        assert!(l.check(&3).is_allowed());
+        assert!(!l.check(&3).is_allowed());
+        // Once buckets refill (strictly past full), new keys take their slots.
+        clock.advance(Duration::from_millis(2_001));
+        assert!(l.check(&56).is_allowed());
+        let s = l.stats();
+        assert_eq!((s.refused, s.evictions, s.live), (1, 1, 56));
+    }
+}
+
+#[test]
+fn evict_stalest_leaves_a_ghost() {
+    let q = Quota::new(Rate::per_second(1), 4).unwrap();
+    let clock = ManualClock::new();
+    let l = small(q, WhenFull::EvictStalest, &clock);
+    // Key 0 takes a token first, so its bucket is the stalest (oldest stamp) of 56.
+    assert!(l.check(&0).is_allowed());
+    clock.advance(Duration::from_millis(10));
+    for k in 1..56u64 {
+        assert!(l.check(&k).is_allowed());
+    }
+    clock.advance(Duration::from_millis(10));
+    assert_eq!(l.peek(&0).remaining(), 3);
+    // A new key evicts key 0, which is not full.
+    assert!(l.check(&100).is_allowed());
+    let s = l.stats();
+    assert_eq!((s.forced_evictions, s.live), (1, 56));
+    // Key 0 is no longer tracked, yet it comes back with the 3 tokens it had, not a fresh 4.
+    assert_eq!(l.peek(&0).remaining(), 3);
+    assert!(!l.check_n(&0, 4).is_allowed());
+}
+
+#[test]
+fn key_types() {
+    let q = Quota::per_second(1).unwrap();
+    let by_str = KeyedLimiter::<str>::new(q, 100).unwrap();
+    assert!(by_str.check("a").is_allowed());
+    assert!(!by_str.check(&String::from("a")).is_allowed());
+    assert!(by_str.check("b").is_allowed());
+
+    let by_ip = KeyedLimiter::<std::net::IpAddr>::new(q, 100).unwrap();
+    let v4 = std::net::Ipv4Addr::new(192, 0, 2, 7);
+    assert!(by_ip.check(&v4.into()).is_allowed());
+    assert!(!by_ip.check(&std::net::IpAddr::V6(v4.to_ipv6_mapped())).is_allowed());
+
+    let by_u128 = KeyedLimiter::<u128>::new(q, 100).unwrap();
+    assert!(by_u128.check(&(1 << 100)).is_allowed());
+    assert!(by_u128.check(&1).is_allowed());
+    assert!(!by_u128.check(&(1 << 100)).is_allowed());
+
+    let by_tuple = KeyedLimiter::<tollgate::Hashed<(u32, &str)>>::new(q, 100).unwrap();
+    assert!(by_tuple.check(&tollgate::Hashed((1, "x"))).is_allowed());
+    assert!(!by_tuple.check(&tollgate::Hashed((1, "x"))).is_allowed());
+}
+
+#[test]
+fn configuration_errors_are_typed() {
+    let q = Quota::per_second(1).unwrap();
+    let err = |b: KeyedBuilder| b.build::<u64>().unwrap_err();
+    assert!(matches!(
+        err(KeyedBuilder::new(q).capacity(0)),
+        ConfigError::OutOfRange { what: "keyed capacity", .. }
+    ));
+    assert!(matches!(err(KeyedBuilder::new(q).capacity(1 << 40)), ConfigError::OutOfRange { .. }));
+    assert!(matches!(err(KeyedBuilder::new(q).shards(3)), ConfigError::OutOfRange { .. }));
+    assert!(matches!(err(KeyedBuilder::new(q).shards(128)), ConfigError::OutOfRange { .. }));
+    // A fill time beyond the table's units.
+    let slow = Quota::new(Rate::per(1, Duration::from_nanos(1 << 30)), (1 << 32) - 1).unwrap();
+    assert!(matches!(err(KeyedBuilder::new(slow)), ConfigError::OutOfRange { .. }));
+    // A keyed limiter's lifetime is still over a century at 1 ns units.
+    let l = KeyedLimiter::<u64>::new(q, 10).unwrap();
+    assert!(l.lifetime().as_u64() > 100 * 365 * 86_400 * 1_000_000_000);
+}
+
+#[test]
+fn costs_outside_one_to_burst_never_insert() {
+    let q = Quota::per_second(3).unwrap();
+    let l = KeyedLimiter::<u64>::new(q, 100).unwrap();
+    assert_eq!(l.check_n(&1, 0).outcome(), Outcome::Allowed);
+    assert_eq!(l.check_n(&1, 4).outcome(), Outcome::Insufficient);
+    assert_eq!(l.check_n(&1, u64::MAX).outcome(), Outcome::Insufficient);
+    assert_eq!(l.peek(&1).remaining(), 3);
+    assert!(l.is_empty());
+}
+
+#[test]
+fn batch_matches_single_decisions() {
+    let q = Quota::new(Rate::per_second(10), 3).unwrap();
+    let clock = ManualClock::new();
+    let build = || {
+        KeyedBuilder::new(q).capacity(1_000).seeds(SEEDS).build_with_clock::<u64, _>(clock.clone()).unwrap()
+    };
+    let (a, b) = (build(), build());
+    let items: Vec<(u64, u64)> = (0..500u64).map(|i| ((i * 7919) % 97, 1 + i % 3)).collect();
+    let mut out = vec![a.peek(&0); 500];
+    assert_eq!(a.check_batch(&items, &mut out), 500);
+    for ((k, n), got) in items.iter().zip(&out) {
+        assert_eq!(*got, b.check_n(k, *n));
+    }
+    // A short output buffer decides only what fits.
+    assert_eq!(a.check_batch(&items, &mut out[..10]), 10);
+}
+
+/// 100× the capacity in distinct keys, as an IPv6 spray: the table's memory never changes, the
+/// policy refuses what does not fit, and keys tracked before the flood keep their limits.
+#[test]
+fn key_flood_keeps_memory_flat_and_limits_intact() {
+    let q = Quota::new(Rate::per_second(1), 5).unwrap();
+    let clock = ManualClock::new();
+    let l = KeyedBuilder::new(q)
+        .capacity(1 << 12)
+        .build_with_clock::<std::net::Ipv6Addr, _>(clock.clone())
+        .unwrap();
+    let memory = l.memory_bytes();
+    let good: Vec<std::net::Ipv6Addr> = (0..100u128).map(|i| (0x2001_0db8u128 << 96 | i).into()).collect();
+    for k in &good {
+        assert!(l.check_n(k, 4).is_allowed());
+    }
+    let capacity = l.capacity();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..100 * capacity {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let spray = std::net::Ipv6Addr::from(u128::from(rng) << 64 | u128::from(i));
+        let _ = l.check(&spray);
+        if i % 1_000 == 0 {
+            clock.advance(Duration::from_micros(10));
+        }
+    }
+    assert_eq!(l.memory_bytes(), memory);
+    assert!(l.len() <= capacity);
+    // Well-behaved keys: still tracked, still limited (one token left, refilling at 1/s).
+    for k in &good {
+        assert!(l.check(k).is_allowed(), "{k} lost its bucket or its token");
+        assert_eq!(l.check(k).outcome(), Outcome::Denied, "{k} got a fresh bucket");
+    }
+}
