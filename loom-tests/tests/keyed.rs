@@ -1,0 +1,104 @@
+//! The keyed table's protocols (`src/keyed/table.rs`): the header CAS that serializes
+//! membership (with helping), eviction (LIVE → LOCKED → bump → VACANT/CLAIMED), and slot reuse
+//! under a stale reader. Under loom a shard is 4 slots in 2 groups of 2, and every key's window
+//! is the whole shard. Each model checks that no key's tokens leak into another's and that every
+//! key's tokens are conserved.
+
+#![cfg(tollgate_loom)]
+
+use loom::sync::Arc;
+use loom::thread;
+use loom_tests::model;
+use tollgate::{KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Outcome, Quota, Rate};
+
+type Table = KeyedLimiter<u64, ManualClock>;
+
+/// One token per `per_token` ns, `burst` tokens.
+fn table(per_token: u64, burst: u64) -> Arc<Table> {
+    let q = Quota::new(Rate::per(1, std::time::Duration::from_nanos(per_token)), burst).unwrap();
+    let l = KeyedBuilder::new(q)
+        .capacity(3)
+        .shards(1)
+        .seeds([1, 2, 3, 4, 5, 6, 7, 8])
+        .build_with_clock(ManualClock::new())
+        .unwrap();
+    Arc::new(l)
+}
+
+fn spawn_check(l: &Arc<Table>, key: u64, at: u64) -> thread::JoinHandle<Outcome> {
+    let l = Arc::clone(l);
+    thread::spawn(move || l.check_at(&key, Nanos::new(at)).outcome())
+}
+
+/// Two threads insert the same new key, with one token in its bucket: exactly one is
+/// admitted. Two slots for one key would each start full and admit both. Covers helping: a
+/// thread that finds the other's commit not yet live makes it live itself.
+#[test]
+fn same_key_inserts_share_one_bucket() {
+    model(|| {
+        let l = table(100, 1);
+        let a = spawn_check(&l, 7, 0);
+        let b = spawn_check(&l, 7, 0);
+        let allowed =
+            [a.join().unwrap(), b.join().unwrap()].iter().filter(|o| **o == Outcome::Allowed).count();
+        assert_eq!(allowed, 1);
+        assert_eq!(l.len(), 1);
+        assert_eq!(l.peek_n_at(&7, Nanos::ZERO, 0).remaining(), 0);
+    });
+}
+
+/// A decision races the eviction of the same key. The key is full (strictly) at 1,000 ns;
+/// one thread takes a token, the other sweeps. Either the sweep wins and the decision inserts
+/// the key afresh, or the decision wins and the sweep leaves the key alone: in both orders the
+/// key ends with exactly burst − 1 tokens.
+#[test]
+fn decision_races_eviction() {
+    model(|| {
+        let l = table(100, 2);
+        assert!(l.check_at(&7, Nanos::ZERO).is_allowed());
+        l.clock().set(Nanos::new(1_000));
+        let a = spawn_check(&l, 7, 1_000);
+        let sweeper = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.sweep())
+        };
+        assert_eq!(a.join().unwrap(), Outcome::Allowed);
+        let swept = sweeper.join().unwrap();
+        assert!(swept <= 1);
+        assert_eq!(l.peek_n_at(&7, Nanos::new(1_000), 0).remaining(), 1);
+        assert_eq!(l.len(), 1);
+    });
+}
+
+/// A slot is evicted and reused for another key while a stale reader is mid-decision on the
+/// old key. One token per 1,000 ns, burst 2: key 4 spends a token at 0 ns, keys 1, 2, 3 at
+/// 500 ns, so at 1,200 ns key 4's bucket alone is full. The table holds 4 keys, so inserting
+/// key 9 at 1,200 ns must evict key 4 and reuse its slot,
+/// while another thread decides on key 4. Exactly one of the two gets a bucket: the other finds
+/// the table full. The winner has burst − 1 tokens, the loser's bucket is untouched, and keys
+/// 1 to 3 are undisturbed: no token moved between keys.
+#[test]
+fn reuse_under_a_stale_reader() {
+    model(|| {
+        let l = table(1_000, 2);
+        assert!(l.check_at(&4, Nanos::ZERO).is_allowed());
+        for k in 1..=3 {
+            assert!(l.check_at(&k, Nanos::new(500)).is_allowed());
+        }
+        assert_eq!(l.len(), 4);
+        let stale = spawn_check(&l, 4, 1_200);
+        let reuse = spawn_check(&l, 9, 1_200);
+        let (four, nine) = (stale.join().unwrap(), reuse.join().unwrap());
+        let level = |k: u64| l.peek_n_at(&k, Nanos::new(1_200), 0).remaining();
+        let (winner, loser) = match (four, nine) {
+            (Outcome::Allowed, Outcome::TableFull) => (4, 9),
+            (Outcome::TableFull, Outcome::Allowed) => (9, 4),
+            other => panic!("unexpected {other:?}"),
+        };
+        assert_eq!((level(winner), level(loser)), (1, 2));
+        for k in 1..=3 {
+            assert_eq!(level(k), 1, "key {k} was disturbed");
+        }
+        assert_eq!(l.len(), 4);
+    });
+}
