@@ -1,6 +1,8 @@
 //! Multi-thread stress on the keyed table: millions of decisions on random keys from 4 threads,
 //! then a per-key conservation check.
 
+#![allow(clippy::cast_possible_truncation, reason = "key indices below 2^16")]
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
