@@ -8,7 +8,7 @@ use core::fmt;
 use core::marker::PhantomData;
 
 pub use key::{Hashed, Key, Words};
-use table::{Now, Overflow, Table, TableStats, MAX_UNITS, WINDOW};
+use table::{Now, Overflow, Params, Table, TableStats, MAX_UNITS, WINDOW};
 
 use crate::bucket::BucketWord;
 use crate::quota::At;
@@ -127,14 +127,21 @@ impl KeyedBuilder {
             None => (ahash::RandomState::new(), ahash::RandomState::new()),
         };
         let origin = clock.now();
+        let overflow = match self.when_full {
+            WhenFull::EvictStalest => Overflow::EvictStalest,
+            WhenFull::Deny | WhenFull::Allow => Overflow::Refuse,
+        };
         Ok(KeyedLimiter {
             table: Table::new(slots, shards),
-            quota,
-            initial_units: quota.cost_units(quota.initial()),
+            params: Params {
+                quota,
+                initial_units: quota.cost_units(quota.initial()),
+                overflow,
+                hasher: place,
+            },
             origin,
             clock,
             when_full: self.when_full,
-            place,
             fingerprint,
             _key: PhantomData,
         })
@@ -178,12 +185,10 @@ impl KeyedBuilder {
 /// (146 years for rates exact at 1 ns, at least 1.1 years for the finest units).
 pub struct KeyedLimiter<K: Key + ?Sized, C: Clock = DefaultClock> {
     table: Table<K::Words>,
-    quota: Quota,
-    initial_units: u64,
+    params: Params,
     origin: Nanos,
     clock: C,
     when_full: WhenFull,
-    place: ahash::RandomState,
     fingerprint: ahash::RandomState,
     _key: PhantomData<fn(&K)>,
 }
@@ -235,31 +240,31 @@ impl KeyedLimiter<u64> {
 impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     #[inline]
     fn now_at(&self, at: At) -> Now<'_> {
-        let overflow = match self.when_full {
-            WhenFull::EvictStalest => Overflow::EvictStalest,
-            WhenFull::Deny | WhenFull::Allow => Overflow::Refuse,
-        };
-        Now {
-            q: &self.quota,
-            at,
-            fresh: at.now - self.initial_units,
-            evictable: at.floor,
-            overflow,
-            hasher: &self.place,
-        }
+        Now { p: &self.params, at }
+    }
+
+    #[inline]
+    fn instant(&self, now: Nanos) -> At {
+        self.params.quota.instant(now, self.origin)
     }
 
     /// Takes one token from `key`'s bucket now, or says how long to wait.
     #[inline]
     pub fn check(&self, key: &K) -> Decision {
-        self.check_n_at(key, self.clock.now(), 1)
+        self.check_n(key, 1)
     }
 
     /// Takes `n` tokens from `key`'s bucket now, all or none. `n = 0` is always allowed and
     /// takes nothing; `n` above the burst is [`Outcome::Insufficient`]. Neither inserts the key.
     #[inline]
     pub fn check_n(&self, key: &K, n: u64) -> Decision {
-        self.check_n_at(key, self.clock.now(), n)
+        // Hash and start fetching the key's group before reading the clock: on CPUs where a
+        // TSC read holds back later loads, the cache miss then overlaps the clock read.
+        let words = key.words(&self.fingerprint);
+        let hash = words.hash_with(&self.params.hasher);
+        let shard = self.table.shard(hash);
+        prefetch(shard.home_ptr(shard.home_of(hash)));
+        self.decide(words, hash, self.instant(self.clock.now()), n)
     }
 
     /// [`check`](KeyedLimiter::check) at a caller-supplied `now` ([`now`](KeyedLimiter::now)).
@@ -272,7 +277,7 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     #[inline]
     pub fn check_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
         let words = key.words(&self.fingerprint);
-        self.decide(words, words.hash_with(&self.place), self.quota.instant(now, self.origin), n)
+        self.decide(words, words.hash_with(&self.params.hasher), self.instant(now), n)
     }
 
     /// Whether one token was taken from `key`'s bucket now.
@@ -283,7 +288,7 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
 
     #[inline]
     fn decide(&self, words: K::Words, hash: u64, at: At, n: u64) -> Decision {
-        if n.wrapping_sub(1) >= self.quota.burst() {
+        if n.wrapping_sub(1) >= self.params.quota.burst() {
             return self.peek_words(words, hash, at, n);
         }
         let shard = self.table.shard(hash);
@@ -313,15 +318,15 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     /// What [`check_n`](KeyedLimiter::check_n) would answer at `now`, without taking anything.
     pub fn peek_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
         let words = key.words(&self.fingerprint);
-        self.peek_words(words, words.hash_with(&self.place), self.quota.instant(now, self.origin), n)
+        self.peek_words(words, words.hash_with(&self.params.hasher), self.instant(now), n)
     }
 
     fn peek_words(&self, words: K::Words, hash: u64, at: At, n: u64) -> Decision {
         let shard = self.table.shard(hash);
         let home = shard.home_of(hash);
-        let now = self.now_at(at);
-        let word = shard.find(words, home).unwrap_or_else(|| shard.first_stamp(home, hash, now.fresh));
-        BucketWord::from_raw(word).peek(&self.quota, at, n)
+        let fresh = at.now - self.params.initial_units;
+        let word = shard.find(words, home).unwrap_or_else(|| shard.first_stamp(home, hash, fresh));
+        BucketWord::from_raw(word).peek(&self.params.quota, at, n)
     }
 
     /// Decides a batch of `(key, cost)` requests with one clock read, writing each decision to
@@ -340,13 +345,13 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
         out: &mut [Decision],
     ) -> usize {
         const AHEAD: usize = 16;
-        let at = self.quota.instant(now, self.origin);
+        let at = self.instant(now);
         let count = items.len().min(out.len());
         let mut prepared = [(<K::Words>::default(), 0u64); AHEAD];
         for (chunk, outs) in items[..count].chunks(AHEAD).zip(out[..count].chunks_mut(AHEAD)) {
             for (slot, (key, _)) in prepared.iter_mut().zip(chunk) {
                 let words = key.borrow().words(&self.fingerprint);
-                let hash = words.hash_with(&self.place);
+                let hash = words.hash_with(&self.params.hasher);
                 let shard = self.table.shard(hash);
                 prefetch(shard.home_ptr(shard.home_of(hash)));
                 *slot = (words, hash);
@@ -362,13 +367,13 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     /// Takes time proportional to the capacity; run it from a background thread or a timer if
     /// new keys arrive faster than full buckets are reclaimed on insert.
     pub fn sweep(&self) -> usize {
-        let at = self.quota.instant(self.clock.now(), self.origin);
-        self.table.shards().iter().map(|s| s.sweep(at.floor, &self.place)).sum()
+        let at = self.instant(self.clock.now());
+        self.table.shards().map(|s| s.sweep(at.floor, &self.params.hasher)).sum()
     }
 
     /// Keys tracked now, approximately under concurrent inserts.
     pub fn len(&self) -> u64 {
-        self.table.shards().iter().map(|s| s.len()).sum()
+        self.table.shards().map(|s| s.len()).sum()
     }
 
     /// Whether no key is tracked.
@@ -378,19 +383,19 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
 
     /// The most keys the table holds (7/8 of its slots).
     pub fn capacity(&self) -> u64 {
-        self.table.shards().iter().map(|s| s.capacity()).sum()
+        self.table.shards().map(|s| s.capacity()).sum()
     }
 
     /// Bytes the table owns: slots, headers, ghosts and shard headers.
     pub fn memory_bytes(&self) -> usize {
-        self.table.shards().iter().map(|s| s.memory()).sum()
+        self.table.memory()
     }
 
     /// A snapshot of the table's figures. Walks every slot: time proportional to the capacity.
     pub fn stats(&self) -> KeyedStats {
         let mut t = TableStats::default();
         for shard in self.table.shards() {
-            shard.add_stats(&mut t, &self.place);
+            shard.add_stats(&mut t, &self.params.hasher);
         }
         KeyedStats {
             live: t.live,
@@ -416,12 +421,12 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
 
     /// How long after its creation this limiter's clock keeps refilling buckets.
     pub fn lifetime(&self) -> Nanos {
-        self.quota.lifetime()
+        self.params.quota.lifetime()
     }
 
     /// The quota every key gets.
     pub fn quota(&self) -> &Quota {
-        &self.quota
+        &self.params.quota
     }
 
     /// The clock.
@@ -433,7 +438,7 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
 impl<K: Key + ?Sized, C: Clock> fmt::Debug for KeyedLimiter<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedLimiter")
-            .field("quota", &self.quota)
+            .field("quota", &self.params.quota)
             .field("capacity", &self.capacity())
             .field("when_full", &self.when_full)
             .finish_non_exhaustive()

@@ -66,10 +66,10 @@ use crate::Quota;
 
 /// Slots per group.
 #[cfg(not(tollgate_loom))]
-pub(crate) const GROUP: usize = 8;
+pub(crate) const GROUP: usize = 4;
 /// Groups per window.
 #[cfg(not(tollgate_loom))]
-const WINDOW_GROUPS: usize = 8;
+const WINDOW_GROUPS: usize = 16;
 // Small enough for loom to explore every interleaving.
 #[cfg(tollgate_loom)]
 pub(crate) const GROUP: usize = 2;
@@ -120,21 +120,38 @@ fn ghost_tag(hash: u64) -> u64 {
     (hash >> GHOST_TAG_SHIFT) | 1 // never 0, so that an empty ghost matches nobody
 }
 
+/// A table's fixed parameters, as the decision path needs them.
+#[derive(Debug)]
+pub(crate) struct Params {
+    pub(crate) quota: Quota,
+    /// A new key's level, in units.
+    pub(crate) initial_units: u64,
+    /// What to do when a new key finds no room.
+    pub(crate) overflow: Overflow,
+    /// The placement hasher (to find an evicted key's home).
+    pub(crate) hasher: ahash::RandomState,
+}
+
 /// What a decision needs to know about time and the quota.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Now<'a> {
-    pub(crate) q: &'a Quota,
+    pub(crate) p: &'a Params,
     pub(crate) at: At,
+}
+
+impl Now<'_> {
     /// A new key's first stamp: the quota's initial level at `at`.
-    pub(crate) fresh: u64,
-    /// Stamps strictly below this are full buckets under every quota in the table, with room
-    /// to spare: evicting one leaves a high-water mark (`w + 1`) at or below it, so the slot's
-    /// next key still starts full.
-    pub(crate) evictable: u64,
-    /// What to do when a new key finds no room.
-    pub(crate) overflow: Overflow,
-    /// The table's placement hasher (to find an evicted key's home).
-    pub(crate) hasher: &'a ahash::RandomState,
+    #[inline]
+    fn fresh(&self) -> u64 {
+        self.at.now - self.p.initial_units
+    }
+
+    /// Stamps strictly below this are full buckets with room to spare: evicting one leaves a
+    /// high-water mark (`w + 1`) at or below it, so the slot's next key still starts full.
+    #[inline]
+    fn evictable(&self) -> u64 {
+        self.at.floor
+    }
 }
 
 /// One slot: the bucket word and the key's identity words.
@@ -167,23 +184,22 @@ struct Group<W: Words> {
 /// Counters of one shard. All `Relaxed`: statistics, read approximately.
 #[derive(Debug, Default)]
 struct Counters {
+    /// Live keys, as a wrapping count (an eviction may be counted before its insert).
+    live: AtomicU64,
     inserts: AtomicU64,
     evicted: AtomicU64,
     forced: AtomicU64,
     full: AtomicU64,
 }
 
-/// One shard: `groups.len() * GROUP` slots and their headers and ghosts.
-pub(crate) struct Shard<W: Words> {
-    groups: Box<[Group<W>]>,
-    headers: Box<[AtomicU64]>,
-    ghosts: Box<[AtomicU64]>,
-    group_mask: usize,
-    /// Keys this shard holds at most (7/8 of its slots).
-    max_live: u64,
-    /// Live keys, as a wrapping count (an eviction may be counted before its insert).
-    live: AtomicU64,
-    counters: Counters,
+/// One shard, as a view into the table's arrays: groups `base .. base + per` and their headers
+/// and ghosts. The table keeps every shard's groups in one array, so that the decision path
+/// reaches a key's group through a single pointer.
+#[derive(Clone, Copy)]
+pub(crate) struct Shard<'a, W: Words> {
+    t: &'a Table<W>,
+    index: usize,
+    base: usize,
 }
 
 /// What the table does with a new key when its window has no room.
@@ -201,36 +217,53 @@ enum Room {
     Full,
 }
 
-impl<W: Words> Shard<W> {
-    fn new(slots: usize) -> Shard<W> {
-        let groups = slots / GROUP;
-        Shard {
-            groups: (0..groups).map(|_| Group { slots: core::array::from_fn(|_| Slot::new()) }).collect(),
-            headers: (0..groups).map(|_| AtomicU64::new(NONE)).collect(),
-            ghosts: (0..groups).map(|_| AtomicU64::new(0)).collect(),
-            group_mask: groups - 1,
-            max_live: (slots - slots / 8) as u64,
-            live: AtomicU64::new(0),
-            counters: Counters::default(),
-        }
+impl<'a, W: Words> Shard<'a, W> {
+    /// The shard's `g`-th group (wrapping).
+    #[inline]
+    fn group(&self, g: usize) -> &'a Group<W> {
+        &self.t.groups[self.base + (g & self.group_mask())]
     }
 
     #[inline]
-    fn slot(&self, home: usize, pos: usize) -> &Slot<W> {
-        &self.groups[(home + pos / GROUP) & self.group_mask].slots[pos % GROUP]
+    fn group_mask(&self) -> usize {
+        (1 << self.t.shard_shift) - 1
+    }
+
+    #[inline]
+    fn header(&self, home: usize) -> &'a AtomicU64 {
+        &self.t.headers[self.base + home]
+    }
+
+    #[inline]
+    fn ghost(&self, home: usize) -> &'a AtomicU64 {
+        &self.t.ghosts[self.base + home]
+    }
+
+    #[inline]
+    fn c(&self) -> &'a Counters {
+        &self.t.counters[self.index]
+    }
+
+    fn groups(&self) -> &'a [Group<W>] {
+        &self.t.groups[self.base..self.base + self.group_mask() + 1]
+    }
+
+    #[inline]
+    fn slot(&self, home: usize, pos: usize) -> &'a Slot<W> {
+        &self.group(home + pos / GROUP).slots[pos % GROUP]
     }
 
     #[inline]
     pub(crate) fn home_of(&self, hash: u64) -> usize {
         #[expect(clippy::cast_possible_truncation, reason = "masked to the group count")]
-        let home = hash as usize & self.group_mask;
+        let home = hash as usize & self.group_mask();
         home
     }
 
     /// A pointer to a key's home group, to prefetch.
     #[inline]
     pub(crate) fn home_ptr(&self, home: usize) -> *const u8 {
-        (&self.groups[home] as *const Group<W>).cast()
+        (self.group(home) as *const Group<W>).cast()
     }
 
     /// Keys this shard tracks.
@@ -240,7 +273,7 @@ impl<W: Words> Shard<W> {
 
     /// Keys this shard holds at most.
     pub(crate) fn capacity(&self) -> u64 {
-        self.max_live
+        self.t.max_live
     }
 
     /// The first stamp of a new key with this hash: `fresh`, or its ghost's if later.
@@ -249,7 +282,7 @@ impl<W: Words> Shard<W> {
     }
 
     fn live(&self) -> u64 {
-        let live = self.live.load(Relaxed);
+        let live = self.c().live.load(Relaxed);
         if live > 1 << 63 {
             0 // transiently negative
         } else {
@@ -269,23 +302,29 @@ impl<W: Words> Shard<W> {
         n: u64,
     ) -> Option<Decision> {
         // The home group first, without the header: a live slot holding the key is the key's
-        // only live slot (the header protocol), so deciding on it is always right.
-        for pos in 0..GROUP {
-            let slot = self.slot(home, pos);
-            if W::load(&slot.key, Relaxed) == words {
-                if let Some(w) = slot.load_for(words) {
-                    if let Some(d) = decide_on(slot, w, words, now, n) {
-                        return Some(d);
-                    }
+        // only live slot (the header protocol), so deciding on it is always right. The key
+        // words of all 8 slots are compared into a mask without branching, so that where the
+        // key sits costs no misprediction (and cache misses of consecutive decisions overlap).
+        let group = self.group(home);
+        let mut hits = 0u32;
+        for (pos, slot) in group.slots.iter().enumerate() {
+            hits |= u32::from(W::load(&slot.key, Relaxed) == words) << pos;
+        }
+        while hits != 0 {
+            let slot = &group.slots[hits.trailing_zeros() as usize % GROUP];
+            if let Some(w) = slot.load_for(words) {
+                if let Some(d) = decide_on(slot, w, words, now, n) {
+                    return Some(d);
                 }
             }
+            hits &= hits - 1;
         }
         self.acquire_slow(words, hash, home, now, n)
     }
 
     #[inline(never)]
     fn acquire_slow(&self, words: W, hash: u64, home: usize, now: &Now<'_>, n: u64) -> Option<Decision> {
-        let header = &self.headers[home];
+        let header = self.header(home);
         // A slot we claimed and wrote our key into, kept across failed commits: (position, the
         // CLAIMED value it holds).
         let mut claim: Option<(usize, u64)> = None;
@@ -307,14 +346,14 @@ impl<W: Words> Shard<W> {
                 continue;
             }
             // The key is absent as of `h`: claim room, or reuse our claim.
-            let first = now.fresh.max(self.ghost_for(home, hash));
+            let first = now.fresh().max(self.ghost_for(home, hash));
             let (pos, claimed) = match claim {
                 Some((pos, c)) => (pos, c),
                 None => {
                     let (pos, hwm) = match self.room(home, now) {
                         Room::Claimed(pos, hwm) => (pos, hwm),
                         Room::Full => {
-                            self.counters.full.fetch_add(1, Relaxed);
+                            self.c().full.fetch_add(1, Relaxed);
                             return None;
                         }
                     };
@@ -338,8 +377,8 @@ impl<W: Words> Shard<W> {
                 Ok(_) => {
                     // Release: pairs with `Slot::load_for`'s Acquire, publishing the key words.
                     let _ = slot.word.compare_exchange(want, want & VALUE, Release, Relaxed);
-                    self.live.fetch_add(1, Relaxed);
-                    self.counters.inserts.fetch_add(1, Relaxed);
+                    self.c().live.fetch_add(1, Relaxed);
+                    self.c().inserts.fetch_add(1, Relaxed);
                     if let Some(w) = slot.load_for(words) {
                         if let Some(d) = decide_on(slot, w, words, now, n) {
                             return Some(d);
@@ -355,7 +394,7 @@ impl<W: Words> Shard<W> {
 
     /// The key's live slot and its word, scanning the home's window up to `reach`.
     #[inline]
-    fn scan(&self, home: usize, reach: usize, words: W) -> Option<(&Slot<W>, u64)> {
+    fn scan(&self, home: usize, reach: usize, words: W) -> Option<(&'a Slot<W>, u64)> {
         (0..reach).find_map(|pos| {
             let slot = self.slot(home, pos);
             if W::load(&slot.key, Relaxed) != words {
@@ -377,7 +416,7 @@ impl<W: Words> Shard<W> {
         if w & STATE != CLAIMED {
             return true;
         }
-        if self.headers[home].load(Acquire) != h {
+        if self.header(home).load(Acquire) != h {
             return false;
         }
         // The header did not move, so the home's keys were not evicted: `w` is the committed
@@ -389,7 +428,7 @@ impl<W: Words> Shard<W> {
     /// Bumps the home's version (after helping its latest commit), so that no thread can
     /// mistake a later claim of an evicted slot for the home's commit.
     fn bump(&self, home: usize) {
-        let header = &self.headers[home];
+        let header = self.header(home);
         loop {
             let h = header.load(Acquire);
             if !self.help(home, h) {
@@ -405,27 +444,31 @@ impl<W: Words> Shard<W> {
     /// Finds room for a new key in its window: the first vacant slot (below capacity), the first
     /// full bucket (evicted), or, with [`Overflow::EvictStalest`], the stalest bucket.
     fn room(&self, home: usize, now: &Now<'_>) -> Room {
-        let at_capacity = self.live() >= self.max_live;
-        for pos in 0..WINDOW {
-            let slot = self.slot(home, pos);
-            let w = slot.word.load(Relaxed);
-            match w & STATE {
+        // Vacant slots first, while below capacity: evicting a full bucket costs a header CAS,
+        // and under a quota that refills within nanoseconds every bucket is full, so evicting
+        // first would make keys evict each other for nothing.
+        if self.live() < self.t.max_live {
+            for pos in 0..WINDOW {
+                let slot = self.slot(home, pos);
+                let w = slot.word.load(Relaxed);
                 // Acquire: our key-word stores must not move above the claim.
-                VACANT
-                    if !at_capacity
-                        && slot.word.compare_exchange(w, CLAIMED | (w & VALUE), Acquire, Relaxed).is_ok() =>
+                if w & STATE == VACANT
+                    && slot.word.compare_exchange(w, CLAIMED | (w & VALUE), Acquire, Relaxed).is_ok()
                 {
                     return Room::Claimed(pos, w & VALUE);
                 }
-                LIVE if w < now.evictable => {
-                    if let Some(hwm) = self.evict(slot, w, CLAIMED, now.hasher) {
-                        return Room::Claimed(pos, hwm);
-                    }
-                }
-                _ => {}
             }
         }
-        match now.overflow {
+        for pos in 0..WINDOW {
+            let slot = self.slot(home, pos);
+            let w = slot.word.load(Relaxed);
+            if w & STATE == LIVE && w < now.evictable() {
+                if let Some(hwm) = self.evict(slot, w, CLAIMED, &now.p.hasher) {
+                    return Room::Claimed(pos, hwm);
+                }
+            }
+        }
+        match now.p.overflow {
             Overflow::Refuse => Room::Full,
             Overflow::EvictStalest => self.force(home, now),
         }
@@ -441,8 +484,8 @@ impl<W: Words> Shard<W> {
         self.bump(self.home_of(words.hash_with(hasher)));
         // Release: pairs with `help`'s Acquire load (the bump happens-before this value).
         slot.word.store(to | (w + 1), Release);
-        self.live.fetch_sub(1, Relaxed);
-        self.counters.evicted.fetch_add(1, Relaxed);
+        self.c().live.fetch_sub(1, Relaxed);
+        self.c().evicted.fetch_add(1, Relaxed);
         Some(w + 1)
     }
 
@@ -470,9 +513,9 @@ impl<W: Words> Shard<W> {
             if w & STATE != LIVE || slot.word.load(Acquire) != w {
                 continue;
             }
-            let hash = words.hash_with(now.hasher);
+            let hash = words.hash_with(&now.p.hasher);
             let victim_home = self.home_of(hash);
-            if !self.leave_ghost(victim_home, ghost_tag(hash), w, now.evictable) {
+            if !self.leave_ghost(victim_home, ghost_tag(hash), w, now.evictable()) {
                 return Room::Full;
             }
             // AcqRel: Release so that a thread that sees LOCKED sees the ghost.
@@ -481,15 +524,15 @@ impl<W: Words> Shard<W> {
             }
             self.bump(victim_home);
             slot.word.store(CLAIMED | (w + 1), Release);
-            self.live.fetch_sub(1, Relaxed);
-            self.counters.forced.fetch_add(1, Relaxed);
+            self.c().live.fetch_sub(1, Relaxed);
+            self.c().forced.fetch_add(1, Relaxed);
             return Room::Claimed(pos, w + 1);
         }
         Room::Full
     }
 
     fn leave_ghost(&self, home: usize, tag: u64, stamp: u64, evictable: u64) -> bool {
-        let ghost = &self.ghosts[home];
+        let ghost = self.ghost(home);
         let coarse = stamp.div_ceil(1 << GHOST_SHIFT);
         let mut cur = ghost.load(Acquire);
         loop {
@@ -513,7 +556,7 @@ impl<W: Words> Shard<W> {
     #[inline]
     fn ghost_for(&self, home: usize, hash: u64) -> u64 {
         // Acquire: pairs with `leave_ghost`.
-        let g = self.ghosts[home].load(Acquire);
+        let g = self.ghost(home).load(Acquire);
         if g != 0 && g >> GHOST_TAG_SHIFT == ghost_tag(hash) {
             (g & GHOST_STAMP) << GHOST_SHIFT
         } else {
@@ -524,7 +567,7 @@ impl<W: Words> Shard<W> {
     /// The key's word, if it is tracked, without changing anything but helping.
     pub(crate) fn find(&self, words: W, home: usize) -> Option<u64> {
         loop {
-            let h = self.headers[home].load(Acquire);
+            let h = self.header(home).load(Acquire);
             if !self.help(home, h) {
                 continue;
             }
@@ -536,7 +579,7 @@ impl<W: Words> Shard<W> {
     /// Evicts every full bucket. Returns how many.
     pub(crate) fn sweep(&self, evictable: u64, hasher: &ahash::RandomState) -> usize {
         let mut evicted = 0;
-        for group in self.groups.iter() {
+        for group in self.groups() {
             for slot in &group.slots {
                 let w = slot.word.load(Relaxed);
                 if w & STATE == LIVE && w < evictable && self.evict(slot, w, VACANT, hasher).is_some() {
@@ -549,14 +592,14 @@ impl<W: Words> Shard<W> {
 
     /// Adds this shard's figures to `stats`.
     pub(crate) fn add_stats(&self, stats: &mut TableStats, hasher: &ahash::RandomState) {
-        stats.capacity += self.max_live;
-        stats.slots += (self.groups.len() * GROUP) as u64;
-        stats.inserts += self.counters.inserts.load(Relaxed);
-        stats.evictions += self.counters.evicted.load(Relaxed);
-        stats.forced_evictions += self.counters.forced.load(Relaxed);
-        stats.refused += self.counters.full.load(Relaxed);
-        let slots = self.groups.len() * GROUP;
-        for (index, slot) in self.groups.iter().flat_map(|g| g.slots.iter()).enumerate() {
+        stats.capacity += self.t.max_live;
+        stats.slots += (self.groups().len() * GROUP) as u64;
+        stats.inserts += self.c().inserts.load(Relaxed);
+        stats.evictions += self.c().evicted.load(Relaxed);
+        stats.forced_evictions += self.c().forced.load(Relaxed);
+        stats.refused += self.c().full.load(Relaxed);
+        let slots = self.groups().len() * GROUP;
+        for (index, slot) in self.groups().iter().flat_map(|g| g.slots.iter()).enumerate() {
             let w = slot.word.load(Acquire);
             if w & STATE != LIVE {
                 continue;
@@ -572,13 +615,6 @@ impl<W: Words> Shard<W> {
             stats.total_probe += distance as u64;
         }
     }
-
-    /// Bytes this shard owns.
-    pub(crate) fn memory(&self) -> usize {
-        core::mem::size_of::<CachePadded<Shard<W>>>()
-            + self.groups.len() * core::mem::size_of::<Group<W>>()
-            + (self.headers.len() + self.ghosts.len()) * core::mem::size_of::<AtomicU64>()
-    }
 }
 
 /// Decides on the key's live word `w` (read with Acquire, the key checked after), retrying the
@@ -589,7 +625,7 @@ fn decide_on<W: Words>(slot: &Slot<W>, mut w: u64, words: W, now: &Now<'_>, n: u
         if w & STATE != LIVE {
             return None;
         }
-        let next = match BucketWord::from_raw(w).decide(now.q, now.at, n) {
+        let next = match BucketWord::from_raw(w).decide(&now.p.quota, now.at, n) {
             Verdict::Take { next } => next,
             Verdict::Final(d) => return Some(d),
         };
@@ -598,7 +634,7 @@ fn decide_on<W: Words>(slot: &Slot<W>, mut w: u64, words: W, now: &Now<'_>, n: u
         // Acquire: the new value may be a new key's, so the key is checked again after it.
         // Fails whenever the slot changed: stamps only grow (module docs).
         match slot.word.compare_exchange_weak(w, next.raw(), Relaxed, Acquire) {
-            Ok(_) => return Some(next.taken(now.q, now.at)),
+            Ok(_) => return Some(next.taken(&now.p.quota, now.at)),
             Err(seen) => {
                 if W::load(&slot.key, Relaxed) != words {
                     return None;
@@ -624,10 +660,17 @@ pub(crate) struct TableStats {
     pub(crate) probe_histogram: Vec<u64>,
 }
 
-/// The shards.
+/// The shards, as one array of groups (and one of headers, one of ghosts) cut into equal
+/// power-of-two ranges.
 pub(crate) struct Table<W: Words> {
-    shards: Box<[CachePadded<Shard<W>>]>,
+    groups: Box<[Group<W>]>,
+    headers: Box<[AtomicU64]>,
+    ghosts: Box<[AtomicU64]>,
+    counters: Box<[CachePadded<Counters>]>,
+    /// log2 of the groups per shard.
+    shard_shift: u32,
     shard_mask: usize,
+    max_live: u64,
 }
 
 impl<W: Words> Table<W> {
@@ -635,24 +678,43 @@ impl<W: Words> Table<W> {
     pub(crate) fn new(slots: usize, shards: usize) -> Table<W> {
         let per_shard = slots / shards;
         debug_assert!(per_shard >= WINDOW && per_shard.is_power_of_two());
+        let groups = slots / GROUP;
         Table {
-            shards: (0..shards).map(|_| CachePadded::new(Shard::new(per_shard))).collect(),
+            groups: (0..groups).map(|_| Group { slots: core::array::from_fn(|_| Slot::new()) }).collect(),
+            headers: (0..groups).map(|_| AtomicU64::new(NONE)).collect(),
+            ghosts: (0..groups).map(|_| AtomicU64::new(0)).collect(),
+            counters: (0..shards).map(|_| CachePadded::new(Counters::default())).collect(),
+            shard_shift: (per_shard / GROUP).trailing_zeros(),
             shard_mask: shards - 1,
+            max_live: (per_shard - per_shard / 8) as u64,
         }
     }
 
     #[inline]
-    pub(crate) fn shard(&self, hash: u64) -> &Shard<W> {
-        &self.shards[(hash >> 32) as usize & self.shard_mask]
+    fn shard_at(&self, index: usize) -> Shard<'_, W> {
+        Shard { t: self, index, base: index << self.shard_shift }
     }
 
-    pub(crate) fn shards(&self) -> &[CachePadded<Shard<W>>] {
-        &self.shards
+    #[inline]
+    pub(crate) fn shard(&self, hash: u64) -> Shard<'_, W> {
+        self.shard_at((hash >> 32) as usize & self.shard_mask)
+    }
+
+    pub(crate) fn shards(&self) -> impl Iterator<Item = Shard<'_, W>> {
+        (0..=self.shard_mask).map(|i| self.shard_at(i))
+    }
+
+    /// Bytes the table owns.
+    pub(crate) fn memory(&self) -> usize {
+        core::mem::size_of::<Table<W>>()
+            + self.groups.len() * core::mem::size_of::<Group<W>>()
+            + (self.headers.len() + self.ghosts.len()) * core::mem::size_of::<AtomicU64>()
+            + self.counters.len() * core::mem::size_of::<CachePadded<Counters>>()
     }
 }
 
 impl<W: Words> fmt::Debug for Table<W> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Table").field("shards", &self.shards.len()).finish_non_exhaustive()
+        f.debug_struct("Table").field("shards", &(self.shard_mask + 1)).finish_non_exhaustive()
     }
 }

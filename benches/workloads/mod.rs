@@ -1,0 +1,163 @@
+//! Workloads shared by the keyed benches: pre-generated key streams (uniform and Zipf), the
+//! keyed floor, and the all-cores driver. Deterministic: every run and every peer sees the same
+//! keys in the same order.
+
+#![allow(dead_code, unreachable_pub)] // each bench uses a subset; shared with the bench binary
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use tollgate::Clock;
+
+/// A xorshift64* generator: fast, deterministic, good enough to draw keys.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Key `i` of a key space: spread over `u64` (a bijection), so keys are not small integers.
+pub fn key(i: u64) -> u64 {
+    i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5bd1_e995
+}
+
+/// How the keys of a stream are drawn.
+#[derive(Clone, Copy, Debug)]
+pub enum Dist {
+    /// Every decision on the same key.
+    One,
+    /// Uniform over `n` keys.
+    Uniform(u64),
+    /// Zipf with exponent 1.0 over `n` keys: rank `r` drawn with weight `1/r`.
+    Zipf(u64),
+}
+
+impl Dist {
+    pub fn keys(self) -> u64 {
+        match self {
+            Dist::One => 1,
+            Dist::Uniform(n) | Dist::Zipf(n) => n,
+        }
+    }
+}
+
+/// A stream of `len` (a power of two) keys drawn from `dist` with `seed`.
+pub fn stream(dist: Dist, len: usize, seed: u64) -> Vec<u64> {
+    assert!(len.is_power_of_two());
+    let mut rng = Rng::new(seed);
+    match dist {
+        Dist::One => vec![key(0); len],
+        Dist::Uniform(n) => (0..len).map(|_| key(rng.next() % n)).collect(),
+        Dist::Zipf(n) => {
+            // Inverse CDF over the harmonic weights, by binary search.
+            let mut cdf = Vec::with_capacity(n as usize);
+            let mut sum = 0.0;
+            for r in 1..=n {
+                sum += 1.0 / r as f64;
+                cdf.push(sum);
+            }
+            (0..len)
+                .map(|_| {
+                    let u = rng.unit() * sum;
+                    let rank = cdf.partition_point(|&c| c < u) as u64;
+                    key(rank.min(n - 1))
+                })
+                .collect()
+        }
+    }
+}
+
+/// The keyed floor: one clock read, one ahash of the key, and one load + CAS on a slot of a
+/// preallocated table with as many 16-byte slots as tollgate's, with no key check.
+pub struct Floor<C: Clock> {
+    slots: Vec<[AtomicU64; 2]>,
+    mask: usize,
+    hasher: ahash::RandomState,
+    clock: C,
+}
+
+impl<C: Clock> Floor<C> {
+    pub fn new(slots: usize, clock: C) -> Floor<C> {
+        let slots = slots.next_power_of_two();
+        Floor {
+            slots: (0..slots).map(|_| [AtomicU64::new(0), AtomicU64::new(0)]).collect(),
+            mask: slots - 1,
+            hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
+            clock,
+        }
+    }
+
+    #[inline]
+    pub fn step(&self, key: u64) {
+        let now = self.clock.now().as_u64();
+        let word = &self.slots[self.hasher.hash_one(key) as usize & self.mask][1];
+        self.cas(word, now);
+    }
+
+    /// The same work, but the slot is fetched before the clock is read (as tollgate does), so
+    /// that the cache miss overlaps the clock read.
+    #[inline]
+    pub fn step_prefetched(&self, key: u64) {
+        let word = &self.slots[self.hasher.hash_one(key) as usize & self.mask][1];
+        let cur = word.load(Relaxed);
+        let now = self.clock.now().as_u64();
+        self.cas_from(word, cur, now);
+    }
+
+    #[inline]
+    fn cas(&self, word: &AtomicU64, now: u64) {
+        self.cas_from(word, word.load(Relaxed), now);
+    }
+
+    #[inline]
+    fn cas_from(&self, word: &AtomicU64, cur: u64, now: u64) {
+        let mut cur = cur;
+        while let Err(seen) = word.compare_exchange_weak(cur, cur.wrapping_add(now | 1), Relaxed, Relaxed) {
+            cur = seen;
+        }
+    }
+}
+
+/// The number of threads for all-cores runs.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+/// Runs `op(thread, i)` for `i` in `0..iters` on every core at once, after a barrier; returns
+/// the mean of the threads' own spans: time per decision per thread.
+pub fn on_all_cores(iters: u64, op: &(dyn Fn(usize, u64) + Sync)) -> Duration {
+    let threads = cores();
+    let barrier = Barrier::new(threads);
+    let total: Duration = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    barrier.wait();
+                    let start = Instant::now();
+                    for i in 0..iters {
+                        op(t, i);
+                    }
+                    start.elapsed()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    total / u32::try_from(threads).expect("a thread count fits u32")
+}
