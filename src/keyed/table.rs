@@ -211,8 +211,9 @@ pub(crate) enum Overflow {
 
 /// The result of looking for room for a new key.
 enum Room {
-    /// A slot claimed for us: its window position and high-water mark.
-    Claimed(usize, u64),
+    /// A slot claimed for us: its window position, its high-water mark, and whether it was
+    /// taken from an evicted key (whose place in the live count passes to us).
+    Claimed(usize, u64, bool),
     /// No room.
     Full,
 }
@@ -305,17 +306,22 @@ impl<'a, W: Words> Shard<'a, W> {
         // only live slot (the header protocol), so deciding on it is always right. The key
         // words of all 8 slots are compared into a mask without branching, so that where the
         // key sits costs no misprediction (and cache misses of consecutive decisions overlap).
+        // All the group's words are read first (Acquire), then all its keys, so that a key
+        // found equal was read after the word beside it (as `Slot::load_for` does) and the
+        // word is at hand without a second, dependent load.
         let group = self.group(home);
+        let mut ws = [0u64; GROUP];
+        for (w, slot) in ws.iter_mut().zip(&group.slots) {
+            *w = slot.word.load(Acquire);
+        }
         let mut hits = 0u32;
         for (pos, slot) in group.slots.iter().enumerate() {
             hits |= u32::from(W::load(&slot.key, Relaxed) == words) << pos;
         }
         while hits != 0 {
-            let slot = &group.slots[hits.trailing_zeros() as usize % GROUP];
-            if let Some(w) = slot.load_for(words) {
-                if let Some(d) = decide_on(slot, w, words, now, n) {
-                    return Some(d);
-                }
+            let pos = hits.trailing_zeros() as usize % GROUP;
+            if let Some(d) = decide_on(&group.slots[pos], ws[pos], words, now, n) {
+                return Some(d);
             }
             hits &= hits - 1;
         }
@@ -326,8 +332,8 @@ impl<'a, W: Words> Shard<'a, W> {
     fn acquire_slow(&self, words: W, hash: u64, home: usize, now: &Now<'_>, n: u64) -> Option<Decision> {
         let header = self.header(home);
         // A slot we claimed and wrote our key into, kept across failed commits: (position, the
-        // CLAIMED value it holds).
-        let mut claim: Option<(usize, u64)> = None;
+        // CLAIMED value it holds, whether it is already counted live).
+        let mut claim: Option<(usize, u64, bool)> = None;
         loop {
             // Acquire: pairs with the AcqRel header CASes below and in `bump`, so that the
             // scan sees every slot committed up to this version, key words included.
@@ -336,9 +342,12 @@ impl<'a, W: Words> Shard<'a, W> {
                 continue;
             }
             if let Some((slot, w)) = self.scan(home, h_reach(h), words) {
-                if let Some((pos, c)) = claim.take() {
+                if let Some((pos, c, counted)) = claim.take() {
                     // Release: the next claimer's Acquire CAS sees our key words as old news.
                     self.slot(home, pos).word.store(VACANT | (c & VALUE), Release);
+                    if counted {
+                        self.c().live.fetch_sub(1, Relaxed);
+                    }
                 }
                 if let Some(d) = decide_on(slot, w, words, now, n) {
                     return Some(d);
@@ -347,11 +356,11 @@ impl<'a, W: Words> Shard<'a, W> {
             }
             // The key is absent as of `h`: claim room, or reuse our claim.
             let first = now.fresh().max(self.ghost_for(home, hash));
-            let (pos, claimed) = match claim {
-                Some((pos, c)) => (pos, c),
+            let (pos, claimed, counted) = match claim {
+                Some(c) => c,
                 None => {
-                    let (pos, hwm) = match self.room(home, now) {
-                        Room::Claimed(pos, hwm) => (pos, hwm),
+                    let (pos, hwm, counted) = match self.room(home, now) {
+                        Room::Claimed(pos, hwm, counted) => (pos, hwm, counted),
                         Room::Full => {
                             self.c().full.fetch_add(1, Relaxed);
                             return None;
@@ -360,7 +369,7 @@ impl<'a, W: Words> Shard<'a, W> {
                     // Release: a helper or scanner that reads these words synchronizes through
                     // the header CAS; Release here also orders them for `force`'s Acquire read.
                     W::store(&self.slot(home, pos).key, words, Release);
-                    (pos, CLAIMED | hwm)
+                    (pos, CLAIMED | hwm, counted)
                 }
             };
             let slot = self.slot(home, pos);
@@ -375,10 +384,21 @@ impl<'a, W: Words> Shard<'a, W> {
             // header load above.
             match header.compare_exchange(h, next, AcqRel, Acquire) {
                 Ok(_) => {
-                    // Release: pairs with `Slot::load_for`'s Acquire, publishing the key words.
-                    let _ = slot.word.compare_exchange(want, want & VALUE, Release, Relaxed);
-                    self.c().live.fetch_add(1, Relaxed);
+                    if !counted {
+                        self.c().live.fetch_add(1, Relaxed);
+                    }
                     self.c().inserts.fetch_add(1, Relaxed);
+                    // Make the slot live with this decision already applied: one CAS for both.
+                    let first = want & VALUE;
+                    let (live, decision) = match BucketWord::from_raw(first).decide(&now.p.quota, now.at, n) {
+                        Verdict::Take { next } => (next.raw(), next.taken(&now.p.quota, now.at)),
+                        Verdict::Final(denied) => (first, denied),
+                    };
+                    // Release: pairs with `Slot::load_for`'s Acquire, publishing the key words.
+                    // Fails if a helper made the slot live first; then decide as on any key.
+                    if slot.word.compare_exchange(want, live, Release, Relaxed).is_ok() {
+                        return Some(decision);
+                    }
                     if let Some(w) = slot.load_for(words) {
                         if let Some(d) = decide_on(slot, w, words, now, n) {
                             return Some(d);
@@ -387,7 +407,7 @@ impl<'a, W: Words> Shard<'a, W> {
                     // Evicted already (it was full): decide again from the top.
                     claim = None;
                 }
-                Err(_) => claim = Some((pos, want)),
+                Err(_) => claim = Some((pos, want, counted)),
             }
         }
     }
@@ -455,7 +475,7 @@ impl<'a, W: Words> Shard<'a, W> {
                 if w & STATE == VACANT
                     && slot.word.compare_exchange(w, CLAIMED | (w & VALUE), Acquire, Relaxed).is_ok()
                 {
-                    return Room::Claimed(pos, w & VALUE);
+                    return Room::Claimed(pos, w & VALUE, false);
                 }
             }
         }
@@ -464,7 +484,7 @@ impl<'a, W: Words> Shard<'a, W> {
             let w = slot.word.load(Relaxed);
             if w & STATE == LIVE && w < now.evictable() {
                 if let Some(hwm) = self.evict(slot, w, CLAIMED, &now.p.hasher) {
-                    return Room::Claimed(pos, hwm);
+                    return Room::Claimed(pos, hwm, true);
                 }
             }
         }
@@ -484,7 +504,9 @@ impl<'a, W: Words> Shard<'a, W> {
         self.bump(self.home_of(words.hash_with(hasher)));
         // Release: pairs with `help`'s Acquire load (the bump happens-before this value).
         slot.word.store(to | (w + 1), Release);
-        self.c().live.fetch_sub(1, Relaxed);
+        if to == VACANT {
+            self.c().live.fetch_sub(1, Relaxed);
+        }
         self.c().evicted.fetch_add(1, Relaxed);
         Some(w + 1)
     }
@@ -524,9 +546,8 @@ impl<'a, W: Words> Shard<'a, W> {
             }
             self.bump(victim_home);
             slot.word.store(CLAIMED | (w + 1), Release);
-            self.c().live.fetch_sub(1, Relaxed);
             self.c().forced.fetch_add(1, Relaxed);
-            return Room::Claimed(pos, w + 1);
+            return Room::Claimed(pos, w + 1, true);
         }
         Room::Full
     }
