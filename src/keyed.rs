@@ -2,13 +2,17 @@
 
 mod key;
 mod table;
+mod tiers;
 
 use core::borrow::Borrow;
 use core::fmt;
 use core::marker::PhantomData;
+use core::time::Duration;
 
 pub use key::{Hashed, Key, Words};
 use table::{Now, Overflow, Params, Table, TableStats, MAX_UNITS, WINDOW};
+pub use tiers::Tier;
+use tiers::{Overrides, Tiers};
 
 use crate::bucket::BucketWord;
 use crate::quota::At;
@@ -38,7 +42,9 @@ pub enum WhenFull {
 /// How to build a [`KeyedLimiter`].
 #[derive(Clone, Debug)]
 pub struct KeyedBuilder {
-    quota: Quota,
+    tiers: Vec<(&'static str, Quota)>,
+    fill_headroom: Nanos,
+    max_overrides: usize,
     capacity: usize,
     shards: Option<usize>,
     when_full: WhenFull,
@@ -49,11 +55,46 @@ pub struct KeyedBuilder {
 const MAX_CAPACITY: usize = 1 << 36;
 /// The most shards.
 const MAX_SHARDS: usize = 64;
+/// Bucket instants in a table count from this many units, the largest fill time any tier may
+/// have (2^60 units: 36 years at 1 ns), so that one time base serves every tier.
+const OFFSET: u64 = 1 << 60;
 
 impl KeyedBuilder {
     /// A builder for a keyed limiter under `quota`, with the defaults below.
     pub fn new(quota: Quota) -> KeyedBuilder {
-        KeyedBuilder { quota, capacity: 1 << 16, shards: None, when_full: WhenFull::Deny, seeds: None }
+        KeyedBuilder {
+            tiers: vec![("default", quota)],
+            fill_headroom: Nanos::ZERO,
+            max_overrides: 1024,
+            capacity: 1 << 16,
+            shards: None,
+            when_full: WhenFull::Deny,
+            seeds: None,
+        }
+    }
+
+    /// Adds a named tier (up to 254 besides the default), found later with
+    /// [`KeyedLimiter::tier`]. Every tier is counted in the default quota's time unit, so a rate
+    /// that is exact only at a finer unit is rounded down (by less than one unit per token).
+    pub fn tier(mut self, name: &'static str, quota: Quota) -> KeyedBuilder {
+        self.tiers.push((name, quota));
+        self
+    }
+
+    /// The longest fill time (`burst × period / tokens`) a tier may be given later with
+    /// [`KeyedLimiter::set_tier_quota`] (default: the longest among the tiers built). A bucket
+    /// is reclaimed once it has been full for this long in every tier, so a generous headroom
+    /// keeps idle keys in the table longer.
+    pub fn max_fill_time(mut self, fill: Duration) -> KeyedBuilder {
+        self.fill_headroom = Nanos::from_duration_saturating(fill);
+        self
+    }
+
+    /// Room for `n` per-key tier overrides (default 1,024); see
+    /// [`KeyedLimiter::set_override`].
+    pub fn max_overrides(mut self, n: usize) -> KeyedBuilder {
+        self.max_overrides = n;
+        self
     }
 
     /// Room for at least `keys` keys (default 65,536). The table allocates the next power of
@@ -119,7 +160,14 @@ impl KeyedBuilder {
         // Every shard holds at least one window; small tables get fewer shards.
         let shards = shards.min((slots / WINDOW).max(1));
         let slots = slots.max(shards * WINDOW);
-        let quota = self.quota.limited_to(MAX_UNITS)?;
+        let tiers = Tiers::new(&self.tiers, self.fill_headroom, OFFSET, MAX_UNITS - OFFSET)?;
+        if self.max_overrides > MAX_CAPACITY {
+            return Err(ConfigError::OutOfRange {
+                what: "per-key overrides",
+                value: self.max_overrides as u64,
+                max: MAX_CAPACITY as u64,
+            });
+        }
         let (place, fingerprint) = match self.seeds {
             Some([a, b, c, d, e, f, g, h]) => {
                 (ahash::RandomState::with_seeds(a, b, c, d), ahash::RandomState::with_seeds(e, f, g, h))
@@ -133,12 +181,8 @@ impl KeyedBuilder {
         };
         Ok(KeyedLimiter {
             table: Table::new(slots, shards),
-            params: Params {
-                quota,
-                initial_units: quota.cost_units(quota.initial()),
-                overflow,
-                hasher: place,
-            },
+            overrides: Overrides::new(self.max_overrides),
+            params: Params { tiers, overflow, hasher: place },
             origin,
             clock,
             when_full: self.when_full,
@@ -185,6 +229,7 @@ impl KeyedBuilder {
 /// (146 years for rates exact at 1 ns, at least 1.1 years for the finest units).
 pub struct KeyedLimiter<K: Key + ?Sized, C: Clock = DefaultClock> {
     table: Table<K::Words>,
+    overrides: Overrides<K::Words>,
     params: Params,
     origin: Nanos,
     clock: C,
@@ -238,14 +283,38 @@ impl KeyedLimiter<u64> {
 }
 
 impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
+    /// Units since the limiter's creation (before the offset), saturating at the lifetime.
     #[inline]
-    fn now_at(&self, at: At) -> Now<'_> {
-        Now { p: &self.params, at }
+    fn base(&self, now: Nanos) -> u64 {
+        let tiers = &self.params.tiers;
+        let e = now.saturating_sub(self.origin).as_u64().min(tiers.lifetime());
+        e * tiers.units_per_nano()
+    }
+
+    /// The bucket instant of `base` under `q`.
+    #[inline]
+    fn at(q: &Quota, base: u64) -> At {
+        let now = OFFSET + base;
+        At { now, floor: now - q.fill_units() }
+    }
+
+    /// The tier a key is decided under: its override, or the default.
+    #[inline]
+    fn tier_of(&self, words: K::Words, hash: u64) -> usize {
+        if self.overrides.is_empty() {
+            return 0;
+        }
+        self.overrides.get(words, hash).map_or(0, Tier::index)
     }
 
     #[inline]
-    fn instant(&self, now: Nanos) -> At {
-        self.params.quota.instant(now, self.origin)
+    fn tier_index(&self, tier: Tier) -> usize {
+        let i = tier.index();
+        if i < self.params.tiers.len() {
+            i
+        } else {
+            0
+        }
     }
 
     /// Takes one token from `key`'s bucket now, or says how long to wait.
@@ -264,7 +333,8 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
         let hash = words.hash_with(&self.params.hasher);
         let shard = self.table.shard(hash);
         prefetch(shard.home_ptr(shard.home_of(hash)));
-        self.decide(words, hash, self.instant(self.clock.now()), n)
+        let tier = self.tier_of(words, hash);
+        self.decide(words, hash, tier, self.base(self.clock.now()), n)
     }
 
     /// [`check`](KeyedLimiter::check) at a caller-supplied `now` ([`now`](KeyedLimiter::now)).
@@ -277,7 +347,24 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     #[inline]
     pub fn check_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
         let words = key.words(&self.fingerprint);
-        self.decide(words, words.hash_with(&self.params.hasher), self.instant(now), n)
+        let hash = words.hash_with(&self.params.hasher);
+        self.decide(words, hash, self.tier_of(words, hash), self.base(now), n)
+    }
+
+    /// [`check_n`](KeyedLimiter::check_n) under `tier`, whatever the key's override: for
+    /// callers that know a key's tier per request (a tenant's plan from its credentials). A
+    /// tier of another limiter, beyond this one's list, is read as the default.
+    #[inline]
+    pub fn check_n_in(&self, key: &K, tier: Tier, n: u64) -> Decision {
+        self.check_n_in_at(key, tier, self.clock.now(), n)
+    }
+
+    /// [`check_n_in`](KeyedLimiter::check_n_in) at a caller-supplied `now`.
+    #[inline]
+    pub fn check_n_in_at(&self, key: &K, tier: Tier, now: Nanos, n: u64) -> Decision {
+        let words = key.words(&self.fingerprint);
+        let hash = words.hash_with(&self.params.hasher);
+        self.decide(words, hash, self.tier_index(tier), self.base(now), n)
     }
 
     /// Whether one token was taken from `key`'s bucket now.
@@ -287,16 +374,19 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     }
 
     #[inline]
-    fn decide(&self, words: K::Words, hash: u64, at: At, n: u64) -> Decision {
-        if n.wrapping_sub(1) >= self.params.quota.burst() {
-            return self.peek_words(words, hash, at, n);
-        }
-        let shard = self.table.shard(hash);
-        let now = self.now_at(at);
-        match shard.acquire(words, hash, shard.home_of(hash), &now, n) {
-            Some(d) => d,
-            None => self.refused(),
-        }
+    fn decide(&self, words: K::Words, hash: u64, tier: usize, base: u64, n: u64) -> Decision {
+        self.params.tiers.with(tier, |q| {
+            let at = Self::at(q, base);
+            if n.wrapping_sub(1) >= q.burst() {
+                return self.peek_words(q, words, hash, at, n);
+            }
+            let shard = self.table.shard(hash);
+            let now = Now { p: &self.params, q, at };
+            match shard.acquire(words, hash, shard.home_of(hash), &now, n) {
+                Some(d) => d,
+                None => self.refused(),
+            }
+        })
     }
 
     #[cold]
@@ -318,15 +408,88 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     /// What [`check_n`](KeyedLimiter::check_n) would answer at `now`, without taking anything.
     pub fn peek_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
         let words = key.words(&self.fingerprint);
-        self.peek_words(words, words.hash_with(&self.params.hasher), self.instant(now), n)
+        let hash = words.hash_with(&self.params.hasher);
+        let base = self.base(now);
+        self.params
+            .tiers
+            .with(self.tier_of(words, hash), |q| self.peek_words(q, words, hash, Self::at(q, base), n))
     }
 
-    fn peek_words(&self, words: K::Words, hash: u64, at: At, n: u64) -> Decision {
+    fn peek_words(&self, q: &Quota, words: K::Words, hash: u64, at: At, n: u64) -> Decision {
         let shard = self.table.shard(hash);
         let home = shard.home_of(hash);
-        let fresh = at.now - self.params.initial_units;
+        let fresh = at.now - q.cost_units(q.initial());
         let word = shard.find(words, home).unwrap_or_else(|| shard.first_stamp(home, hash, fresh));
-        BucketWord::from_raw(word).peek(&self.params.quota, at, n)
+        BucketWord::from_raw(word).peek(q, at, n)
+    }
+
+    /// The tier named `name`, if the limiter was built with it (`"default"` is the default).
+    pub fn tier(&self, name: &str) -> Option<Tier> {
+        self.params.tiers.find(name)
+    }
+
+    /// A tier's current quota, as compiled for this table (in its time unit).
+    pub fn tier_quota(&self, tier: Tier) -> Quota {
+        self.params.tiers.get(self.tier_index(tier))
+    }
+
+    /// A tier's name.
+    pub fn tier_name(&self, tier: Tier) -> &'static str {
+        self.params.tiers.name(self.tier_index(tier))
+    }
+
+    /// Replaces a tier's quota (the default's too), for every key in it, at once and safely
+    /// under concurrent decisions; each decision uses either the old or the new quota.
+    ///
+    /// A bucket keeps its *empty instant* across the change, and its level is read under the
+    /// new quota: the time it has been refilling, at the new rate, capped at the new burst.
+    /// Raising a tier's rate therefore credits its keys at the new rate for the time since
+    /// they were last empty; lowering its burst cuts every key to at most the new burst. No
+    /// key is ever above the burst of the quota it is decided under. The same holds when a key
+    /// moves between tiers ([`set_override`](KeyedLimiter::set_override)).
+    ///
+    /// Fails, changing nothing, if the quota's fill time exceeds the limiter's largest
+    /// ([`KeyedBuilder::max_fill_time`]): the table reclaims buckets once they are full in every
+    /// tier it may have, and a longer fill would make a reclaimed key differ from one still
+    /// tracked.
+    pub fn set_tier_quota(&self, tier: Tier, quota: Quota) -> Result<(), ConfigError> {
+        if tier.index() >= self.params.tiers.len() {
+            return Err(ConfigError::OutOfRange {
+                what: "tier",
+                value: tier.index() as u64,
+                max: self.params.tiers.len() as u64 - 1,
+            });
+        }
+        self.params.tiers.set(tier.index(), quota)
+    }
+
+    /// Puts `key` in `tier` for [`check`](KeyedLimiter::check), [`check_n`](KeyedLimiter::check_n),
+    /// [`peek`](KeyedLimiter::peek) and the batch API, from now on; see
+    /// [`set_tier_quota`](KeyedLimiter::set_tier_quota) for what happens to its tokens. Fails
+    /// when the overrides are full ([`KeyedBuilder::max_overrides`]) or the tier is unknown.
+    /// Writers take a lock among themselves; decisions never do.
+    pub fn set_override(&self, key: &K, tier: Tier) -> Result<(), ConfigError> {
+        if tier.index() >= self.params.tiers.len() {
+            return Err(ConfigError::OutOfRange {
+                what: "tier",
+                value: tier.index() as u64,
+                max: self.params.tiers.len() as u64 - 1,
+            });
+        }
+        let words = key.words(&self.fingerprint);
+        self.overrides.set(words, words.hash_with(&self.params.hasher), tier)
+    }
+
+    /// Returns `key` to the default tier. Whether it had an override.
+    pub fn clear_override(&self, key: &K) -> bool {
+        let words = key.words(&self.fingerprint);
+        self.overrides.clear(words, words.hash_with(&self.params.hasher))
+    }
+
+    /// The key's override, if it has one.
+    pub fn override_of(&self, key: &K) -> Option<Tier> {
+        let words = key.words(&self.fingerprint);
+        self.overrides.get(words, words.hash_with(&self.params.hasher))
     }
 
     /// Decides a batch of `(key, cost)` requests with one clock read, writing each decision to
@@ -345,7 +508,7 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
         out: &mut [Decision],
     ) -> usize {
         const AHEAD: usize = 16;
-        let at = self.instant(now);
+        let base = self.base(now);
         let count = items.len().min(out.len());
         let mut prepared = [(<K::Words>::default(), 0u64); AHEAD];
         for (chunk, outs) in items[..count].chunks(AHEAD).zip(out[..count].chunks_mut(AHEAD)) {
@@ -357,7 +520,7 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
                 *slot = (words, hash);
             }
             for ((&(words, hash), (_, n)), out) in prepared.iter().zip(chunk).zip(outs) {
-                *out = self.decide(words, hash, at, *n);
+                *out = self.decide(words, hash, self.tier_of(words, hash), base, *n);
             }
         }
         count
@@ -367,8 +530,8 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     /// Takes time proportional to the capacity; run it from a background thread or a timer if
     /// new keys arrive faster than full buckets are reclaimed on insert.
     pub fn sweep(&self) -> usize {
-        let at = self.instant(self.clock.now());
-        self.table.shards().map(|s| s.sweep(at.floor, &self.params.hasher)).sum()
+        let evictable = OFFSET + self.base(self.clock.now()) - self.params.tiers.max_fill();
+        self.table.shards().map(|s| s.sweep(evictable, &self.params.hasher)).sum()
     }
 
     /// Keys tracked now, approximately under concurrent inserts.
@@ -388,7 +551,7 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
 
     /// Bytes the table owns: slots, headers, ghosts and shard headers.
     pub fn memory_bytes(&self) -> usize {
-        self.table.memory()
+        self.table.memory() + self.overrides.memory()
     }
 
     /// A snapshot of the table's figures. Walks every slot: time proportional to the capacity.
@@ -421,12 +584,12 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
 
     /// How long after its creation this limiter's clock keeps refilling buckets.
     pub fn lifetime(&self) -> Nanos {
-        self.params.quota.lifetime()
+        Nanos::new(self.params.tiers.lifetime())
     }
 
-    /// The quota every key gets.
-    pub fn quota(&self) -> &Quota {
-        &self.params.quota
+    /// The default tier's current quota, as compiled for this table.
+    pub fn quota(&self) -> Quota {
+        self.params.tiers.get(0)
     }
 
     /// The clock.
@@ -438,7 +601,7 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
 impl<K: Key + ?Sized, C: Clock> fmt::Debug for KeyedLimiter<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedLimiter")
-            .field("quota", &self.params.quota)
+            .field("quota", &self.quota())
             .field("capacity", &self.capacity())
             .field("when_full", &self.when_full)
             .finish_non_exhaustive()

@@ -21,7 +21,7 @@ pub use clock::{CoarseClock, TscClock};
 pub use compat::ClThrottle;
 pub use decision::{Decision, Outcome};
 pub use error::ConfigError;
-pub use keyed::{Hashed, Key, KeyedBuilder, KeyedLimiter, KeyedStats, WhenFull, Words};
+pub use keyed::{Hashed, Key, KeyedBuilder, KeyedLimiter, KeyedStats, Tier, WhenFull, Words};
 pub use limiter::Limiter;
 pub use nginx::{NginxLimiter, NginxQuota};
 pub use policy::{Direct, Policy};

@@ -271,17 +271,67 @@ impl Quota {
         Nanos::new(self.max_elapsed)
     }
 
-    /// This quota for a keyed table, whose bucket instants must stay at or below `limit` units
-    /// (the slot word keeps two bits for its state). Shortens the lifetime accordingly.
-    pub(crate) fn limited_to(self, limit: u64) -> Result<Quota, ConfigError> {
-        let Some(room) = limit.checked_sub(2 * self.fill_units) else {
+    /// This quota counted in `m` units per nanosecond, for a keyed table whose tiers share one
+    /// time base: `t = ceil(T·m)`, so the rate is the configured one or lower (exactly as in
+    /// [`Quota::new`] when `m` is the quota's own). `lifetime` is the table's. The fill time must
+    /// stay within `max_fill` units.
+    pub(crate) fn in_units(self, m: u64, max_fill: u64, lifetime: u64) -> Result<Quota, ConfigError> {
+        let period = u128::from(Nanos::try_from(self.rate.period)?.as_u64());
+        let t = (period * u128::from(m)).div_ceil(u128::from(self.rate.tokens)).max(1);
+        let fill = t * u128::from(self.burst);
+        if fill > u128::from(max_fill) {
             return Err(ConfigError::OutOfRange {
                 what: "fill time of a keyed quota, in units",
-                value: self.fill_units,
-                max: limit / 2,
+                value: u64::try_from(fill).unwrap_or(u64::MAX),
+                max: max_fill,
             });
-        };
-        Ok(Quota { max_elapsed: room / self.units_per_nano, ..self })
+        }
+        #[expect(clippy::cast_possible_truncation, reason = "t ≤ fill ≤ max_fill, a u64")]
+        let (t, fill) = (t as u64, fill as u64);
+        Ok(Quota {
+            units_per_nano: m,
+            units_per_token: t,
+            fill_units: fill,
+            max_elapsed: lifetime,
+            per_token: Divisor::new(t),
+            ..self
+        })
+    }
+
+    /// The fill time in units.
+    #[inline]
+    pub(crate) const fn fill_units(&self) -> u64 {
+        self.fill_units
+    }
+
+    /// The quota as 8 words, for storage in atomics ([`Quota::from_words`] reverses it).
+    pub(crate) fn words(&self) -> [u64; 8] {
+        [
+            self.rate.tokens,
+            Nanos::from_duration_saturating(self.rate.period).as_u64(),
+            self.burst,
+            self.initial,
+            self.units_per_nano | u64::from(self.per_token.shift) << 32,
+            self.units_per_token,
+            self.max_elapsed,
+            self.per_token.magic,
+        ]
+    }
+
+    /// A quota from [`Quota::words`].
+    pub(crate) fn from_words(w: [u64; 8]) -> Quota {
+        let [tokens, period, burst, initial, m_shift, t, max_elapsed, magic] = w;
+        let shift = (m_shift >> 32) as u32;
+        Quota {
+            rate: Rate::per(tokens, Duration::from_nanos(period)),
+            burst,
+            initial,
+            units_per_nano: m_shift & 0xffff_ffff,
+            units_per_token: t,
+            fill_units: burst * t,
+            max_elapsed,
+            per_token: Divisor { magic, shift },
+        }
     }
 
     // ---- crate-internal fixed-point helpers, all exact ----

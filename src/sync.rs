@@ -4,7 +4,17 @@
 //! exercise exactly the code that ships. `.ci/test.sh` greps for `sync::atomic` outside this file.
 
 #[cfg(not(tollgate_loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 #[cfg(tollgate_loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{fence, AtomicU64, Ordering};
+
+/// A pause in a retry loop that waits for another thread's progress (a spin hint; under loom,
+/// a yield, so that the model lets the other thread run).
+#[inline]
+pub(crate) fn pause() {
+    #[cfg(not(tollgate_loom))]
+    core::hint::spin_loop();
+    #[cfg(tollgate_loom)]
+    loom::thread::yield_now();
+}

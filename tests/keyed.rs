@@ -64,7 +64,7 @@ proptest! {
         let clock = ManualClock::new();
         let when_full = if fail_open { WhenFull::Allow } else { WhenFull::Deny };
         let l = small(q, when_full, &clock);
-        let q = *l.quota();
+        let q = l.quota();
         let mut models: HashMap<u64, Model> = HashMap::new();
         for op in ops {
             let elapsed = clock.now().as_u64();
@@ -105,7 +105,7 @@ proptest! {
     fn forced_eviction_never_over_admits(q in quota(), ops in ops(5, 120)) {
         let clock = ManualClock::new();
         let l = small(q, WhenFull::EvictStalest, &clock);
-        let q = *l.quota();
+        let q = l.quota();
         let mut models: HashMap<u64, Model> = HashMap::new();
         for op in ops {
             let elapsed = clock.now().as_u64();
@@ -127,6 +127,154 @@ proptest! {
             }
         }
     }
+}
+
+#[derive(Clone, Debug)]
+enum TierOp {
+    Advance(u64),
+    Check(u64, u64),
+    CheckIn(u64, usize, u64),
+    Peek(u64, u64),
+    Sweep,
+    SetOverride(u64, usize),
+    ClearOverride(u64),
+    SetTierQuota(usize, usize),
+}
+
+/// Quotas exact at 1 ns (`tokens` divides 10^6), so that every tier shares the default's unit.
+fn pool() -> Vec<Quota> {
+    [(1, 100, 1), (2, 10, 3), (5, 1_000, 5), (10, 50, 2), (4, 7, 4), (8, 300, 8)]
+        .iter()
+        .map(|&(tokens, ms, burst)| Quota::new(Rate::per(tokens, Duration::from_millis(ms)), burst).unwrap())
+        .collect()
+}
+
+fn tier_ops() -> impl Strategy<Value = Vec<TierOp>> {
+    let span = prop_oneof![4 => 0u64..1_000, 2 => 0u64..20_000_000, 1 => 0u64..2_000_000_000];
+    let cost = prop_oneof![6 => 1u64..=4, 1 => Just(0u64), 1 => 5u64..=9];
+    let op = prop_oneof![
+        2 => span.prop_map(TierOp::Advance),
+        8 => (0..70u64, cost.clone()).prop_map(|(k, n)| TierOp::Check(k, n)),
+        3 => (0..70u64, 0..3usize, cost.clone()).prop_map(|(k, t, n)| TierOp::CheckIn(k, t, n)),
+        1 => (0..70u64, cost).prop_map(|(k, n)| TierOp::Peek(k, n)),
+        1 => Just(TierOp::Sweep),
+        2 => (0..70u64, 0..3usize).prop_map(|(k, t)| TierOp::SetOverride(k, t)),
+        1 => (0..70u64).prop_map(TierOp::ClearOverride),
+        1 => (0..3usize, 0..6usize).prop_map(|(t, q)| TierOp::SetTierQuota(t, q)),
+    ];
+    prop::collection::vec(op, 1..600)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Tiers, overrides and runtime tier changes against the model: each key keeps its empty
+    /// instant and is decided under its tier's current quota (`Model::requote`), field by
+    /// field, with the table full exactly when 56 tracked buckets are younger than the
+    /// largest fill any tier has had.
+    #[test]
+    fn tiers_and_overrides_match_the_model(
+        picks in (0..6usize, 0..6usize, 0..6usize),
+        headroom in prop_oneof![Just(0u64), Just(1_000_000_000), Just(3_000_000_000)],
+        ops in tier_ops(),
+    ) {
+        let qs = pool();
+        let clock = ManualClock::new();
+        let l = KeyedBuilder::new(qs[picks.0])
+            .tier("pro", qs[picks.1])
+            .tier("free", qs[picks.2])
+            .max_fill_time(Duration::from_nanos(headroom))
+            .capacity(56)
+            .shards(1)
+            .seeds(SEEDS)
+            .build_with_clock::<u64, _>(clock.clone())
+            .unwrap();
+        let tiers = [tollgate::Tier::DEFAULT, l.tier("pro").unwrap(), l.tier("free").unwrap()];
+        let mut current: Vec<Quota> = tiers.iter().map(|&t| l.tier_quota(t)).collect();
+        let fill = |q: &Quota| q.units_per_token() * q.burst();
+        let max_fill = current.iter().map(fill).max().unwrap().max(headroom);
+        let mut overrides: HashMap<u64, usize> = HashMap::new();
+        let mut models: HashMap<u64, Model> = HashMap::new();
+        for op in ops {
+            let elapsed = clock.now().as_u64();
+            let (k, tier, n, take) = match op {
+                TierOp::Advance(ns) => { clock.advance(Duration::from_nanos(ns)); continue; }
+                TierOp::Sweep => { l.sweep(); continue; }
+                TierOp::SetOverride(k, t) => {
+                    l.set_override(&k, tiers[t]).unwrap();
+                    overrides.insert(k, t);
+                    continue;
+                }
+                TierOp::ClearOverride(k) => {
+                    prop_assert_eq!(l.clear_override(&k), overrides.remove(&k).is_some());
+                    continue;
+                }
+                TierOp::SetTierQuota(t, q) => {
+                    // Fill times beyond the limiter's largest are refused, changing nothing.
+                    if fill(&qs[q]) > max_fill {
+                        prop_assert!(l.set_tier_quota(tiers[t], qs[q]).is_err());
+                    } else {
+                        l.set_tier_quota(tiers[t], qs[q]).unwrap();
+                        current[t] = l.tier_quota(tiers[t]);
+                    }
+                    continue;
+                }
+                TierOp::Check(k, n) => (k, overrides.get(&k).copied().unwrap_or(0), n, true),
+                TierOp::CheckIn(k, t, n) => (k, t, n, true),
+                TierOp::Peek(k, n) => (k, overrides.get(&k).copied().unwrap_or(0), n, false),
+            };
+            let got = match op {
+                TierOp::Check(..) => l.check_n(&k, n),
+                TierOp::CheckIn(..) => l.check_n_in(&k, tiers[tier], n),
+                _ => l.peek_n_at(&k, clock.now(), n),
+            };
+            let q = &current[tier];
+            models.retain(|_, m| !m.older_than(elapsed, max_fill));
+            let inserting = take && n >= 1 && n <= q.burst() && !models.contains_key(&k);
+            if inserting && models.len() >= 56 {
+                prop_assert_eq!(got.outcome(), Outcome::TableFull);
+                continue;
+            }
+            let want = match models.get_mut(&k) {
+                Some(m) => { m.requote(q); m.decide(elapsed, n, take) }
+                None if inserting => models.entry(k).or_insert_with(|| Model::new(q)).decide(elapsed, n, true),
+                None => Model::new(q).decide(elapsed, n, take),
+            };
+            prop_assert_eq!(Answer::of(&got), want, "key {} tier {} cost {} at {}", k, tier, n, elapsed);
+        }
+    }
+}
+
+#[test]
+fn tier_errors_are_typed() {
+    let q = Quota::per_second(1).unwrap();
+    let l = KeyedBuilder::new(q)
+        .tier("pro", Quota::per_second(10).unwrap())
+        .max_overrides(2)
+        .build::<u64>()
+        .unwrap();
+    let pro = l.tier("pro").unwrap();
+    assert_eq!(l.tier("missing"), None);
+    assert_eq!(l.tier_name(pro), "pro");
+    // Overrides: 2 requested, a map of 4 holds up to 2.
+    l.set_override(&1, pro).unwrap();
+    l.set_override(&2, pro).unwrap();
+    l.set_override(&1, tollgate::Tier::DEFAULT).unwrap(); // an update, not a new entry
+    assert!(matches!(
+        l.set_override(&3, pro),
+        Err(ConfigError::OutOfRange { what: "per-key overrides", .. })
+    ));
+    assert!(l.clear_override(&2));
+    l.set_override(&3, pro).unwrap(); // the tombstone is reused
+    assert_eq!(l.override_of(&3), Some(pro));
+    // A fill time beyond the largest built (1 s): refused, nothing changed.
+    let longer = Quota::new(Rate::per_second(1), 2).unwrap();
+    assert!(matches!(l.set_tier_quota(pro, longer), Err(ConfigError::OutOfRange { .. })));
+    assert_eq!(l.tier_quota(pro).burst(), 10);
+    // With headroom it is accepted.
+    let roomy = KeyedBuilder::new(q).max_fill_time(Duration::from_secs(2)).build::<u64>().unwrap();
+    roomy.set_tier_quota(tollgate::Tier::DEFAULT, longer).unwrap();
+    assert_eq!(roomy.quota().burst(), 2);
 }
 
 #[test]

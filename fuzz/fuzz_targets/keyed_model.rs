@@ -51,7 +51,7 @@ fuzz_target!(|input: Input| {
     else {
         return;
     };
-    let q = *l.quota();
+    let q = l.quota();
     let mut models: HashMap<u64, Model> = HashMap::new();
     for op in input.ops {
         let elapsed = clock.now().as_u64();

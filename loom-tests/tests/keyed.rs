@@ -9,7 +9,7 @@
 use loom::sync::Arc;
 use loom::thread;
 use loom_tests::model;
-use tollgate::{KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Outcome, Quota, Rate};
+use tollgate::{KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Outcome, Quota, Rate, Tier};
 
 type Table = KeyedLimiter<u64, ManualClock>;
 
@@ -100,5 +100,82 @@ fn reuse_under_a_stale_reader() {
             assert_eq!(level(k), 1, "key {k} was disturbed");
         }
         assert_eq!(l.len(), 4);
+    });
+}
+
+/// A tier's quota replaced twice (so the writer flips back to the buffer it started from)
+/// while another thread reads it: every read is one of the three quotas whole, never a mix of
+/// two (`src/keyed/tiers.rs`, the double-buffered sequence lock).
+#[test]
+fn tier_quota_reads_are_never_torn() {
+    model(|| {
+        let a = Quota::new(Rate::per_second(1), 1).unwrap();
+        let b = Quota::new(Rate::per_second(2), 2).unwrap();
+        let c = Quota::new(Rate::per_second(4), 4).unwrap();
+        let l = Arc::new(
+            KeyedBuilder::new(a)
+                .capacity(3)
+                .shards(1)
+                .max_fill_time(std::time::Duration::from_secs(1))
+                .seeds([1, 2, 3, 4, 5, 6, 7, 8])
+                .build_with_clock::<u64, _>(ManualClock::new())
+                .unwrap(),
+        );
+        let writer = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || {
+                l.set_tier_quota(Tier::DEFAULT, b).unwrap();
+                l.set_tier_quota(Tier::DEFAULT, c).unwrap();
+            })
+        };
+        let read = l.tier_quota(Tier::DEFAULT);
+        let (burst, tokens) = (read.burst(), read.rate().tokens());
+        assert!(matches!((burst, tokens), (1, 1) | (2, 2) | (4, 4)), "torn: {burst} {tokens}");
+        writer.join().unwrap();
+        assert_eq!(l.tier_quota(Tier::DEFAULT).burst(), 4);
+    });
+}
+
+/// An override is cleared and its entry reused for another key while a reader looks up a
+/// third key made of the first key's high word and the second key's low word: a torn read of
+/// the two-word key must not match it, and the first key reads as its tier or none, never the
+/// second key's (`src/keyed/tiers.rs`, the versioned entry). Four second keys, so that some
+/// hash to the first key's entry and reuse it (the map has two entries).
+#[test]
+fn override_reuse_never_leaks_a_tier() {
+    for second in 2..6u128 {
+        override_reuse(second);
+    }
+}
+
+fn override_reuse(second: u128) {
+    model(move || {
+        let q = Quota::per_second(1).unwrap();
+        let l: Arc<KeyedLimiter<u128, ManualClock>> = Arc::new(
+            KeyedBuilder::new(q)
+                .tier("pro", q)
+                .tier("free", q)
+                .capacity(3)
+                .shards(1)
+                .max_overrides(1)
+                .seeds([1, 2, 3, 4, 5, 6, 7, 8])
+                .build_with_clock(ManualClock::new())
+                .unwrap(),
+        );
+        let (pro, free) = (l.tier("pro").unwrap(), l.tier("free").unwrap());
+        let (a, b, mix) = (1u128 << 64 | 1, second << 64 | second, 1u128 << 64 | second);
+        l.set_override(&a, pro).unwrap();
+        let writer = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || {
+                assert!(l.clear_override(&a));
+                l.set_override(&b, free).unwrap();
+            })
+        };
+        assert_eq!(l.override_of(&mix), None);
+        let seen = l.override_of(&a);
+        assert!(seen.is_none() || seen == Some(pro), "key a read as {seen:?}");
+        writer.join().unwrap();
+        assert_eq!((l.override_of(&a), l.override_of(&b)), (None, Some(free)));
     });
 }

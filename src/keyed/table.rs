@@ -55,6 +55,7 @@ use core::fmt;
 use crossbeam_utils::CachePadded;
 
 use super::key::Words;
+use super::tiers::Tiers;
 use crate::bucket::{BucketWord, Verdict};
 use crate::decision::Decision;
 use crate::quota::At;
@@ -120,12 +121,11 @@ fn ghost_tag(hash: u64) -> u64 {
     (hash >> GHOST_TAG_SHIFT) | 1 // never 0, so that an empty ghost matches nobody
 }
 
-/// A table's fixed parameters, as the decision path needs them.
+/// A table's parameters, as the decision path needs them.
 #[derive(Debug)]
 pub(crate) struct Params {
-    pub(crate) quota: Quota,
-    /// A new key's level, in units.
-    pub(crate) initial_units: u64,
+    /// The quotas keys are decided under.
+    pub(crate) tiers: Tiers,
     /// What to do when a new key finds no room.
     pub(crate) overflow: Overflow,
     /// The placement hasher (to find an evicted key's home).
@@ -136,21 +136,24 @@ pub(crate) struct Params {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Now<'a> {
     pub(crate) p: &'a Params,
+    /// The key's quota.
+    pub(crate) q: &'a Quota,
     pub(crate) at: At,
 }
 
 impl Now<'_> {
-    /// A new key's first stamp: the quota's initial level at `at`.
+    /// A new key's first stamp: its quota's initial level at `at`.
     #[inline]
     fn fresh(&self) -> u64 {
-        self.at.now - self.p.initial_units
+        self.at.now - self.q.cost_units(self.q.initial())
     }
 
-    /// Stamps strictly below this are full buckets with room to spare: evicting one leaves a
-    /// high-water mark (`w + 1`) at or below it, so the slot's next key still starts full.
+    /// Stamps strictly below this are full buckets in every tier, with room to spare: evicting
+    /// one leaves a high-water mark (`w + 1`) at or below it, so the slot's next key still
+    /// starts full.
     #[inline]
     fn evictable(&self) -> u64 {
-        self.at.floor
+        self.at.now - self.p.tiers.max_fill()
     }
 }
 
@@ -390,8 +393,8 @@ impl<'a, W: Words> Shard<'a, W> {
                     self.c().inserts.fetch_add(1, Relaxed);
                     // Make the slot live with this decision already applied: one CAS for both.
                     let first = want & VALUE;
-                    let (live, decision) = match BucketWord::from_raw(first).decide(&now.p.quota, now.at, n) {
-                        Verdict::Take { next } => (next.raw(), next.taken(&now.p.quota, now.at)),
+                    let (live, decision) = match BucketWord::from_raw(first).decide(now.q, now.at, n) {
+                        Verdict::Take { next } => (next.raw(), next.taken(now.q, now.at)),
                         Verdict::Final(denied) => (first, denied),
                     };
                     // Release: pairs with `Slot::load_for`'s Acquire, publishing the key words.
@@ -646,7 +649,7 @@ fn decide_on<W: Words>(slot: &Slot<W>, mut w: u64, words: W, now: &Now<'_>, n: u
         if w & STATE != LIVE {
             return None;
         }
-        let next = match BucketWord::from_raw(w).decide(&now.p.quota, now.at, n) {
+        let next = match BucketWord::from_raw(w).decide(now.q, now.at, n) {
             Verdict::Take { next } => next,
             Verdict::Final(d) => return Some(d),
         };
@@ -655,7 +658,7 @@ fn decide_on<W: Words>(slot: &Slot<W>, mut w: u64, words: W, now: &Now<'_>, n: u
         // Acquire: the new value may be a new key's, so the key is checked again after it.
         // Fails whenever the slot changed: stamps only grow (module docs).
         match slot.word.compare_exchange_weak(w, next.raw(), Relaxed, Acquire) {
-            Ok(_) => return Some(next.taken(&now.p.quota, now.at)),
+            Ok(_) => return Some(next.taken(now.q, now.at)),
             Err(seen) => {
                 if W::load(&slot.key, Relaxed) != words {
                     return None;

@@ -70,6 +70,21 @@ impl Model {
         i128::from(elapsed_ns).min(self.lifetime) * self.m
     }
 
+    /// The same bucket (its empty instant) under another quota of the same time unit, as a
+    /// keyed limiter's tier change does: the level is re-read under the new rate and burst.
+    pub fn requote(&mut self, q: &Quota) {
+        assert_eq!(self.m, i128::from(q.units_per_nano()), "tiers share one time unit");
+        self.t = i128::from(q.units_per_token());
+        self.burst = i128::from(q.burst());
+        self.lifetime = i128::from(q.lifetime().as_u64());
+    }
+
+    /// Whether the empty instant lies more than `fill_units` before `elapsed_ns`: a keyed table
+    /// whose largest fill is `fill_units` may evict the bucket.
+    pub fn older_than(&self, elapsed_ns: u64, fill_units: u64) -> bool {
+        self.z < self.instant(elapsed_ns) - i128::from(fill_units)
+    }
+
     /// Whether the bucket is strictly past full at `elapsed_ns`: its empty instant lies more than
     /// one fill before now. A keyed table may evict such a bucket (a fresh one is identical).
     pub fn past_full(&self, elapsed_ns: u64) -> bool {

@@ -1,0 +1,368 @@
+//! Tiers and per-key overrides: which quota a key is decided under, changeable at runtime.
+//!
+//! # Tiers
+//!
+//! A keyed limiter has a fixed list of named tiers (tier 0 is the default quota). Every tier's
+//! quota is compiled with the same time unit (`m` units per ns), so bucket stamps mean the same
+//! instant in every tier and a key can move between tiers without touching its slot.
+//!
+//! A tier's quota can be replaced at runtime. Until the first replacement, decisions read the
+//! quotas as built (plain memory, no atomics). After it, each tier is a pair of buffers behind an
+//! `active` index: a writer fills the inactive buffer under a per-buffer sequence lock, then
+//! flips the index. A reader retries only if the buffer it is reading is being rewritten,
+//! which takes two flips by a writer that is making progress: readers never wait for a stalled
+//! writer. Writers are serialized by a mutex (an administrative path, never a decision).
+//!
+//! # Overrides
+//!
+//! Per-key tier assignments live in a fixed-capacity open-addressing map. Readers take no lock:
+//! each entry is a state word (version, kind, tier) beside the key words, read state → key →
+//! state; a version change in between means a concurrent rewrite, and the reader looks again.
+//! Writers are serialized by a mutex. A removed entry becomes a tombstone that later inserts
+//! reuse, so a lookup probes at most the map's capacity.
+
+use std::sync::Mutex;
+
+use super::key::Words;
+use crate::sync::{
+    fence, AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
+use crate::{ConfigError, Nanos, Quota};
+
+/// A tier of a [`KeyedLimiter`](crate::KeyedLimiter): an index into its list of named quotas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tier(pub(crate) u8);
+
+impl Tier {
+    /// The default tier: the quota the limiter was built with.
+    pub const DEFAULT: Tier = Tier(0);
+
+    /// The tier's position in the limiter's list (0 for the default).
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// The most tiers a limiter has, the default included.
+pub(crate) const MAX_TIERS: usize = 255;
+
+/// One tier's quota as 8 words under a sequence lock.
+#[derive(Debug)]
+struct Buf {
+    seq: AtomicU64,
+    words: [AtomicU64; 8],
+}
+
+#[derive(Debug)]
+struct Cell {
+    active: AtomicU64,
+    bufs: [Buf; 2],
+}
+
+impl Cell {
+    fn new(q: &Quota) -> Cell {
+        let w = q.words();
+        let buf = || Buf { seq: AtomicU64::new(0), words: w.map(AtomicU64::new) };
+        Cell { active: AtomicU64::new(0), bufs: [buf(), buf()] }
+    }
+
+    fn load(&self) -> Quota {
+        loop {
+            // Acquire: pairs with the writer's Release store of `active`, after the buffer's
+            // last Release of `seq`.
+            let i = self.active.load(Acquire);
+            let buf = &self.bufs[(i & 1) as usize];
+            let before = buf.seq.load(Acquire);
+            if before & 1 == 0 {
+                let words = core::array::from_fn(|k| buf.words[k].load(Relaxed));
+                // Acquire fence: the word loads above happen before the `seq` load below, so a
+                // rewrite that any of them saw shows up as a changed `seq` (pairs with the
+                // writer's Release fence after its odd `seq`).
+                fence(Acquire);
+                if buf.seq.load(Relaxed) == before {
+                    return Quota::from_words(words);
+                }
+            }
+            crate::sync::pause();
+        }
+    }
+
+    /// Writes `q` into the inactive buffer and makes it active. Callers hold the writer lock.
+    fn store(&self, q: &Quota) {
+        let next = self.active.load(Relaxed) ^ 1;
+        let buf = &self.bufs[(next & 1) as usize];
+        let seq = buf.seq.load(Relaxed);
+        buf.seq.store(seq + 1, Relaxed);
+        // Release fence: the odd `seq` is visible before any of the new words (pairs with the
+        // reader's Acquire fence).
+        fence(Release);
+        for (a, w) in buf.words.iter().zip(q.words()) {
+            a.store(w, Relaxed);
+        }
+        // Release: the words happen-before the even `seq` and the flip.
+        buf.seq.store(seq + 2, Release);
+        self.active.store(next, Release);
+    }
+}
+
+/// The tier table.
+#[derive(Debug)]
+pub(crate) struct Tiers {
+    names: Box<[&'static str]>,
+    /// The quotas as built, read while `changed` is 0.
+    built: Box<[Quota]>,
+    cells: Box<[Cell]>,
+    changed: AtomicU64,
+    /// The largest fill, in units, any tier may have, fixed at construction: a stamp more
+    /// than this below now is a full bucket in every tier, whatever the tiers change to.
+    max_fill: u64,
+    m: u64,
+    lifetime: u64,
+    writer: Mutex<()>,
+}
+
+impl Tiers {
+    /// `quotas[0]` is the default. Each is compiled at the default's units per nanosecond.
+    /// Fill times may later grow up to the largest built one or `headroom`, whichever is more.
+    pub(crate) fn new(
+        tiers: &[(&'static str, Quota)],
+        headroom: Nanos,
+        fill_limit: u64,
+        lifetime_units: u64,
+    ) -> Result<Tiers, ConfigError> {
+        if tiers.len() > MAX_TIERS {
+            return Err(ConfigError::OutOfRange {
+                what: "tiers",
+                value: tiers.len() as u64,
+                max: MAX_TIERS as u64,
+            });
+        }
+        let m = tiers[0].1.units_per_nano();
+        let lifetime = lifetime_units / m;
+        let built = tiers
+            .iter()
+            .map(|(_, q)| q.in_units(m, fill_limit, lifetime))
+            .collect::<Result<Box<[Quota]>, ConfigError>>()?;
+        let headroom = u128::from(headroom.as_u64()) * u128::from(m);
+        if headroom > u128::from(fill_limit) {
+            return Err(ConfigError::OutOfRange {
+                what: "keyed fill-time headroom, in units",
+                value: u64::try_from(headroom).unwrap_or(u64::MAX),
+                max: fill_limit,
+            });
+        }
+        #[expect(clippy::cast_possible_truncation, reason = "at most fill_limit")]
+        let max_fill = built.iter().map(Quota::fill_units).max().unwrap_or(0).max(headroom as u64);
+        Ok(Tiers {
+            names: tiers.iter().map(|(n, _)| *n).collect(),
+            cells: built.iter().map(Cell::new).collect(),
+            built,
+            changed: AtomicU64::new(0),
+            max_fill,
+            m,
+            lifetime,
+            writer: Mutex::new(()),
+        })
+    }
+
+    /// Runs `f` on the tier's current quota. `tier` must be in range.
+    #[inline]
+    pub(crate) fn with<R>(&self, tier: usize, f: impl FnOnce(&Quota) -> R) -> R {
+        // Relaxed: a reader that still sees 0 reads the built quota, which is a quota this tier
+        // had; the cells are valid from construction on.
+        if self.changed.load(Relaxed) == 0 {
+            f(&self.built[tier])
+        } else {
+            f(&self.cells[tier].load())
+        }
+    }
+
+    /// The tier's current quota.
+    pub(crate) fn get(&self, tier: usize) -> Quota {
+        self.with(tier, |q| *q)
+    }
+
+    /// Replaces a tier's quota. Fails if its fill exceeds the table's largest.
+    pub(crate) fn set(&self, tier: usize, quota: Quota) -> Result<(), ConfigError> {
+        let q = quota.in_units(self.m, self.max_fill, self.lifetime)?;
+        let _guard = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.cells[tier].store(&q);
+        self.changed.store(1, Release);
+        Ok(())
+    }
+
+    /// The largest fill any tier may have, in units.
+    #[inline]
+    pub(crate) fn max_fill(&self) -> u64 {
+        self.max_fill
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.built.len()
+    }
+
+    /// Units per nanosecond, common to every tier.
+    #[inline]
+    pub(crate) fn units_per_nano(&self) -> u64 {
+        self.m
+    }
+
+    /// Nanoseconds after creation at which time stops.
+    #[inline]
+    pub(crate) fn lifetime(&self) -> u64 {
+        self.lifetime
+    }
+
+    pub(crate) fn find(&self, name: &str) -> Option<Tier> {
+        #[expect(clippy::cast_possible_truncation, reason = "at most 255 tiers")]
+        self.names.iter().position(|n| *n == name).map(|i| Tier(i as u8))
+    }
+
+    pub(crate) fn name(&self, tier: usize) -> &'static str {
+        self.names[tier]
+    }
+}
+
+const KIND_EMPTY: u64 = 0;
+const KIND_LIVE: u64 = 1;
+const KIND_TOMB: u64 = 2;
+const KIND_WRITING: u64 = 3;
+
+#[inline]
+fn state(version: u64, kind: u64, tier: u8) -> u64 {
+    version << 16 | kind << 8 | u64::from(tier)
+}
+
+#[derive(Debug)]
+struct Entry<W: Words> {
+    state: AtomicU64,
+    key: W::Atomic,
+}
+
+/// Per-key tier overrides.
+#[derive(Debug)]
+pub(crate) struct Overrides<W: Words> {
+    entries: Box<[Entry<W>]>,
+    mask: usize,
+    count: AtomicU64,
+    writer: Mutex<()>,
+}
+
+impl<W: Words> Overrides<W> {
+    /// Room for `capacity` overrides (the map is twice that, rounded to a power of two).
+    pub(crate) fn new(capacity: usize) -> Overrides<W> {
+        let len = (capacity * 2).next_power_of_two().max(2);
+        Overrides {
+            entries: (0..len)
+                .map(|_| Entry { state: AtomicU64::new(state(0, KIND_EMPTY, 0)), key: W::new_atomic() })
+                .collect(),
+            mask: len - 1,
+            count: AtomicU64::new(0),
+            writer: Mutex::new(()),
+        }
+    }
+
+    /// Whether any override is set: the decision path skips the lookup when not.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.count.load(Relaxed) == 0
+    }
+
+    /// The key's override, if any.
+    pub(crate) fn get(&self, words: W, hash: u64) -> Option<Tier> {
+        let start = (hash >> 8) as usize;
+        let mut probe = 0;
+        while probe <= self.mask {
+            let e = &self.entries[(start + probe) & self.mask];
+            // Acquire: pairs with the writer's Release of a LIVE state, after the key words.
+            let before = e.state.load(Acquire);
+            let key = W::load(&e.key, Relaxed);
+            // Acquire fence: the key load happens before the second state load, so a rewrite
+            // of the key shows up as a new version (pairs with the writer's Release fence).
+            fence(Acquire);
+            if e.state.load(Relaxed) != before {
+                crate::sync::pause();
+                continue; // rewritten meanwhile: look at this entry again
+            }
+            match before >> 8 & 0xff {
+                KIND_EMPTY => return None,
+                KIND_LIVE if key == words => {
+                    #[expect(clippy::cast_possible_truncation, reason = "the low byte")]
+                    return Some(Tier(before as u8));
+                }
+                _ => {}
+            }
+            probe += 1;
+        }
+        None
+    }
+
+    /// Sets the key's override. Fails when the map is full.
+    pub(crate) fn set(&self, words: W, hash: u64, tier: Tier) -> Result<(), ConfigError> {
+        let _guard = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let start = (hash >> 8) as usize;
+        let mut free = None;
+        for probe in 0..=self.mask {
+            let e = &self.entries[(start + probe) & self.mask];
+            let s = e.state.load(Relaxed); // only writers change states, and we are the writer
+            match s >> 8 & 0xff {
+                KIND_LIVE if W::load(&e.key, Relaxed) == words => {
+                    // Release: as below.
+                    e.state.store(state((s >> 16) + 1, KIND_LIVE, tier.0), Release);
+                    return Ok(());
+                }
+                KIND_EMPTY => {
+                    free = free.or(Some(e));
+                    break;
+                }
+                KIND_TOMB => free = free.or(Some(e)),
+                _ => {}
+            }
+        }
+        // At most half full, so that probes for absent keys end at an EMPTY entry soon.
+        let half = self.entries.len() as u64 / 2;
+        let Some(e) = free.filter(|_| self.count.load(Relaxed) < half) else {
+            return Err(ConfigError::OutOfRange {
+                what: "per-key overrides",
+                value: self.count.load(Relaxed) + 1,
+                max: half,
+            });
+        };
+        let v = e.state.load(Relaxed) >> 16;
+        e.state.store(state(v + 1, KIND_WRITING, 0), Relaxed);
+        // Release fence: the WRITING state is visible before the new key words (pairs with
+        // the reader's Acquire fence).
+        fence(Release);
+        W::store(&e.key, words, Relaxed);
+        // Release: the key words happen-before the LIVE state (pairs with the reader's Acquire).
+        e.state.store(state(v + 2, KIND_LIVE, tier.0), Release);
+        self.count.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// Removes the key's override. Returns whether there was one.
+    pub(crate) fn clear(&self, words: W, hash: u64) -> bool {
+        let _guard = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let start = (hash >> 8) as usize;
+        for probe in 0..=self.mask {
+            let e = &self.entries[(start + probe) & self.mask];
+            let s = e.state.load(Relaxed);
+            match s >> 8 & 0xff {
+                KIND_EMPTY => return false,
+                KIND_LIVE if W::load(&e.key, Relaxed) == words => {
+                    e.state.store(state((s >> 16) + 1, KIND_TOMB, 0), Release);
+                    self.count.fetch_sub(1, Relaxed);
+                    return true;
+                }
+                _ => {}
+            }
+        }
+        false
+    }
+
+    /// Bytes the map owns.
+    pub(crate) fn memory(&self) -> usize {
+        self.entries.len() * core::mem::size_of::<Entry<W>>()
+    }
+}
