@@ -167,15 +167,22 @@ impl Tiers {
     }
 
     /// Runs `f` on the tier's current quota. `tier` must be in range.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn with<R>(&self, tier: usize, f: impl FnOnce(&Quota) -> R) -> R {
         // Relaxed: a reader that still sees 0 reads the built quota, which is a quota this tier
         // had; the cells are valid from construction on.
         if self.changed.load(Relaxed) == 0 {
             f(&self.built[tier])
         } else {
-            f(&self.cells[tier].load())
+            self.with_changed(tier, f)
         }
+    }
+
+    /// [`with`](Tiers::with) once a tier has been changed: out of line, so that the closure is
+    /// inlined into the common path.
+    #[inline(never)]
+    fn with_changed<R>(&self, tier: usize, f: impl FnOnce(&Quota) -> R) -> R {
+        f(&self.cells[tier].load())
     }
 
     /// The tier's current quota.
