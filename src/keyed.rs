@@ -36,6 +36,11 @@ pub enum WhenFull {
     /// ghost until it has refilled; a second forced eviction from the same home meanwhile is
     /// refused ([`Outcome::TableFull`]). A new key whose tag collides with a ghost's starts
     /// from the ghost's level: less than it would have, never more.
+    ///
+    /// The new key starts no fuller than the bucket it displaced: a slot's stamps only grow
+    /// (that is what makes reuse safe), so the newcomer inherits the victim's level when it is
+    /// below a fresh bucket's. Under a flood that has drained every bucket in a window, new keys
+    /// there are admitted with next to nothing: this policy then fails closed, like `Deny`.
     EvictStalest,
 }
 
@@ -344,6 +349,11 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     }
 
     /// [`check_n`](KeyedLimiter::check_n) at a caller-supplied `now`.
+    ///
+    /// Times must not run ahead of the ones later decisions use: the table reclaims a bucket
+    /// once it is full as of the latest time it is given, and a key reclaimed at a later time
+    /// comes back fresh at an earlier one. (The same holds for threads whose clocks disagree:
+    /// a core whose clock leads by δ can reclaim a bucket δ early, worth up to δ·rate tokens.)
     #[inline]
     pub fn check_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
         let words = key.words(&self.fingerprint);

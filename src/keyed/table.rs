@@ -3,10 +3,12 @@
 //!
 //! # Layout
 //!
-//! A table is a power-of-two number of `CachePadded` shards, chosen by the hash's bits 32 and up.
-//! A shard is an array of slots cut into *groups* of 8 (128 bytes for `u64` keys), one 64-bit
-//! *header* and one *ghost* word per group. A key's *home* is a group, chosen by the hash's low
-//! bits; it lives in one of the 64 slots of its *window*, the home group and the 7 after it.
+//! A table is a power-of-two number of shards, chosen by the hash's bits 32 and up; each shard
+//! is an equal range of one array of slots (so a key's slots are one pointer away), with its
+//! own cache-padded counters. Slots come in *groups* of 4 (64 bytes, one cache line, for
+//! `u64` keys), with one 64-bit *header* and one *ghost* word per group in arrays beside them.
+//! A key's *home* is a group of its shard, chosen by the hash's low bits; the key lives in one
+//! of the 64 slots of its *window*: the home group and the 15 after it (wrapping in the shard).
 //!
 //! ```text
 //!  slot word   63 62 61                                                   0
@@ -60,7 +62,7 @@ use crate::bucket::{BucketWord, Verdict};
 use crate::decision::Decision;
 use crate::quota::At;
 use crate::sync::{
-    AtomicU64,
+    fence, AtomicU64,
     Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
 use crate::Quota;
@@ -178,7 +180,7 @@ impl<W: Words> Slot<W> {
     }
 }
 
-/// Eight slots on their own cache lines.
+/// A group of slots, aligned to a cache line (one line for `u64` keys).
 #[repr(C, align(64))]
 struct Group<W: Words> {
     slots: [Slot<W>; GROUP],
@@ -307,7 +309,7 @@ impl<'a, W: Words> Shard<'a, W> {
     ) -> Option<Decision> {
         // The home group first, without the header: a live slot holding the key is the key's
         // only live slot (the header protocol), so deciding on it is always right. The key
-        // words of all 8 slots are compared into a mask without branching, so that where the
+        // words of the group's slots are compared into a mask without branching, so that where the
         // key sits costs no misprediction (and cache misses of consecutive decisions overlap).
         // All the group's words are read first (Acquire), then all its keys, so that a key
         // found equal was read after the word beside it (as `Slot::load_for` does) and the
@@ -379,7 +381,10 @@ impl<'a, W: Words> Shard<'a, W> {
             // The first stamp: never below the slot's high-water mark (stamps only grow).
             let want = CLAIMED | first.max(claimed & VALUE);
             if want != claimed {
-                slot.word.store(want, Relaxed); // still private: published by the header CAS
+                // Still private (published by the header CAS below), but Release all the same: a
+                // helper holding a stale header may read this value, and must then see the version
+                // bump that came before the slot was freed (`help`).
+                slot.word.store(want, Release);
             }
             let next = h_next(h, pos as u64, h_reach(h).max(pos + 1));
             // AcqRel: Release publishes the key words and the CLAIMED value to every thread
@@ -433,8 +438,9 @@ impl<'a, W: Words> Shard<'a, W> {
     fn help(&self, home: usize, h: u64) -> bool {
         let Some(pos) = h_last(h) else { return true };
         let slot = self.slot(home, pos);
-        // Acquire: if this is a newer claim than the commit `h` names, it was stored (Release)
-        // after a version bump of this home, which the header load below then sees.
+        // Acquire: if this is a newer claim than the commit `h` names, its value was written
+        // after a version bump of this home, by the claim CAS (an RMW continuing the evictor's
+        // Release) or by the claimer's Release store, so the header load below sees the bump.
         let w = slot.word.load(Acquire);
         if w & STATE != CLAIMED {
             return true;
@@ -651,7 +657,23 @@ fn decide_on<W: Words>(slot: &Slot<W>, mut w: u64, words: W, now: &Now<'_>, n: u
         }
         let next = match BucketWord::from_raw(w).decide(now.q, now.at, n) {
             Verdict::Take { next } => next,
-            Verdict::Final(d) => return Some(d),
+            Verdict::Final(d) => {
+                // A denial has no CAS to fail if the slot moved on between the word read and
+                // the key check (the key read may even be torn across a new claimant's words),
+                // so confirm the word. The Acquire fence pairs with the Release stores of a
+                // claimant's key words (`acquire_slow`): if the key read saw any of them, the
+                // load below sees the claim.
+                fence(Acquire);
+                let cur = slot.word.load(Acquire);
+                if cur == w {
+                    return Some(d);
+                }
+                if W::load(&slot.key, Relaxed) != words {
+                    return None;
+                }
+                w = cur;
+                continue;
+            }
         };
         // Success Relaxed: the bucket word is self-contained, as in `bucket/atomic.rs`, and the
         // key words stay published by the release sequence this RMW continues. Failure
