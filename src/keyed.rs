@@ -517,20 +517,24 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
         items: &[(Q, u64)],
         out: &mut [Decision],
     ) -> usize {
+        // A sliding window: the key `AHEAD` places on is hashed and its group prefetched while
+        // this one is decided, so that misses overlap continuously.
         const AHEAD: usize = 16;
         let base = self.base(now);
         let count = items.len().min(out.len());
-        let mut prepared = [(<K::Words>::default(), 0u64); AHEAD];
-        for (chunk, outs) in items[..count].chunks(AHEAD).zip(out[..count].chunks_mut(AHEAD)) {
-            for (slot, (key, _)) in prepared.iter_mut().zip(chunk) {
+        let mut ring = [(<K::Words>::default(), 0u64); AHEAD];
+        for i in 0..count + AHEAD {
+            let at = i % AHEAD;
+            if let Some(j) = i.checked_sub(AHEAD) {
+                let (words, hash) = ring[at];
+                out[j] = self.decide(words, hash, self.tier_of(words, hash), base, items[j].1);
+            }
+            if let Some((key, _)) = items[..count].get(i) {
                 let words = key.borrow().words(&self.fingerprint);
                 let hash = words.hash_with(&self.params.hasher);
                 let shard = self.table.shard(hash);
                 prefetch(shard.home_ptr(shard.home_of(hash)));
-                *slot = (words, hash);
-            }
-            for ((&(words, hash), (_, n)), out) in prepared.iter().zip(chunk).zip(outs) {
-                *out = self.decide(words, hash, self.tier_of(words, hash), base, *n);
+                ring[at] = (words, hash);
             }
         }
         count

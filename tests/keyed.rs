@@ -40,6 +40,18 @@ fn quota() -> impl Strategy<Value = Quota> {
     })
 }
 
+/// Carries out a clock or sweep op; `false` for the ops the caller decides itself.
+fn housekeeping<C: Clock>(op: &Op, clock: &ManualClock, l: &KeyedLimiter<u64, C>) -> bool {
+    match op {
+        Op::Advance(ns) => clock.advance(Duration::from_nanos(*ns)),
+        Op::Sweep => {
+            l.sweep();
+        }
+        Op::Check(..) | Op::Peek(..) => return false,
+    }
+    true
+}
+
 /// One shard of 64 slots holding at most 56 keys: every key's window is the whole shard, so
 /// the table is full exactly when 56 tracked buckets are not full, which the model can tell.
 fn small(q: Quota, when_full: WhenFull, clock: &ManualClock) -> KeyedLimiter<u64, ManualClock> {
@@ -68,11 +80,11 @@ proptest! {
         let mut models: HashMap<u64, Model> = HashMap::new();
         for op in ops {
             let elapsed = clock.now().as_u64();
+            if housekeeping(&op, &clock, &l) {
+                continue;
+            }
             match op {
-                Op::Advance(ns) => clock.advance(Duration::from_nanos(ns)),
-                Op::Sweep => {
-                    l.sweep();
-                }
+                Op::Advance(..) | Op::Sweep => {}
                 Op::Peek(k, n) => {
                     let want = models.get(&k).cloned().unwrap_or_else(|| Model::new(&q)).decide(elapsed, n, false);
                     prop_assert_eq!(Answer::of(&l.peek_n_at(&k, clock.now(), n)), want);
@@ -109,12 +121,11 @@ proptest! {
         let mut models: HashMap<u64, Model> = HashMap::new();
         for op in ops {
             let elapsed = clock.now().as_u64();
+            if housekeeping(&op, &clock, &l) {
+                continue;
+            }
             match op {
-                Op::Advance(ns) => clock.advance(Duration::from_nanos(ns)),
-                Op::Sweep => {
-                    l.sweep();
-                }
-                Op::Peek(..) => {}
+                Op::Advance(..) | Op::Sweep | Op::Peek(..) => {}
                 Op::Check(k, n) => {
                     let got = l.check_n(&k, n);
                     if got.outcome() == Outcome::Allowed && n > 0 {

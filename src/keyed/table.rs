@@ -706,6 +706,38 @@ pub(crate) struct TableStats {
     pub(crate) probe_histogram: Vec<u64>,
 }
 
+/// The group array, asking the kernel for huge pages before it is first touched: a table of a
+/// million keys spans tens of megabytes, and with 4 KiB pages nearly every decision on it would
+/// also miss the TLB.
+fn alloc_groups<W: Words>(groups: usize) -> Box<[Group<W>]> {
+    let mut v: Vec<Group<W>> = Vec::with_capacity(groups);
+    #[cfg(all(target_os = "linux", not(tollgate_loom)))]
+    advise_huge_pages(v.as_mut_ptr().cast(), groups * core::mem::size_of::<Group<W>>());
+    v.extend((0..groups).map(|_| Group { slots: core::array::from_fn(|_| Slot::new()) }));
+    v.into_boxed_slice()
+}
+
+/// `madvise(MADV_HUGEPAGE)` on the whole pages of `[ptr, ptr + len)`. The kernel backs every
+/// 2 MiB-aligned stretch of it with a huge page when transparent huge pages are enabled in
+/// `madvise` or `always` mode, and ignores the advice otherwise.
+#[cfg(all(target_os = "linux", not(tollgate_loom)))]
+fn advise_huge_pages(ptr: *mut u8, len: usize) {
+    const PAGE: usize = 4096;
+    if len < 2 << 20 {
+        return;
+    }
+    let start = (ptr as usize).next_multiple_of(PAGE);
+    let end = (ptr as usize + len) & !(PAGE - 1);
+    if end > start {
+        // SAFETY: the range is whole pages inside our own, not yet initialized, allocation.
+        // MADV_HUGEPAGE changes how the kernel backs those pages, never their contents or their
+        // mapping, and a failure (old kernel, THP disabled) leaves everything as it was.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+        }
+    }
+}
+
 /// The shards, as one array of groups (and one of headers, one of ghosts) cut into equal
 /// power-of-two ranges.
 pub(crate) struct Table<W: Words> {
@@ -726,7 +758,7 @@ impl<W: Words> Table<W> {
         debug_assert!(per_shard >= WINDOW && per_shard.is_power_of_two());
         let groups = slots / GROUP;
         Table {
-            groups: (0..groups).map(|_| Group { slots: core::array::from_fn(|_| Slot::new()) }).collect(),
+            groups: alloc_groups(groups),
             headers: (0..groups).map(|_| AtomicU64::new(NONE)).collect(),
             ghosts: (0..groups).map(|_| AtomicU64::new(0)).collect(),
             counters: (0..shards).map(|_| CachePadded::new(Counters::default())).collect(),
