@@ -44,13 +44,19 @@ for (group, name), meds in sorted(samples.items()):
     groups.setdefault(group, {})[name] = meds[-args.runs:]
 for group, benches in groups.items():
     mid = {n: statistics.median(m) for n, m in benches.items()}
-    floor = mid.get("floor")
     print(f"\n**{group}** (median of {args.runs} runs' medians, ns; spread is min–max)\n")
     print("| bench | median | spread | × floor | governor (same load) ÷ this |")
     print("|---|---:|---:|---:|---:|")
     for name, meds in benches.items():
-        load = name.split("/")[-1]
-        gov = mid.get(f"governor/{load}")
-        r_floor = f"{mid[name] / floor:.2f}" if floor else "—"
-        r_gov = f"{gov / mid[name]:.2f}" if gov and not name.startswith("governor") else "—"
+        # Names are `[workload/]impl[/load]`; the floor and governor of the same workload and
+        # load are the references (`floor`, `1K-keys/floor`; `governor/allow-heavy`,
+        # `1K-keys/governor/allow-heavy`).
+        parts = name.split("/")
+        prefix = parts[0] + "/" if parts[0][0].isdigit() else ""
+        load = parts[-1] if len(parts) > len(prefix.split("/")) else ""
+        floor = mid.get(f"{prefix}floor")
+        gov = mid.get(f"{prefix}governor/{load}")
+        is_ref = "floor" in name or "governor" in name
+        r_floor = f"{mid[name] / floor:.2f}" if floor and not is_ref else "—"
+        r_gov = f"{gov / mid[name]:.2f}" if gov and not is_ref else "—"
         print(f"| {name} | {mid[name]:.1f} | {min(meds):.1f}–{max(meds):.1f} | {r_floor} | {r_gov} |")
