@@ -385,18 +385,31 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
 
     #[inline]
     fn decide(&self, words: K::Words, hash: u64, tier: usize, base: u64, n: u64) -> Decision {
-        self.params.tiers.with(tier, |q| {
-            let at = Self::at(q, base);
-            if n.wrapping_sub(1) >= q.burst() {
-                return self.peek_words(q, words, hash, at, n);
-            }
-            let shard = self.table.shard(hash);
-            let now = Now { p: &self.params, q, at };
-            match shard.acquire(words, hash, shard.home_of(hash), &now, n) {
-                Some(d) => d,
-                None => self.refused(),
-            }
-        })
+        match self.params.tiers.built(tier) {
+            Some(q) => self.decide_in(q, words, hash, base, n),
+            None => self.decide_changed(words, hash, tier, base, n),
+        }
+    }
+
+    /// [`decide`](KeyedLimiter::decide) once a tier has been changed: out of line, so that the
+    /// common path stays one straight function.
+    #[inline(never)]
+    fn decide_changed(&self, words: K::Words, hash: u64, tier: usize, base: u64, n: u64) -> Decision {
+        self.decide_in(&self.params.tiers.get(tier), words, hash, base, n)
+    }
+
+    #[inline(always)]
+    fn decide_in(&self, q: &Quota, words: K::Words, hash: u64, base: u64, n: u64) -> Decision {
+        let at = Self::at(q, base);
+        if n.wrapping_sub(1) >= q.burst() {
+            return self.peek_words(q, words, hash, at, n);
+        }
+        let shard = self.table.shard(hash);
+        let now = Now { p: &self.params, q, at };
+        match shard.acquire(words, hash, shard.home_of(hash), &now, n) {
+            Some(d) => d,
+            None => self.refused(),
+        }
     }
 
     #[cold]
@@ -420,9 +433,8 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
         let words = key.words(&self.fingerprint);
         let hash = words.hash_with(&self.params.hasher);
         let base = self.base(now);
-        self.params
-            .tiers
-            .with(self.tier_of(words, hash), |q| self.peek_words(q, words, hash, Self::at(q, base), n))
+        let q = self.params.tiers.get(self.tier_of(words, hash));
+        self.peek_words(&q, words, hash, Self::at(&q, base), n)
     }
 
     fn peek_words(&self, q: &Quota, words: K::Words, hash: u64, at: At, n: u64) -> Decision {

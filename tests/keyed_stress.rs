@@ -3,7 +3,7 @@
 
 #![allow(clippy::cast_possible_truncation, reason = "key indices below 2^16")]
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,8 +60,8 @@ fn frozen_time_admits_exactly_the_burst_per_key() {
     assert_eq!(l.stats().live, KEYS);
 }
 
-/// Moving time, a table a quarter of the key space, a sweeper, and each table-full policy: 4
-/// threads decide on 16,384 keys while a fifth advances the clock and sweeps. Buckets refill,
+/// Moving time, a table a quarter of the key space, sweeps, and each table-full policy: 4
+/// threads decide on 16,384 keys while advancing the clock and sweeping. Buckets refill,
 /// are evicted (cleanly and by force) and come back; still no key is ever admitted more than
 /// `burst + floor(rate · elapsed)` over the run.
 #[test]
@@ -74,29 +74,22 @@ fn churn_with_eviction_never_over_admits() {
             KeyedBuilder::new(q).capacity(4_096).when_full(policy).build_with_clock(clock.clone()).unwrap(),
         );
         let admitted: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
-        let done = Arc::new(AtomicBool::new(false));
-        let ticker = {
-            let (l, clock, done) = (Arc::clone(&l), clock.clone(), Arc::clone(&done));
-            std::thread::spawn(move || {
-                let mut sweeps = 0;
-                while !done.load(Relaxed) {
-                    clock.advance(Duration::from_micros(7));
-                    if clock.now().as_u64() % 700_000 < 7_000 {
-                        l.sweep();
-                        sweeps += 1;
-                    }
-                    std::thread::yield_now();
-                }
-                sweeps
-            })
-        };
+        // Time moves with the work, not with the scheduler: every thread advances the clock
+        // every 100 decisions, and thread 0 sweeps every 50,000, so that refills, evictions and
+        // sweeps happen however the threads are scheduled.
         let threads: Vec<_> = (0..THREADS)
             .map(|t| {
-                let (l, admitted) = (Arc::clone(&l), Arc::clone(&admitted));
+                let (l, admitted, clock) = (Arc::clone(&l), Arc::clone(&admitted), clock.clone());
                 std::thread::spawn(move || {
                     let mut rng = 0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1);
                     let mut refused = 0u64;
-                    for _ in 0..500_000 {
+                    for i in 0..500_000u64 {
+                        if i % 100 == 0 {
+                            clock.advance(Duration::from_micros(5));
+                        }
+                        if t == 0 && i % 50_000 == 0 {
+                            l.sweep();
+                        }
                         // Skewed: half the traffic on 1/16 of the keys.
                         let r = xorshift(&mut rng);
                         let k = if r & 1 == 0 { (r >> 1) % (KEYS / 16) } else { (r >> 1) % KEYS };
@@ -112,8 +105,6 @@ fn churn_with_eviction_never_over_admits() {
             })
             .collect();
         let refused: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
-        done.store(true, Relaxed);
-        ticker.join().unwrap();
         let elapsed = clock.now().as_u64();
         let bound = 4 + elapsed / 100_000;
         for (k, a) in admitted.iter().enumerate() {

@@ -204,7 +204,10 @@ struct Counters {
 pub(crate) struct Shard<'a, W: Words> {
     t: &'a Table<W>,
     index: usize,
+    /// The shard's first group.
     base: usize,
+    /// Its groups, less one.
+    mask: usize,
 }
 
 /// What the table does with a new key when its window has no room.
@@ -232,7 +235,7 @@ impl<'a, W: Words> Shard<'a, W> {
 
     #[inline]
     fn group_mask(&self) -> usize {
-        (1 << self.t.shard_shift) - 1
+        self.mask
     }
 
     #[inline]
@@ -298,7 +301,7 @@ impl<'a, W: Words> Shard<'a, W> {
 
     /// Takes `n` tokens (`1 ≤ n ≤ burst`) from the key's bucket, inserting the key if it is not
     /// tracked. `None` when the key is new and there is no room for it.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn acquire(
         &self,
         words: W,
@@ -747,6 +750,8 @@ pub(crate) struct Table<W: Words> {
     counters: Box<[CachePadded<Counters>]>,
     /// log2 of the groups per shard.
     shard_shift: u32,
+    /// Groups per shard, less one.
+    group_mask: usize,
     shard_mask: usize,
     max_live: u64,
 }
@@ -763,6 +768,7 @@ impl<W: Words> Table<W> {
             ghosts: (0..groups).map(|_| AtomicU64::new(0)).collect(),
             counters: (0..shards).map(|_| CachePadded::new(Counters::default())).collect(),
             shard_shift: (per_shard / GROUP).trailing_zeros(),
+            group_mask: per_shard / GROUP - 1,
             shard_mask: shards - 1,
             max_live: (per_shard - per_shard / 8) as u64,
         }
@@ -770,7 +776,7 @@ impl<W: Words> Table<W> {
 
     #[inline]
     fn shard_at(&self, index: usize) -> Shard<'_, W> {
-        Shard { t: self, index, base: index << self.shard_shift }
+        Shard { t: self, index, base: index << self.shard_shift, mask: self.group_mask }
     }
 
     #[inline]

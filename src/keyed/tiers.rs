@@ -166,28 +166,25 @@ impl Tiers {
         })
     }
 
-    /// Runs `f` on the tier's current quota. `tier` must be in range.
-    #[inline(always)]
-    pub(crate) fn with<R>(&self, tier: usize, f: impl FnOnce(&Quota) -> R) -> R {
+    /// The tier's quota as built, while no tier has been changed (`None` after a change: use
+    /// [`get`](Tiers::get)). `tier` must be in range.
+    #[inline]
+    pub(crate) fn built(&self, tier: usize) -> Option<&Quota> {
         // Relaxed: a reader that still sees 0 reads the built quota, which is a quota this tier
         // had; the cells are valid from construction on.
         if self.changed.load(Relaxed) == 0 {
-            f(&self.built[tier])
+            Some(&self.built[tier])
         } else {
-            self.with_changed(tier, f)
+            None
         }
-    }
-
-    /// [`with`](Tiers::with) once a tier has been changed: out of line, so that the closure is
-    /// inlined into the common path.
-    #[inline(never)]
-    fn with_changed<R>(&self, tier: usize, f: impl FnOnce(&Quota) -> R) -> R {
-        f(&self.cells[tier].load())
     }
 
     /// The tier's current quota.
     pub(crate) fn get(&self, tier: usize) -> Quota {
-        self.with(tier, |q| *q)
+        match self.built(tier) {
+            Some(q) => *q,
+            None => self.cells[tier].load(),
+        }
     }
 
     /// Replaces a tier's quota. Fails if its fill exceeds the table's largest.
