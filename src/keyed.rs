@@ -10,7 +10,7 @@ use core::marker::PhantomData;
 use core::time::Duration;
 
 pub use key::{Hashed, Key, Words};
-use table::{Now, Overflow, Params, Table, TableStats, MAX_UNITS, WINDOW};
+use table::{Now, Overflow, Params, Shard, Table, TableStats, MAX_UNITS, WINDOW};
 pub use tiers::Tier;
 use tiers::{Overrides, Tiers};
 
@@ -334,12 +334,10 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     pub fn check_n(&self, key: &K, n: u64) -> Decision {
         // Hash and start fetching the key's group before reading the clock: on CPUs where a
         // TSC read holds back later loads, the cache miss then overlaps the clock read.
-        let words = key.words(&self.fingerprint);
-        let hash = words.hash_with(&self.params.hasher);
-        let shard = self.table.shard(hash);
-        prefetch(shard.home_ptr(shard.home_of(hash)));
-        let tier = self.tier_of(words, hash);
-        self.decide(words, hash, tier, self.base(self.clock.now()), n)
+        let t = self.target(key.words(&self.fingerprint));
+        prefetch(t.shard.home_ptr(t.home));
+        let tier = self.tier_of(t.words, t.hash);
+        self.decide(&t, tier, self.base(self.clock.now()), n)
     }
 
     /// [`check`](KeyedLimiter::check) at a caller-supplied `now` ([`now`](KeyedLimiter::now)).
@@ -356,9 +354,8 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     /// a core whose clock leads by δ can reclaim a bucket δ early, worth up to δ·rate tokens.)
     #[inline]
     pub fn check_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
-        let words = key.words(&self.fingerprint);
-        let hash = words.hash_with(&self.params.hasher);
-        self.decide(words, hash, self.tier_of(words, hash), self.base(now), n)
+        let t = self.target(key.words(&self.fingerprint));
+        self.decide(&t, self.tier_of(t.words, t.hash), self.base(now), n)
     }
 
     /// [`check_n`](KeyedLimiter::check_n) under `tier`, whatever the key's override: for
@@ -372,9 +369,8 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     /// [`check_n_in`](KeyedLimiter::check_n_in) at a caller-supplied `now`.
     #[inline]
     pub fn check_n_in_at(&self, key: &K, tier: Tier, now: Nanos, n: u64) -> Decision {
-        let words = key.words(&self.fingerprint);
-        let hash = words.hash_with(&self.params.hasher);
-        self.decide(words, hash, self.tier_index(tier), self.base(now), n)
+        let t = self.target(key.words(&self.fingerprint));
+        self.decide(&t, self.tier_index(tier), self.base(now), n)
     }
 
     /// Whether one token was taken from `key`'s bucket now.
@@ -383,30 +379,37 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
         self.check(key).is_allowed()
     }
 
+    /// A key's identity, hash, shard and home group, computed once per decision.
     #[inline]
-    fn decide(&self, words: K::Words, hash: u64, tier: usize, base: u64, n: u64) -> Decision {
+    fn target(&self, words: K::Words) -> Target<'_, K::Words> {
+        let hash = words.hash_with(&self.params.hasher);
+        let shard = self.table.shard(hash);
+        Target { words, hash, shard, home: shard.home_of(hash) }
+    }
+
+    #[inline]
+    fn decide(&self, t: &Target<'_, K::Words>, tier: usize, base: u64, n: u64) -> Decision {
         match self.params.tiers.built(tier) {
-            Some(q) => self.decide_in(q, words, hash, base, n),
-            None => self.decide_changed(words, hash, tier, base, n),
+            Some(q) => self.decide_in(q, t, base, n),
+            None => self.decide_changed(t, tier, base, n),
         }
     }
 
     /// [`decide`](KeyedLimiter::decide) once a tier has been changed: out of line, so that the
     /// common path stays one straight function.
     #[inline(never)]
-    fn decide_changed(&self, words: K::Words, hash: u64, tier: usize, base: u64, n: u64) -> Decision {
-        self.decide_in(&self.params.tiers.get(tier), words, hash, base, n)
+    fn decide_changed(&self, t: &Target<'_, K::Words>, tier: usize, base: u64, n: u64) -> Decision {
+        self.decide_in(&self.params.tiers.get(tier), t, base, n)
     }
 
     #[inline(always)]
-    fn decide_in(&self, q: &Quota, words: K::Words, hash: u64, base: u64, n: u64) -> Decision {
+    fn decide_in(&self, q: &Quota, t: &Target<'_, K::Words>, base: u64, n: u64) -> Decision {
         let at = Self::at(q, base);
         if n.wrapping_sub(1) >= q.burst() {
-            return self.peek_words(q, words, hash, at, n);
+            return self.peek_words(q, t, at, n);
         }
-        let shard = self.table.shard(hash);
         let now = Now { p: &self.params, q, at };
-        match shard.acquire(words, hash, shard.home_of(hash), &now, n) {
+        match t.shard.acquire(t.words, t.hash, t.home, &now, n) {
             Some(d) => d,
             None => self.refused(),
         }
@@ -430,18 +433,15 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
 
     /// What [`check_n`](KeyedLimiter::check_n) would answer at `now`, without taking anything.
     pub fn peek_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
-        let words = key.words(&self.fingerprint);
-        let hash = words.hash_with(&self.params.hasher);
-        let base = self.base(now);
-        let q = self.params.tiers.get(self.tier_of(words, hash));
-        self.peek_words(&q, words, hash, Self::at(&q, base), n)
+        let t = self.target(key.words(&self.fingerprint));
+        let q = self.params.tiers.get(self.tier_of(t.words, t.hash));
+        self.peek_words(&q, &t, Self::at(&q, self.base(now)), n)
     }
 
-    fn peek_words(&self, q: &Quota, words: K::Words, hash: u64, at: At, n: u64) -> Decision {
-        let shard = self.table.shard(hash);
-        let home = shard.home_of(hash);
+    fn peek_words(&self, q: &Quota, t: &Target<'_, K::Words>, at: At, n: u64) -> Decision {
         let fresh = at.now - q.cost_units(q.initial());
-        let word = shard.find(words, home).unwrap_or_else(|| shard.first_stamp(home, hash, fresh));
+        let word =
+            t.shard.find(t.words, t.home).unwrap_or_else(|| t.shard.first_stamp(t.home, t.hash, fresh));
         BucketWord::from_raw(word).peek(q, at, n)
     }
 
@@ -534,19 +534,17 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
         const AHEAD: usize = 16;
         let base = self.base(now);
         let count = items.len().min(out.len());
-        let mut ring = [(<K::Words>::default(), 0u64); AHEAD];
+        let mut ring = [<K::Words>::default(); AHEAD];
         for i in 0..count + AHEAD {
             let at = i % AHEAD;
             if let Some(j) = i.checked_sub(AHEAD) {
-                let (words, hash) = ring[at];
-                out[j] = self.decide(words, hash, self.tier_of(words, hash), base, items[j].1);
+                let t = self.target(ring[at]);
+                out[j] = self.decide(&t, self.tier_of(t.words, t.hash), base, items[j].1);
             }
             if let Some((key, _)) = items[..count].get(i) {
-                let words = key.borrow().words(&self.fingerprint);
-                let hash = words.hash_with(&self.params.hasher);
-                let shard = self.table.shard(hash);
-                prefetch(shard.home_ptr(shard.home_of(hash)));
-                ring[at] = (words, hash);
+                let t = self.target(key.borrow().words(&self.fingerprint));
+                prefetch(t.shard.home_ptr(t.home));
+                ring[at] = t.words;
             }
         }
         count
@@ -632,6 +630,14 @@ impl<K: Key + ?Sized, C: Clock> fmt::Debug for KeyedLimiter<K, C> {
             .field("when_full", &self.when_full)
             .finish_non_exhaustive()
     }
+}
+
+/// A key located in the table.
+struct Target<'a, W: Words> {
+    words: W,
+    hash: u64,
+    shard: Shard<'a, W>,
+    home: usize,
 }
 
 /// Hints the CPU to fetch a key's home group (two cache lines) into L1.
