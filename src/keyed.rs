@@ -10,7 +10,7 @@ use core::marker::PhantomData;
 use core::time::Duration;
 
 pub use key::{Hashed, Key, Words};
-use table::{Now, Overflow, Params, Shard, Table, TableStats, MAX_UNITS, WINDOW};
+use table::{evictable, Now, Params, Shard, Table, TableStats, MAX_UNITS, WINDOW};
 pub use tiers::Tier;
 use tiers::{Overrides, Tiers};
 
@@ -180,17 +180,12 @@ impl KeyedBuilder {
             None => (ahash::RandomState::new(), ahash::RandomState::new()),
         };
         let origin = clock.now();
-        let overflow = match self.when_full {
-            WhenFull::EvictStalest => Overflow::EvictStalest,
-            WhenFull::Deny | WhenFull::Allow => Overflow::Refuse,
-        };
         Ok(KeyedLimiter {
             table: Table::new(slots, shards),
             overrides: Overrides::new(self.max_overrides),
-            params: Params { tiers, overflow, hasher: place },
+            params: Params { tiers, when_full: self.when_full, hasher: place },
             origin,
             clock,
-            when_full: self.when_full,
             fingerprint,
             _key: PhantomData,
         })
@@ -238,7 +233,6 @@ pub struct KeyedLimiter<K: Key + ?Sized, C: Clock = DefaultClock> {
     params: Params,
     origin: Nanos,
     clock: C,
-    when_full: WhenFull,
     fingerprint: ahash::RandomState,
     _key: PhantomData<fn(&K)>,
 }
@@ -382,7 +376,12 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     /// A key's identity, hash, shard and home group, computed once per decision.
     #[inline]
     fn target(&self, words: K::Words) -> Target<'_, K::Words> {
-        let hash = words.hash_with(&self.params.hasher);
+        self.locate(words, words.hash_with(&self.params.hasher))
+    }
+
+    /// [`target`](KeyedLimiter::target) for a key already hashed.
+    #[inline]
+    fn locate(&self, words: K::Words, hash: u64) -> Target<'_, K::Words> {
         let shard = self.table.shard(hash);
         Target { words, hash, shard, home: shard.home_of(hash) }
     }
@@ -417,7 +416,7 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
 
     #[cold]
     fn refused(&self) -> Decision {
-        let outcome = match self.when_full {
+        let outcome = match self.params.when_full {
             WhenFull::Allow => Outcome::Untracked,
             WhenFull::Deny | WhenFull::EvictStalest => Outcome::TableFull,
         };
@@ -439,7 +438,7 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     }
 
     fn peek_words(&self, q: &Quota, t: &Target<'_, K::Words>, at: At, n: u64) -> Decision {
-        let fresh = at.now - q.cost_units(q.initial());
+        let fresh = Now { p: &self.params, q, at }.fresh();
         let word =
             t.shard.find(t.words, t.home).unwrap_or_else(|| t.shard.first_stamp(t.home, t.hash, fresh));
         BucketWord::from_raw(word).peek(q, at, n)
@@ -534,17 +533,18 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
         const AHEAD: usize = 16;
         let base = self.base(now);
         let count = items.len().min(out.len());
-        let mut ring = [<K::Words>::default(); AHEAD];
+        let mut ring = [(<K::Words>::default(), 0u64); AHEAD];
         for i in 0..count + AHEAD {
             let at = i % AHEAD;
             if let Some(j) = i.checked_sub(AHEAD) {
-                let t = self.target(ring[at]);
-                out[j] = self.decide(&t, self.tier_of(t.words, t.hash), base, items[j].1);
+                let (words, hash) = ring[at];
+                let t = self.locate(words, hash);
+                out[j] = self.decide(&t, self.tier_of(words, hash), base, items[j].1);
             }
             if let Some((key, _)) = items[..count].get(i) {
                 let t = self.target(key.borrow().words(&self.fingerprint));
                 prefetch(t.shard.home_ptr(t.home));
-                ring[at] = t.words;
+                ring[at] = (t.words, t.hash);
             }
         }
         count
@@ -554,8 +554,8 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     /// Takes time proportional to the capacity; run it from a background thread or a timer if
     /// new keys arrive faster than full buckets are reclaimed on insert.
     pub fn sweep(&self) -> usize {
-        let evictable = OFFSET + self.base(self.clock.now()) - self.params.tiers.max_fill();
-        self.table.shards().map(|s| s.sweep(evictable, &self.params.hasher)).sum()
+        let below = evictable(&self.params, OFFSET + self.base(self.clock.now()));
+        self.table.shards().map(|s| s.sweep(below, &self.params.hasher)).sum()
     }
 
     /// Keys tracked now, approximately under concurrent inserts.
@@ -627,7 +627,7 @@ impl<K: Key + ?Sized, C: Clock> fmt::Debug for KeyedLimiter<K, C> {
         f.debug_struct("KeyedLimiter")
             .field("quota", &self.quota())
             .field("capacity", &self.capacity())
-            .field("when_full", &self.when_full)
+            .field("when_full", &self.params.when_full)
             .finish_non_exhaustive()
     }
 }

@@ -58,6 +58,7 @@ use crossbeam_utils::CachePadded;
 
 use super::key::Words;
 use super::tiers::Tiers;
+use super::WhenFull;
 use crate::bucket::{BucketWord, Verdict};
 use crate::decision::Decision;
 use crate::quota::At;
@@ -123,13 +124,19 @@ fn ghost_tag(hash: u64) -> u64 {
     (hash >> GHOST_TAG_SHIFT) | 1 // never 0, so that an empty ghost matches nobody
 }
 
+/// Stamps strictly below this, at the bucket instant `now`, are full in every tier.
+#[inline]
+pub(crate) fn evictable(p: &Params, now: u64) -> u64 {
+    now - p.tiers.max_fill()
+}
+
 /// A table's parameters, as the decision path needs them.
 #[derive(Debug)]
 pub(crate) struct Params {
     /// The quotas keys are decided under.
     pub(crate) tiers: Tiers,
     /// What to do when a new key finds no room.
-    pub(crate) overflow: Overflow,
+    pub(crate) when_full: WhenFull,
     /// The placement hasher (to find an evicted key's home).
     pub(crate) hasher: ahash::RandomState,
 }
@@ -146,7 +153,7 @@ pub(crate) struct Now<'a> {
 impl Now<'_> {
     /// A new key's first stamp: its quota's initial level at `at`.
     #[inline]
-    fn fresh(&self) -> u64 {
+    pub(crate) fn fresh(&self) -> u64 {
         self.at.now - self.q.cost_units(self.q.initial())
     }
 
@@ -154,8 +161,8 @@ impl Now<'_> {
     /// one leaves a high-water mark (`w + 1`) at or below it, so the slot's next key still
     /// starts full.
     #[inline]
-    fn evictable(&self) -> u64 {
-        self.at.now - self.p.tiers.max_fill()
+    pub(crate) fn evictable(&self) -> u64 {
+        evictable(self.p, self.at.now)
     }
 }
 
@@ -208,13 +215,6 @@ pub(crate) struct Shard<'a, W: Words> {
     base: usize,
     /// Its groups, less one.
     mask: usize,
-}
-
-/// What the table does with a new key when its window has no room.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Overflow {
-    Refuse,
-    EvictStalest,
 }
 
 /// The result of looking for room for a new key.
@@ -474,7 +474,7 @@ impl<'a, W: Words> Shard<'a, W> {
     }
 
     /// Finds room for a new key in its window: the first vacant slot (below capacity), the first
-    /// full bucket (evicted), or, with [`Overflow::EvictStalest`], the stalest bucket.
+    /// full bucket (evicted), or, with [`WhenFull::EvictStalest`], the stalest bucket.
     fn room(&self, home: usize, now: &Now<'_>) -> Room {
         // Vacant slots first, while below capacity: evicting a full bucket costs a header CAS,
         // and under a quota that refills within nanoseconds every bucket is full, so evicting
@@ -500,9 +500,9 @@ impl<'a, W: Words> Shard<'a, W> {
                 }
             }
         }
-        match now.p.overflow {
-            Overflow::Refuse => Room::Full,
-            Overflow::EvictStalest => self.force(home, now),
+        match now.p.when_full {
+            WhenFull::Deny | WhenFull::Allow => Room::Full,
+            WhenFull::EvictStalest => self.force(home, now),
         }
     }
 
