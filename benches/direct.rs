@@ -12,17 +12,19 @@
 
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
+mod workloads;
+
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Barrier;
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use tollgate::{
-    Clock, CoarseClock, FixedWindow, FixedWindowLimiter, Limiter, NginxLimiter, NginxQuota, Quota, Rate,
+    CoarseClock, FixedWindow, FixedWindowLimiter, Limiter, NginxLimiter, NginxQuota, Quota, Rate,
     SlidingWindow, SlidingWindowLimiter, TscClock,
 };
+use workloads::{floor_step, on_all_cores};
 
 fn allow_heavy() -> Quota {
     Quota::new(Rate::per_second(10_000_000_000), Quota::MAX_BURST).unwrap()
@@ -38,17 +40,6 @@ fn governor_allow() -> governor::DefaultDirectRateLimiter {
 
 fn governor_deny() -> governor::DefaultDirectRateLimiter {
     governor::RateLimiter::direct(governor::Quota::per_hour(NonZeroU32::MIN))
-}
-
-/// The floor: one clock read and one load + CAS on `word`, retried until it lands (it never
-/// fails on one thread).
-#[inline]
-fn floor_step(clock: &impl Clock, word: &AtomicU64) {
-    let now = clock.now().as_u64();
-    let mut cur = word.load(Relaxed);
-    while let Err(seen) = word.compare_exchange_weak(cur, cur.wrapping_add(now | 1), Relaxed, Relaxed) {
-        cur = seen;
-    }
 }
 
 fn one_thread(c: &mut Criterion) {
@@ -104,39 +95,18 @@ fn one_thread(c: &mut Criterion) {
     g.finish();
 }
 
-/// Runs `op` `iters` times on every core at once, after a barrier; returns the mean wall time
-/// per thread (each thread's own span, averaged), so the result is time per decision per thread.
-fn on_all_cores(iters: u64, op: &(dyn Fn() + Sync)) -> Duration {
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let barrier = Barrier::new(threads);
-    let total: Duration = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
-                    barrier.wait();
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        op();
-                    }
-                    start.elapsed()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).sum()
-    });
-    total / u32::try_from(threads).expect("a thread count fits u32")
-}
-
 fn all_cores(c: &mut Criterion) {
     let mut g = c.benchmark_group("direct/all-cores-one-bucket");
     g.throughput(Throughput::Elements(1));
     let clock = TscClock::new();
     let word = AtomicU64::new(0);
-    g.bench_function("floor", |b| b.iter_custom(|iters| on_all_cores(iters, &|| floor_step(&clock, &word))));
+    g.bench_function("floor", |b| {
+        b.iter_custom(|iters| on_all_cores(iters, &|_, _| floor_step(&clock, &word)))
+    });
     let l = Limiter::new(allow_heavy());
     g.bench_function("tollgate/allow-heavy", |b| {
         b.iter_custom(|iters| {
-            on_all_cores(iters, &|| {
+            on_all_cores(iters, &|_, _| {
                 black_box(l.check());
             })
         })
@@ -144,7 +114,7 @@ fn all_cores(c: &mut Criterion) {
     let gov = governor_allow();
     g.bench_function("governor/allow-heavy", |b| {
         b.iter_custom(|iters| {
-            on_all_cores(iters, &|| {
+            on_all_cores(iters, &|_, _| {
                 let _ = black_box(gov.check());
             })
         })
@@ -153,7 +123,7 @@ fn all_cores(c: &mut Criterion) {
     l.check();
     g.bench_function("tollgate/deny-heavy", |b| {
         b.iter_custom(|iters| {
-            on_all_cores(iters, &|| {
+            on_all_cores(iters, &|_, _| {
                 black_box(l.check());
             })
         })
@@ -162,7 +132,7 @@ fn all_cores(c: &mut Criterion) {
     let _ = gov.check();
     g.bench_function("governor/deny-heavy", |b| {
         b.iter_custom(|iters| {
-            on_all_cores(iters, &|| {
+            on_all_cores(iters, &|_, _| {
                 let _ = black_box(gov.check());
             })
         })

@@ -27,6 +27,26 @@ step "workspace tests (ci profile: optimized, with overflow checks and debug ass
 cargo test --workspace --all-targets --profile ci
 cargo test --workspace --doc --profile ci
 
+step "benchmark suite: a quick smoke run of every workload and output (speed is not checked)"
+scratch="$(mktemp -d)"
+cargo run -q --profile ci -p tollgate-bench -- --quick --json --markdown "$scratch/report.md" >"$scratch/report.json"
+python3 - "$scratch" <<'PY'
+import json, pathlib, sys
+d = pathlib.Path(sys.argv[1])
+r = json.loads((d / "report.json").read_text())
+workloads = {c["workload"] for c in r["cells"]}
+assert len(workloads) == 7, workloads
+assert all(c["decisions"] > 0 for c in r["cells"])
+assert r["memory"] and r["targets"]
+assert "<!-- results:end -->" in (d / "report.md").read_text()
+for chart in ("throughput.svg", "latency.svg"):
+    assert (d / "benchmarks" / chart).read_text().startswith("<svg")
+print(f"{len(r['cells'])} cells in {len(workloads)} workloads, {len(r['memory'])} memory probes")
+PY
+cargo run -q --profile ci -p tollgate-bench -- --quick --csv --filter direct/deny --threads 1 --no-memory >"$scratch/report.csv"
+test "$(wc -l <"$scratch/report.csv")" -eq 9
+rm -rf "$scratch"
+
 step "crate builds without default features"
 cargo check -p tollgate --no-default-features
 

@@ -1,8 +1,10 @@
-//! Workloads shared by the keyed benches: pre-generated key streams (uniform and Zipf), the
-//! keyed floor, and the all-cores driver. Deterministic: every run and every peer sees the same
-//! keys in the same order.
+//! Workloads shared by the criterion benches and the `tollgate-bench` binary (which includes
+//! this file): pre-generated key streams (uniform and Zipf), the direct and keyed floors, and
+//! the all-cores driver. Deterministic: every run and every peer sees the same keys in the same
+//! order.
 
-#![allow(dead_code, unreachable_pub)] // each bench uses a subset; shared with the bench binary
+#![allow(dead_code, unreachable_pub)] // each user takes a subset
+#![allow(clippy::cast_possible_truncation, reason = "64-bit benchmark hosts")]
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Barrier;
@@ -58,11 +60,17 @@ impl Dist {
 
 /// A stream of `len` (a power of two) keys drawn from `dist` with `seed`.
 pub fn stream(dist: Dist, len: usize, seed: u64) -> Vec<u64> {
+    ranks(dist, len, seed).into_iter().map(key).collect()
+}
+
+/// A stream of `len` (a power of two) key ranks (indices into the key space) drawn from `dist`
+/// with `seed`: `key(rank)` is the key.
+pub fn ranks(dist: Dist, len: usize, seed: u64) -> Vec<u64> {
     assert!(len.is_power_of_two());
     let mut rng = Rng::new(seed);
     match dist {
-        Dist::One => vec![key(0); len],
-        Dist::Uniform(n) => (0..len).map(|_| key(rng.next() % n)).collect(),
+        Dist::One => vec![0; len],
+        Dist::Uniform(n) => (0..len).map(|_| rng.next() % n).collect(),
         Dist::Zipf(n) => {
             // Inverse CDF over the harmonic weights, by binary search.
             let mut cdf = Vec::with_capacity(n as usize);
@@ -75,10 +83,21 @@ pub fn stream(dist: Dist, len: usize, seed: u64) -> Vec<u64> {
                 .map(|_| {
                     let u = rng.unit() * sum;
                     let rank = cdf.partition_point(|&c| c < u) as u64;
-                    key(rank.min(n - 1))
+                    rank.min(n - 1)
                 })
                 .collect()
         }
+    }
+}
+
+/// The direct floor: one clock read and one load + CAS on `word`, retried until it lands (it
+/// never fails on one thread): the least any clocked lock-free limiter can cost.
+#[inline]
+pub fn floor_step(clock: &impl Clock, word: &AtomicU64) {
+    let now = clock.now().as_u64();
+    let mut cur = word.load(Relaxed);
+    while let Err(seen) = word.compare_exchange_weak(cur, cur.wrapping_add(now | 1), Relaxed, Relaxed) {
+        cur = seen;
     }
 }
 
@@ -122,6 +141,11 @@ impl<C: Clock> Floor<C> {
     #[inline]
     fn cas(&self, word: &AtomicU64, now: u64) {
         self.cas_from(word, word.load(Relaxed), now);
+    }
+
+    /// The number of slots.
+    pub fn slots(&self) -> usize {
+        self.mask + 1
     }
 
     #[inline]

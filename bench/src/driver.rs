@@ -1,0 +1,263 @@
+//! The measuring loop: every thread decides batches of keys, reads the TSC once between
+//! batches, and records each batch's time per decision in its own histogram.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Barrier;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+use crate::workloads::key;
+
+/// The batch of `check_batch` (and the granularity of the timed batches above it).
+pub const BATCH: usize = 32;
+
+/// Timed batches last about this long. The TSC is read once per batch (the end of one batch is
+/// the start of the next), so the timer costs about 1% of a batch. On a virtual machine a
+/// spinning thread loses a few µs thousands of times a second and tens of µs hundreds of times
+/// a second (`machine::Noise` measures both): a 2 µs batch is long enough that a short loss
+/// at most doubles it, and short enough that long losses land in fewer than 0.1% of batches,
+/// so the p99.9 shows the limiter rather than the hypervisor. The batch size follows from the
+/// warm-up's speed.
+const BATCH_NANOS: f64 = 2000.0;
+
+/// The most decisions in one timed batch.
+const MAX_BATCH: usize = 256;
+
+/// Decisions per timed batch for a subject that takes `ns` per decision: about
+/// [`BATCH_NANOS`], a multiple of [`BATCH`] from there up, within 4..=[`MAX_BATCH`].
+fn batch_for(ns: f64) -> usize {
+    let n = (BATCH_NANOS / ns.max(0.1)).round() as usize;
+    let n = if n >= BATCH { n / BATCH * BATCH } else { n };
+    n.clamp(4, MAX_BATCH)
+}
+
+/// A limiter, or a floor, as the suite drives it.
+pub trait Subject: Sync {
+    /// Decides one unit for every key of `keys`, in order.
+    fn run(&self, keys: &[u64]);
+
+    /// Restores a bounded state between repetitions, outside the timing (peers whose maps grow
+    /// with every new key).
+    fn reset(&self) {}
+}
+
+/// Where a thread's keys come from.
+#[derive(Debug)]
+pub enum Keys {
+    /// A pre-generated stream per thread (at least 256 keys), cycled through.
+    Streams(Vec<Vec<u64>>),
+    /// A key never used before for every decision.
+    Fresh,
+}
+
+/// What one thread measured.
+struct Span {
+    ops: u64,
+    nanos: u64,
+    hist: Histogram<u64>,
+    batch: usize,
+}
+
+/// One repetition of one cell.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// Decisions, all threads.
+    pub ops: u64,
+    /// Mean over threads of each thread's time per decision, in ns.
+    pub ns_per_op: f64,
+    /// Decisions per second, all threads: the sum of every thread's own rate.
+    pub ops_per_sec: f64,
+    /// Time per decision in picoseconds, one record per batch, all threads.
+    pub hist: Histogram<u64>,
+    /// Decisions per timed batch (the first thread's).
+    pub batch: usize,
+}
+
+/// A fresh histogram of picoseconds per decision: 1 ps to 100 s, 3 significant digits.
+pub fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 100_000_000_000_000, 3).expect("valid bounds")
+}
+
+/// Runs `subject` on `threads` threads: `warmup`, then `duration` timed. Fresh keys are drawn
+/// from `fresh`, which hands each thread a range of 2^40 indices no one has used.
+pub fn measure<S: Subject + ?Sized>(
+    subject: &S,
+    keys: &Keys,
+    threads: usize,
+    warmup: Duration,
+    duration: Duration,
+    pin: bool,
+    fresh: &AtomicU64,
+) -> Sample {
+    let clock = quanta::Clock::new();
+    let barrier = Barrier::new(threads);
+    let spans: Vec<Span> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (clock, barrier) = (&clock, &barrier);
+                s.spawn(move || {
+                    if pin {
+                        pin_to(t);
+                    }
+                    let mut source = match keys {
+                        Keys::Streams(streams) => Source::stream(&streams[t % streams.len()]),
+                        Keys::Fresh => Source::fresh(fresh.fetch_add(1 << 40, Relaxed)),
+                    };
+                    barrier.wait();
+                    let (ops, nanos) = run_for(subject, &mut source, clock, warmup, BATCH, None);
+                    let batch = batch_for(nanos as f64 / ops as f64);
+                    barrier.wait();
+                    let mut hist = histogram();
+                    let (ops, nanos) = run_for(subject, &mut source, clock, duration, batch, Some(&mut hist));
+                    Span { ops, nanos, hist, batch }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a bench thread panicked")).collect()
+    });
+    let mut hist = histogram();
+    for span in &spans {
+        hist.add(&span.hist).expect("same bounds");
+    }
+    let ops = spans.iter().map(|s| s.ops).sum();
+    let ns_per_op = spans.iter().map(|s| s.nanos as f64 / s.ops as f64).sum::<f64>() / spans.len() as f64;
+    let ops_per_sec = spans.iter().map(|s| s.ops as f64 * 1e9 / s.nanos as f64).sum();
+    Sample { ops, ns_per_op, ops_per_sec, hist, batch: spans[0].batch }
+}
+
+/// Decides batches until `duration` has passed; returns the decisions and the nanoseconds.
+#[inline(never)]
+fn run_for<S: Subject + ?Sized>(
+    subject: &S,
+    source: &mut Source<'_>,
+    clock: &quanta::Clock,
+    duration: Duration,
+    batch: usize,
+    mut hist: Option<&mut Histogram<u64>>,
+) -> (u64, u64) {
+    let limit = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+    let start = clock.raw();
+    let mut last = start;
+    let mut ops = 0u64;
+    loop {
+        subject.run(source.next(batch));
+        let now = clock.raw();
+        ops += batch as u64;
+        if let Some(hist) = hist.as_deref_mut() {
+            let ps = clock.delta_as_nanos(last, now) * 1000 / batch as u64;
+            hist.saturating_record(ps.max(1));
+        }
+        last = now;
+        let spent = clock.delta_as_nanos(start, now);
+        if spent >= limit {
+            return (ops, spent.max(1));
+        }
+    }
+}
+
+/// A thread's keys, a batch at a time.
+#[allow(clippy::large_enum_variant, reason = "one per thread, on its stack")]
+enum Source<'a> {
+    Stream { keys: &'a [u64], at: usize },
+    Fresh { next: u64, buf: [u64; MAX_BATCH] },
+}
+
+impl<'a> Source<'a> {
+    fn stream(keys: &'a [u64]) -> Source<'a> {
+        assert!(keys.len() >= MAX_BATCH);
+        Source::Stream { keys, at: 0 }
+    }
+
+    fn fresh(from: u64) -> Source<'a> {
+        Source::Fresh { next: from, buf: [0; MAX_BATCH] }
+    }
+
+    #[inline]
+    fn next(&mut self, n: usize) -> &[u64] {
+        match self {
+            Source::Stream { keys, at } => {
+                if *at + n > keys.len() {
+                    *at = 0;
+                }
+                let i = *at;
+                *at += n;
+                &keys[i..i + n]
+            }
+            Source::Fresh { next, buf } => {
+                for slot in &mut buf[..n] {
+                    *slot = key(*next);
+                    *next += 1;
+                }
+                &buf[..n]
+            }
+        }
+    }
+}
+
+/// Pins the calling thread to CPU `t` modulo the CPUs this process may use (Linux only).
+#[cfg(target_os = "linux")]
+fn pin_to(t: usize) {
+    // SAFETY: `set` is a plain bit set owned by this frame; the calls read or write only it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return;
+        }
+        let cpus: Vec<usize> =
+            (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect();
+        if cpus.is_empty() {
+            return;
+        }
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpus[t % cpus.len()], &mut one);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn pin_to(_: usize) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_last_about_two_microseconds() {
+        assert_eq!(batch_for(100.0), 20);
+        assert_eq!(batch_for(20.0), 96);
+        assert_eq!(batch_for(1.0), MAX_BATCH);
+        assert_eq!(batch_for(10_000.0), 4);
+    }
+
+    #[test]
+    fn fresh_keys_never_repeat_and_streams_wrap() {
+        let mut f = Source::fresh(0);
+        let a = f.next(8).to_vec();
+        let b = f.next(8).to_vec();
+        assert!(a.iter().all(|k| !b.contains(k)));
+        let keys: Vec<u64> = (0..300).collect();
+        let mut s = Source::stream(&keys);
+        assert_eq!(s.next(200)[0], 0);
+        assert_eq!(s.next(200)[0], 0, "a batch that would run past the end starts over");
+    }
+
+    struct Count(AtomicU64);
+
+    impl Subject for Count {
+        fn run(&self, keys: &[u64]) {
+            self.0.fetch_add(keys.len() as u64, Relaxed);
+        }
+    }
+
+    #[test]
+    fn every_decision_is_counted_once() {
+        let c = Count(AtomicU64::new(0));
+        let keys = Keys::Streams(vec![vec![1; 256], vec![2; 256]]);
+        let ms = Duration::from_millis(5);
+        let s = measure(&c, &keys, 2, ms, ms, false, &AtomicU64::new(0));
+        assert!(s.ops > 0 && s.ops <= c.0.load(Relaxed));
+        assert!(s.hist.len() > 0);
+        assert!(s.ns_per_op > 0.0 && s.ops_per_sec > 0.0);
+    }
+}

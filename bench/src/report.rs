@@ -1,0 +1,586 @@
+//! The results: per cell medians and spreads, ratios against peers, the targets the issues set,
+//! and the table, CSV, JSON and Markdown renderings.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::driver::{histogram, Sample};
+use crate::machine::Machine;
+use crate::subjects::Load;
+
+/// A median with the smallest and largest of the repetitions.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    fn of(mut xs: Vec<f64>) -> Spread {
+        xs.sort_by(f64::total_cmp);
+        let n = xs.len();
+        let median = if n % 2 == 1 { xs[n / 2] } else { (xs[n / 2 - 1] + xs[n / 2]) / 2.0 };
+        Spread { median, min: xs[0], max: xs[n - 1] }
+    }
+}
+
+/// One (workload, load, subject, threads) cell over its repetitions.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub workload: &'static str,
+    pub load: Load,
+    pub subject: &'static str,
+    pub threads: usize,
+    /// Decisions timed, all repetitions and threads.
+    pub decisions: u64,
+    /// Time per decision per thread, ns.
+    pub ns: Spread,
+    /// Million decisions per second, all threads.
+    pub mops: Spread,
+    /// Median over repetitions of each latency percentile, ns per decision (timed batches of about 2 µs).
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    /// The largest batch seen in any repetition, ns per decision.
+    pub max: f64,
+    /// Decisions per timed batch (median over repetitions).
+    pub batch: usize,
+    /// Throughput on `threads` threads over `threads` times the throughput on one.
+    pub scaling: Option<f64>,
+    /// Time per decision over the floor's, same workload, load and threads.
+    pub vs_floor: Option<f64>,
+    /// Each peer's time per decision over this cell's: above 1, this cell is faster.
+    pub speedup: BTreeMap<&'static str, f64>,
+    #[serde(skip)]
+    pub hist: Histogram<u64>,
+}
+
+impl Cell {
+    pub fn new(
+        workload: &'static str,
+        load: Load,
+        subject: &'static str,
+        threads: usize,
+        samples: &[Sample],
+    ) -> Cell {
+        let q = |p: f64| {
+            Spread::of(samples.iter().map(|s| s.hist.value_at_quantile(p) as f64 / 1000.0).collect()).median
+        };
+        let mut hist = histogram();
+        for s in samples {
+            hist.add(&s.hist).expect("same bounds");
+        }
+        Cell {
+            workload,
+            load,
+            subject,
+            threads,
+            decisions: samples.iter().map(|s| s.ops).sum(),
+            ns: Spread::of(samples.iter().map(|s| s.ns_per_op).collect()),
+            mops: Spread::of(samples.iter().map(|s| s.ops_per_sec / 1e6).collect()),
+            p50: q(0.5),
+            p99: q(0.99),
+            p999: q(0.999),
+            max: samples.iter().map(|s| s.hist.max()).max().unwrap_or(0) as f64 / 1000.0,
+            batch: {
+                let mut b: Vec<usize> = samples.iter().map(|s| s.batch).collect();
+                b.sort_unstable();
+                b[b.len() / 2]
+            },
+            scaling: None,
+            vs_floor: None,
+            speedup: BTreeMap::new(),
+            hist,
+        }
+    }
+}
+
+/// Resident memory a subject added for its keys (a child process per probe).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Memory {
+    pub workload: String,
+    pub subject: String,
+    /// Distinct keys decided once each.
+    pub keys: u64,
+    /// Growth of the resident set, bytes.
+    pub rss_growth: u64,
+}
+
+impl Memory {
+    pub fn per_key(&self) -> f64 {
+        self.rss_growth as f64 / self.keys as f64
+    }
+}
+
+/// Peers every cell is compared with.
+pub const PEERS: &[&str] = &["governor", "governor-ahash", "mutex"];
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub command: String,
+    pub reps: usize,
+    pub duration_ms: f64,
+    pub threads: Vec<usize>,
+    pub seconds: f64,
+    pub cells: Vec<Cell>,
+    pub memory: Vec<Memory>,
+    pub targets: Vec<Target>,
+}
+
+/// A promise of the issues, checked against this run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    pub what: String,
+    pub goal: String,
+    pub measured: String,
+    pub met: bool,
+}
+
+impl Report {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        machine: Machine,
+        cells: Vec<Cell>,
+        memory: Vec<Memory>,
+        reps: usize,
+        duration: Duration,
+        threads: Vec<usize>,
+        elapsed: Duration,
+        command: String,
+    ) -> Report {
+        Report {
+            machine,
+            command,
+            reps,
+            duration_ms: duration.as_secs_f64() * 1e3,
+            threads,
+            seconds: elapsed.as_secs_f64(),
+            cells,
+            memory,
+            targets: Vec::new(),
+        }
+    }
+
+    fn find(&self, workload: &str, load: Load, subject: &str, threads: usize) -> Option<&Cell> {
+        self.cells.iter().find(|c| {
+            c.workload == workload && c.load == load && c.subject == subject && c.threads == threads
+        })
+    }
+
+    /// Fills the ratios of every cell against its peers and its own one-thread run, then the
+    /// targets.
+    pub fn fill_ratios(&mut self) {
+        let mut filled = Vec::with_capacity(self.cells.len());
+        for c in &self.cells {
+            let mut c = c.clone();
+            let floor = self.find(c.workload, c.load, "floor", c.threads).map(|f| f.ns.median);
+            c.vs_floor = floor.filter(|_| c.subject != "floor").map(|f| c.ns.median / f);
+            for peer in PEERS {
+                if let Some(p) = self.find(c.workload, c.load, peer, c.threads).filter(|_| c.subject != *peer)
+                {
+                    c.speedup.insert(peer, p.ns.median / c.ns.median);
+                }
+            }
+            if c.threads > 1 {
+                c.scaling = self
+                    .find(c.workload, c.load, c.subject, 1)
+                    .map(|one| c.mops.median / (one.mops.median * c.threads as f64));
+            }
+            filled.push(c);
+        }
+        self.cells = filled;
+        self.targets = self.check_targets();
+    }
+
+    fn check_targets(&self) -> Vec<Target> {
+        let mut out = Vec::new();
+        let ns = |w: &str, l: Load, s: &str, t: usize| self.find(w, l, s, t).map(|c| c.ns.median);
+        let a = Load::Allow;
+        // The core issue: a direct decision against the floor and governor.
+        if let (Some(t), Some(f), Some(g)) =
+            (ns("direct", a, "tollgate", 1), ns("direct", a, "floor", 1), ns("direct", a, "governor", 1))
+        {
+            out.push(Target {
+                what: "direct check(), 1 thread, allow-heavy".into(),
+                goal: "report ×floor and governor÷tollgate".into(),
+                measured: format!("{t:.1} ns: {:.2}× floor ({f:.1}), governor {g:.1} ({:.2}×)", t / f, g / t),
+                met: true,
+            });
+        }
+        // The keyed issue.
+        for w in ["1K-keys", "1M-keys"] {
+            if let (Some(t), Some(f), Some(g)) =
+                (ns(w, a, "tollgate", 1), ns(w, a, "floor", 1), ns(w, a, "governor", 1))
+            {
+                out.push(Target {
+                    what: format!("keyed {w}, TSC clock, 1 thread"),
+                    goal: "≤ 1.2× floor, ≥ 1.6× governor".into(),
+                    measured: format!("{t:.1} ns: {:.2}× floor, governor {g:.1} ({:.2}×)", t / f, g / t),
+                    met: t / f <= 1.2 && g / t >= 1.6,
+                });
+            }
+        }
+        for s in ["tollgate-coarse", "tollgate-batch"] {
+            for l in [Load::Allow, Load::Deny] {
+                if let (Some(t), Some(g)) = (ns("1M-keys", l, s, 1), ns("1M-keys", l, "governor", 1)) {
+                    out.push(Target {
+                        what: format!("keyed 1M-keys, {s}, {}", l.name()),
+                        goal: "< 25 ns, ≥ 10× governor".into(),
+                        measured: format!("{t:.1} ns, governor {g:.1} ({:.1}×)", g / t),
+                        met: t < 25.0 && g / t >= 10.0,
+                    });
+                }
+            }
+        }
+        let max_t = self.threads.iter().copied().max().unwrap_or(1);
+        if max_t > 1 {
+            if let Some(c) = self.find("1M-keys", a, "tollgate", max_t) {
+                if let Some(s) = c.scaling {
+                    let speedup = s * max_t as f64;
+                    out.push(Target {
+                        what: format!(
+                            "keyed 1M-keys, {max_t} threads on distinct keys, throughput over 1 thread"
+                        ),
+                        goal: format!("≥ {:.1}×", 0.9 * max_t as f64),
+                        measured: format!(
+                            "{speedup:.2}× ({:.1} vs {:.1} M/s)",
+                            c.mops.median,
+                            c.mops.median / speedup
+                        ),
+                        met: speedup >= 0.9 * max_t as f64,
+                    });
+                }
+                let gov = self.find("1M-keys", a, "governor", max_t);
+                let floor = self.find("1M-keys", a, "floor", max_t);
+                let tail = |name: &str, c: Option<&Cell>| {
+                    c.map_or(String::new(), |g| {
+                        format!("; {name} p50 {:.1}, p99.9 {:.1} ns ({:.2}×)", g.p50, g.p999, g.p999 / g.p50)
+                    })
+                };
+                out.push(Target {
+                    what: format!("keyed 1M-keys, {max_t} threads, tail latency"),
+                    goal: "tollgate p99.9 ≤ 3× its p50".into(),
+                    measured: format!(
+                        "tollgate p50 {:.1}, p99.9 {:.1} ns ({:.2}×){}{}",
+                        c.p50,
+                        c.p999,
+                        c.p999 / c.p50,
+                        tail("governor", gov),
+                        tail("floor", floor),
+                    ),
+                    met: c.p999 <= 3.0 * c.p50,
+                });
+            }
+        }
+        let mem = |w: &str, s: &str| self.memory.iter().find(|m| m.workload == w && m.subject == s);
+        if let Some(t) = mem("1M-keys", "tollgate") {
+            let g = mem("1M-keys", "governor");
+            out.push(Target {
+                what: format!(
+                    "memory per u64 key, {} keys: tollgate's table at its maximum load (resident growth)",
+                    t.keys
+                ),
+                goal: "≤ 32 B; governor ≈ 36 B".into(),
+                measured: format!(
+                    "tollgate {:.1} B{}",
+                    t.per_key(),
+                    g.map_or(String::new(), |g| format!(", governor {:.1} B", g.per_key()))
+                ),
+                met: t.per_key() <= 32.0,
+            });
+        }
+        out
+    }
+
+    fn header(&self) -> String {
+        let m = &self.machine;
+        let mut s = String::new();
+        let _ = writeln!(s, "tollgate-bench {}", self.command);
+        let _ = writeln!(s, "commit {}; {}; {} cores; {}; {}", m.commit, m.cpu, m.cores, m.kernel, m.rustc);
+        let _ = writeln!(
+            s,
+            "{} repetitions × {:.0} ms per cell, threads {:?}; run took {:.0} s; load average {:.2} → {:.2}; steal {}",
+            self.reps,
+            self.duration_ms,
+            self.threads,
+            self.seconds,
+            m.load_start[0],
+            m.load_end[0],
+            m.steal_percent.map_or("n/a".to_owned(), |p| format!("{p:.1}%"))
+        );
+        let _ = writeln!(s, "noise: {}", m.noise);
+        s
+    }
+
+    fn table(&self, workload: &str) -> String {
+        let mut rows = vec![vec![
+            "load".to_owned(),
+            "subject".to_owned(),
+            "thr".to_owned(),
+            "ns/decision (min–max)".to_owned(),
+            "M/s".to_owned(),
+            "scaling".to_owned(),
+            "×floor".to_owned(),
+            "governor÷".to_owned(),
+            "gov-ahash÷".to_owned(),
+            "mutex÷".to_owned(),
+            "p50".to_owned(),
+            "p99".to_owned(),
+            "p99.9".to_owned(),
+            "max".to_owned(),
+            "batch".to_owned(),
+        ]];
+        let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map_or("".to_owned(), f);
+        for c in self.cells.iter().filter(|c| c.workload == workload) {
+            rows.push(vec![
+                c.load.name().to_owned(),
+                c.subject.to_owned(),
+                c.threads.to_string(),
+                format!("{:.1} ({:.1}–{:.1})", c.ns.median, c.ns.min, c.ns.max),
+                format!("{:.1}", c.mops.median),
+                opt(c.scaling, &|s| format!("{:.0}%", s * 100.0)),
+                opt(c.vs_floor, &|r| format!("{r:.2}")),
+                opt(c.speedup.get("governor").copied(), &|r| format!("{r:.2}")),
+                opt(c.speedup.get("governor-ahash").copied(), &|r| format!("{r:.2}")),
+                opt(c.speedup.get("mutex").copied(), &|r| format!("{r:.2}")),
+                format!("{:.1}", c.p50),
+                format!("{:.1}", c.p99),
+                format!("{:.1}", c.p999),
+                format!("{:.0}", c.max),
+                c.batch.to_string(),
+            ]);
+        }
+        markdown_table(&rows, 3)
+    }
+
+    fn memory_table(&self) -> String {
+        let mut rows = vec![vec![
+            "workload".to_owned(),
+            "subject".to_owned(),
+            "keys".to_owned(),
+            "RSS growth (MiB)".to_owned(),
+            "B/key".to_owned(),
+        ]];
+        for m in &self.memory {
+            rows.push(vec![
+                m.workload.clone(),
+                m.subject.clone(),
+                m.keys.to_string(),
+                format!("{:.1}", m.rss_growth as f64 / (1 << 20) as f64),
+                format!("{:.1}", m.per_key()),
+            ]);
+        }
+        markdown_table(&rows, 2)
+    }
+
+    fn targets_table(&self) -> String {
+        let mut rows =
+            vec![vec!["target".to_owned(), "goal".to_owned(), "measured".to_owned(), "met".to_owned()]];
+        for t in &self.targets {
+            rows.push(vec![
+                t.what.clone(),
+                t.goal.clone(),
+                t.measured.clone(),
+                if t.met { "yes" } else { "no" }.to_owned(),
+            ]);
+        }
+        markdown_table(&rows, 3)
+    }
+
+    /// The results as text (Markdown tables, aligned for a terminal).
+    pub fn text(&self, workloads: &[(&str, &str)]) -> String {
+        let mut s = self.header();
+        for (name, what) in workloads {
+            if self.cells.iter().any(|c| c.workload == *name) {
+                let _ = write!(s, "\n### {name}: {what}\n\n{}", self.table(name));
+            }
+        }
+        if !self.memory.is_empty() {
+            let _ = write!(s, "\n### memory\n\n{}", self.memory_table());
+        }
+        if !self.targets.is_empty() {
+            let _ = write!(s, "\n### targets\n\n{}", self.targets_table());
+        }
+        s
+    }
+
+    pub fn write_csv(&self, w: impl std::io::Write) -> Result<(), csv::Error> {
+        let mut out = csv::Writer::from_writer(w);
+        let mut head = vec![
+            "workload",
+            "load",
+            "subject",
+            "threads",
+            "reps",
+            "ns_median",
+            "ns_min",
+            "ns_max",
+            "mops_median",
+            "mops_min",
+            "mops_max",
+            "p50_ns",
+            "p99_ns",
+            "p999_ns",
+            "max_ns",
+            "batch",
+            "scaling",
+            "vs_floor",
+        ];
+        let peers: Vec<String> = PEERS.iter().map(|p| format!("speedup_vs_{p}")).collect();
+        head.extend(peers.iter().map(String::as_str));
+        out.write_record(&head)?;
+        let f = |x: f64| format!("{x:.3}");
+        let o = |x: Option<f64>| x.map_or(String::new(), |x| format!("{x:.4}"));
+        for c in &self.cells {
+            let mut rec = vec![
+                c.workload.to_owned(),
+                c.load.name().to_owned(),
+                c.subject.to_owned(),
+                c.threads.to_string(),
+                self.reps.to_string(),
+                f(c.ns.median),
+                f(c.ns.min),
+                f(c.ns.max),
+                f(c.mops.median),
+                f(c.mops.min),
+                f(c.mops.max),
+                f(c.p50),
+                f(c.p99),
+                f(c.p999),
+                f(c.max),
+                c.batch.to_string(),
+                o(c.scaling),
+                o(c.vs_floor),
+            ];
+            rec.extend(PEERS.iter().map(|p| o(c.speedup.get(p).copied())));
+            out.write_record(&rec)?;
+        }
+        out.flush()?;
+        Ok(())
+    }
+
+    /// Writes the report to `path`: between `<!-- results:begin -->` and `<!-- results:end -->`
+    /// if the file has those markers (the method text around them stays), else the whole file.
+    /// The charts go to `charts`, linked relative to the report.
+    pub fn write_markdown(
+        &self,
+        path: &Path,
+        charts: &Path,
+        workloads: &[(&str, &str)],
+    ) -> std::io::Result<()> {
+        std::fs::create_dir_all(charts)?;
+        let written = crate::charts::draw(self, charts, workloads)?;
+        let base = path.parent().unwrap_or(Path::new(""));
+        let rel = |p: &Path| p.strip_prefix(base).unwrap_or(p).display().to_string();
+        let mut s = String::new();
+        let _ = writeln!(s, "Produced by `cargo run --release -p tollgate-bench -- {}` on:\n", self.command);
+        let m = &self.machine;
+        let _ = writeln!(s, "| | |\n|---|---|");
+        let _ = writeln!(s, "| commit | `{}` |", m.commit);
+        let _ = writeln!(s, "| CPU | {} ({} cores) |", m.cpu, m.cores);
+        let _ = writeln!(s, "| system | {}, {} |", m.kernel, m.rustc);
+        let _ = writeln!(
+            s,
+            "| run | {} repetitions × {:.0} ms per cell, threads {:?}, {:.0} s in all |",
+            self.reps, self.duration_ms, self.threads, self.seconds
+        );
+        let _ = writeln!(
+            s,
+            "| noise | load average {:.2} at the start, {:.2} at the end; steal {} |",
+            m.load_start[0],
+            m.load_end[0],
+            m.steal_percent.map_or("n/a".to_owned(), |p| format!("{p:.1}%"))
+        );
+        let _ = writeln!(s, "| platform | {} |", m.noise);
+        if !self.targets.is_empty() {
+            let _ = write!(s, "\n### Targets\n\n{}", self.targets_table());
+        }
+        for (name, what) in workloads {
+            if self.cells.iter().any(|c| c.workload == *name) {
+                let _ = write!(s, "\n### {name}\n\n{what}.\n\n{}", self.table(name));
+            }
+        }
+        if !self.memory.is_empty() {
+            let _ = write!(s, "\n### Memory\n\n{}", self.memory_table());
+        }
+        if !written.is_empty() {
+            let _ = writeln!(s, "\n### Charts\n");
+            for p in &written {
+                let _ = writeln!(
+                    s,
+                    "![{}]({})\n",
+                    p.file_stem().map(|f| f.to_string_lossy()).unwrap_or_default(),
+                    rel(p)
+                );
+            }
+        }
+        let (begin, end) = ("<!-- results:begin -->", "<!-- results:end -->");
+        let text = match std::fs::read_to_string(path) {
+            Ok(old) => match (old.find(begin), old.find(end)) {
+                (Some(b), Some(e)) if b < e => format!("{}{begin}\n{s}{}", &old[..b], &old[e..]),
+                _ => format!("{begin}\n{s}{end}\n"),
+            },
+            Err(_) => format!("# tollgate benchmarks\n\n{begin}\n{s}{end}\n"),
+        };
+        std::fs::write(path, text)
+    }
+}
+
+/// A Markdown table whose columns are padded to line up in a terminal; the first `left`
+/// columns are left-aligned, the rest right-aligned.
+fn markdown_table(rows: &[Vec<String>], left: usize) -> String {
+    let cols = rows[0].len();
+    let width: Vec<usize> =
+        (0..cols).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
+    let mut s = String::new();
+    for (n, r) in rows.iter().enumerate() {
+        s.push('|');
+        for (i, cell) in r.iter().enumerate() {
+            let pad = width[i] - cell.chars().count();
+            if i < left {
+                let _ = write!(s, " {cell}{} |", " ".repeat(pad));
+            } else {
+                let _ = write!(s, " {}{cell} |", " ".repeat(pad));
+            }
+        }
+        s.push('\n');
+        if n == 0 {
+            s.push('|');
+            for (i, w) in width.iter().enumerate() {
+                if i < left {
+                    let _ = write!(s, "{}|", "-".repeat(w + 2));
+                } else {
+                    let _ = write!(s, "{}:|", "-".repeat(w + 1));
+                }
+            }
+            s.push('\n');
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_is_median_min_max() {
+        let s = Spread::of(vec![3.0, 1.0, 2.0, 10.0, 4.0]);
+        assert_eq!((s.median, s.min, s.max), (3.0, 1.0, 10.0));
+        let s = Spread::of(vec![4.0, 1.0]);
+        assert_eq!((s.median, s.min, s.max), (2.5, 1.0, 4.0));
+    }
+
+    #[test]
+    fn table_pads_and_aligns() {
+        let rows = vec![vec!["a".to_owned(), "n".to_owned()], vec!["long".to_owned(), "1.5".to_owned()]];
+        assert_eq!(markdown_table(&rows, 1), "| a    |   n |\n|------|----:|\n| long | 1.5 |\n");
+    }
+}

@@ -1,0 +1,388 @@
+//! What the suite measures: tollgate's limiters, the floors, and the peers, all behind
+//! [`Subject`], each deciding one unit per key.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tollgate::{
+    Clock, CoarseClock, Decision, FixedWindow, FixedWindowLimiter, KeyedBuilder, KeyedLimiter, Limiter,
+    NginxLimiter, NginxQuota, Quota, Rate, SlidingWindow, SlidingWindowLimiter, TscClock, WhenFull,
+};
+
+use crate::driver::{Subject, BATCH};
+use crate::workloads::{floor_step, Floor};
+
+/// The quota regime of a cell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Load {
+    /// A quota that never runs out: every decision admits and writes.
+    Allow,
+    /// One per hour, spent: every decision denies (most limiters then write nothing).
+    Deny,
+    /// Burst 1 that refills within a nanosecond: every bucket is full again, and evictable,
+    /// right after its decision (first-touch churn).
+    Refill,
+}
+
+impl Load {
+    pub fn name(self) -> &'static str {
+        match self {
+            Load::Allow => "allow-heavy",
+            Load::Deny => "deny-heavy",
+            Load::Refill => "refilling",
+        }
+    }
+
+    fn quota(self) -> Quota {
+        match self {
+            Load::Allow => Quota::new(Rate::per_second(10_000_000_000), Quota::MAX_BURST).expect("valid"),
+            Load::Deny => Quota::per_hour(1).expect("valid"),
+            Load::Refill => Quota::new(Rate::per_second(10_000_000_000), 1).expect("valid"),
+        }
+    }
+
+    fn governor(self) -> governor::Quota {
+        match self {
+            Load::Allow | Load::Refill => governor::Quota::per_second(NonZeroU32::MAX),
+            Load::Deny => governor::Quota::per_hour(NonZeroU32::MIN),
+        }
+    }
+
+    /// (tokens per second, burst) for the `Mutex` peers.
+    fn float(self) -> (f64, f64) {
+        match self {
+            Load::Allow => (1e10, 4e9),
+            Load::Deny => (1.0 / 3600.0, 1.0),
+            Load::Refill => (1e10, 1.0),
+        }
+    }
+}
+
+/// How a subject is built for a workload.
+#[derive(Clone, Copy, Debug)]
+pub struct Setup {
+    pub load: Load,
+    /// Keys the table must hold (tollgate's capacity; the floor's slots follow tollgate's).
+    pub capacity: usize,
+}
+
+/// A subject's name and a constructor.
+pub type Maker = fn(Setup) -> Box<dyn Subject>;
+
+// ---- direct ----------------------------------------------------------------------------------
+
+/// One clock read and one CAS on a single word (`workloads::floor_step`).
+struct DirectFloor {
+    clock: TscClock,
+    word: AtomicU64,
+}
+
+impl Subject for DirectFloor {
+    fn run(&self, keys: &[u64]) {
+        for _ in keys {
+            floor_step(&self.clock, &self.word);
+        }
+    }
+}
+
+struct Bucket<C: Clock>(Limiter<C>);
+
+impl<C: Clock + Sync> Subject for Bucket<C> {
+    fn run(&self, keys: &[u64]) {
+        for _ in keys {
+            black_box(self.0.check());
+        }
+    }
+}
+
+/// Any other single-word policy on the direct engine.
+macro_rules! direct_subject {
+    ($name:ident, $limiter:ty) => {
+        struct $name($limiter);
+
+        impl Subject for $name {
+            fn run(&self, keys: &[u64]) {
+                for _ in keys {
+                    black_box(self.0.check());
+                }
+            }
+        }
+    };
+}
+
+direct_subject!(Nginx, NginxLimiter);
+direct_subject!(Fixed, FixedWindowLimiter);
+direct_subject!(Sliding, SlidingWindowLimiter);
+
+struct GovDirect(governor::DefaultDirectRateLimiter);
+
+impl Subject for GovDirect {
+    fn run(&self, keys: &[u64]) {
+        for _ in keys {
+            let _ = black_box(self.0.check());
+        }
+    }
+}
+
+/// The token bucket as the usual pattern writes it: `f64` tokens and a `std::time::Instant`.
+#[derive(Debug)]
+struct FloatBucket {
+    tokens: f64,
+    last: Instant,
+}
+
+impl FloatBucket {
+    fn take(&mut self, now: Instant, (rate, burst): (f64, f64)) -> bool {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * rate).min(burst);
+        self.last = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+struct MutexBucket {
+    bucket: Mutex<FloatBucket>,
+    params: (f64, f64),
+}
+
+impl Subject for MutexBucket {
+    fn run(&self, keys: &[u64]) {
+        for _ in keys {
+            let now = Instant::now();
+            black_box(self.bucket.lock().expect("not poisoned").take(now, self.params));
+        }
+    }
+}
+
+/// Spends the only token of a deny-heavy limiter, so that every measured decision denies.
+fn spend<T>(load: Load, l: T, check: impl Fn(&T)) -> T {
+    if load == Load::Deny {
+        check(&l);
+    }
+    l
+}
+
+/// The direct subjects: one state shared by every thread.
+pub fn direct_subjects() -> Vec<(&'static str, Maker)> {
+    vec![
+        ("floor", |_| Box::new(DirectFloor { clock: TscClock::new(), word: AtomicU64::new(0) })),
+        ("tollgate", |s| {
+            Box::new(Bucket(spend(s.load, Limiter::new(s.load.quota()), |l| {
+                l.check();
+            })))
+        }),
+        ("tollgate-coarse", |s| {
+            let clock = CoarseClock::new().expect("a coarse clock");
+            Box::new(Bucket(spend(s.load, Limiter::with_clock(s.load.quota(), clock), |l| {
+                l.check();
+            })))
+        }),
+        ("tollgate-nginx", |s| {
+            let q = match s.load {
+                // nginx `limit_req` at a rate it never reaches (1e9 r/s, burst 16,777, nodelay).
+                Load::Allow | Load::Refill => NginxQuota::per_second(1_000_000_000)
+                    .and_then(|q| q.burst(16_777))
+                    .map(NginxQuota::nodelay),
+                Load::Deny => NginxQuota::per_minute(1),
+            };
+            Box::new(Nginx(spend(s.load, NginxLimiter::new(q.expect("valid")), |l| {
+                l.check();
+            })))
+        }),
+        ("tollgate-fixed-window", |s| {
+            let q = match s.load {
+                // The largest limit per 100 ms: 167M/s, never reached.
+                Load::Allow | Load::Refill => {
+                    FixedWindow::new(FixedWindow::MAX_LIMIT, Duration::from_millis(100))
+                }
+                Load::Deny => FixedWindow::new(1, Duration::from_secs(3600)),
+            };
+            Box::new(Fixed(spend(s.load, FixedWindowLimiter::new(q.expect("valid")), |l| {
+                l.check();
+            })))
+        }),
+        ("tollgate-sliding-window", |s| {
+            let q = match s.load {
+                // The largest limit per 200 s windows: never reached.
+                Load::Allow | Load::Refill => {
+                    SlidingWindow::new(SlidingWindow::MAX_LIMIT, Duration::from_secs(200))
+                }
+                Load::Deny => SlidingWindow::new(1, Duration::from_secs(3600)),
+            };
+            Box::new(Sliding(spend(s.load, SlidingWindowLimiter::new(q.expect("valid")), |l| {
+                l.check();
+            })))
+        }),
+        ("governor", |s| {
+            Box::new(GovDirect(spend(s.load, governor::RateLimiter::direct(s.load.governor()), |l| {
+                let _ = l.check();
+            })))
+        }),
+        ("mutex", |s| {
+            let b = MutexBucket {
+                bucket: Mutex::new(FloatBucket { tokens: s.load.float().1, last: Instant::now() }),
+                params: s.load.float(),
+            };
+            Box::new(spend(s.load, b, |b| b.run(&[0])))
+        }),
+    ]
+}
+
+// ---- keyed -----------------------------------------------------------------------------------
+
+struct KeyedFloor(Floor<TscClock>);
+
+impl Subject for KeyedFloor {
+    fn run(&self, keys: &[u64]) {
+        for &k in keys {
+            self.0.step(k);
+        }
+    }
+}
+
+struct Keyed<C: Clock>(KeyedLimiter<u64, C>);
+
+impl<C: Clock + Sync> Subject for Keyed<C> {
+    fn run(&self, keys: &[u64]) {
+        for k in keys {
+            black_box(self.0.check(k));
+        }
+    }
+}
+
+/// `check_batch`: one clock read per batch, slots prefetched ahead.
+struct KeyedBatch {
+    limiter: KeyedLimiter<u64, TscClock>,
+    blank: Decision,
+}
+
+impl Subject for KeyedBatch {
+    fn run(&self, keys: &[u64]) {
+        let mut items = [(0u64, 1u64); BATCH];
+        let mut out = [self.blank; BATCH];
+        for chunk in keys.chunks(BATCH) {
+            for (item, &k) in items.iter_mut().zip(chunk) {
+                item.0 = k;
+            }
+            let n = chunk.len();
+            black_box(self.limiter.check_batch(&items[..n], &mut out[..n]));
+        }
+    }
+}
+
+type GovKeyed = governor::DefaultKeyedRateLimiter<u64>;
+type GovAhash = governor::RateLimiter<
+    u64,
+    governor::state::keyed::DefaultKeyedStateStore<u64, ahash::RandomState>,
+    governor::clock::DefaultClock,
+>;
+
+macro_rules! governor_subject {
+    ($name:ident, $limiter:ty) => {
+        struct $name($limiter);
+
+        impl Subject for $name {
+            fn run(&self, keys: &[u64]) {
+                for k in keys {
+                    let _ = black_box(self.0.check_key(k));
+                }
+            }
+
+            fn reset(&self) {
+                // Drops every key whose bucket has refilled: what governor's users must call to
+                // bound its memory.
+                self.0.retain_recent();
+                self.0.shrink_to_fit();
+            }
+        }
+    };
+}
+
+governor_subject!(Governor, GovKeyed);
+governor_subject!(GovernorAhash, GovAhash);
+
+/// A `Mutex<HashMap>` of float buckets, as the usual pattern writes it (std's SipHash).
+struct MutexMap {
+    map: Mutex<HashMap<u64, FloatBucket>>,
+    params: (f64, f64),
+}
+
+impl Subject for MutexMap {
+    fn run(&self, keys: &[u64]) {
+        for &k in keys {
+            let now = Instant::now();
+            let mut map = self.map.lock().expect("not poisoned");
+            let b = map.entry(k).or_insert(FloatBucket { tokens: self.params.1, last: now });
+            black_box(b.take(now, self.params));
+        }
+    }
+
+    fn reset(&self) {
+        let mut map = self.map.lock().expect("not poisoned");
+        let params = self.params;
+        let now = Instant::now();
+        // Like `retain_recent`: a bucket that has refilled is the same as no bucket.
+        map.retain(|_, b| {
+            let mut probe = FloatBucket { tokens: b.tokens, last: b.last };
+            probe.take(now, params);
+            probe.tokens + 1.0 < params.1
+        });
+        map.shrink_to_fit();
+    }
+}
+
+fn keyed<C: Clock>(s: Setup, when_full: WhenFull, clock: C) -> KeyedLimiter<u64, C> {
+    KeyedBuilder::new(s.load.quota())
+        .capacity(s.capacity)
+        .when_full(when_full)
+        .build_with_clock(clock)
+        .expect("valid keyed configuration")
+}
+
+/// Slots of tollgate's table for `capacity` keys: the keyed floor gets as many.
+pub fn slots_for(capacity: usize) -> usize {
+    let l = KeyedBuilder::new(Load::Allow.quota()).capacity(capacity).build::<u64>().expect("valid");
+    usize::try_from(l.stats().slots).expect("fits")
+}
+
+/// The keys tollgate's table asked for `capacity` keys holds at its maximum load (the builder
+/// rounds the slots up to a power of two).
+pub fn max_load_for(capacity: usize) -> u64 {
+    KeyedBuilder::new(Load::Allow.quota()).capacity(capacity).build::<u64>().expect("valid").capacity()
+}
+
+/// The keyed subjects, by name.
+pub fn keyed_subject(name: &str) -> Option<Maker> {
+    Some(match name {
+        "floor" => |s| Box::new(KeyedFloor(Floor::new(slots_for(s.capacity), TscClock::new()))),
+        "tollgate" => |s| Box::new(Keyed(keyed(s, WhenFull::Deny, TscClock::new()))),
+        "tollgate-coarse" => {
+            |s| Box::new(Keyed(keyed(s, WhenFull::Deny, CoarseClock::new().expect("a coarse clock"))))
+        }
+        "tollgate-batch" => |s| {
+            let limiter = keyed(s, WhenFull::Deny, TscClock::new());
+            let blank = limiter.peek(&0);
+            Box::new(KeyedBatch { limiter, blank })
+        },
+        "tollgate-evict" => |s| Box::new(Keyed(keyed(s, WhenFull::EvictStalest, TscClock::new()))),
+        "governor" => |s| Box::new(Governor(GovKeyed::keyed(s.load.governor()))),
+        "governor-ahash" => |s| {
+            Box::new(GovernorAhash(GovAhash::dashmap_with_hasher(
+                s.load.governor(),
+                ahash::RandomState::new(),
+            )))
+        },
+        "mutex" => |s| Box::new(MutexMap { map: Mutex::new(HashMap::new()), params: s.load.float() }),
+        _ => return None,
+    })
+}
