@@ -257,7 +257,7 @@ mod tests {
         let ms = Duration::from_millis(5);
         let s = measure(&c, &keys, 2, ms, ms, false, &AtomicU64::new(0));
         assert!(s.ops > 0 && s.ops <= c.0.load(Relaxed));
-        assert!(s.hist.len() > 0);
+        assert!(!s.hist.is_empty());
         assert!(s.ns_per_op > 0.0 && s.ops_per_sec > 0.0);
     }
 }
