@@ -17,17 +17,17 @@ pub const BATCH: usize = 32;
 /// spinning thread loses a few µs thousands of times a second and tens of µs hundreds of times
 /// a second (`machine::Noise` measures both): a 2 µs batch is long enough that a short loss
 /// at most doubles it, and short enough that long losses land in fewer than 0.1% of batches,
-/// so the p99.9 shows the limiter rather than the hypervisor. The batch size follows from the
-/// warm-up's speed.
-const BATCH_NANOS: f64 = 2000.0;
+/// so the p99.9 shows the limiter rather than the hypervisor as far as it can. The batch size
+/// follows from the warm-up's speed; `--batch-us` changes the length.
+pub const BATCH_NANOS: f64 = 2000.0;
 
 /// The most decisions in one timed batch.
-const MAX_BATCH: usize = 256;
+const MAX_BATCH: usize = 1 << 16;
 
-/// Decisions per timed batch for a subject that takes `ns` per decision: about
-/// [`BATCH_NANOS`], a multiple of [`BATCH`] from there up, within 4..=[`MAX_BATCH`].
-fn batch_for(ns: f64) -> usize {
-    let n = (BATCH_NANOS / ns.max(0.1)).round() as usize;
+/// Decisions per timed batch of `target` ns for a subject that takes `ns` per decision: a
+/// multiple of [`BATCH`] from there up, within 4..=[`MAX_BATCH`].
+fn batch_for(target: f64, ns: f64) -> usize {
+    let n = (target / ns.max(0.1)).round() as usize;
     let n = if n >= BATCH { n / BATCH * BATCH } else { n };
     n.clamp(4, MAX_BATCH)
 }
@@ -79,17 +79,29 @@ pub fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 100_000_000_000_000, 3).expect("valid bounds")
 }
 
-/// Runs `subject` on `threads` threads: `warmup`, then `duration` timed. Fresh keys are drawn
+/// How a cell is timed.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Untimed, before each repetition.
+    pub warmup: Duration,
+    /// Timed.
+    pub duration: Duration,
+    /// Pin thread `i` to CPU `i`.
+    pub pin: bool,
+    /// The length of a timed batch, ns.
+    pub batch_nanos: f64,
+}
+
+/// Runs `subject` on `threads` threads: a warm-up, then the timed part. Fresh keys are drawn
 /// from `fresh`, which hands each thread a range of 2^40 indices no one has used.
 pub fn measure<S: Subject + ?Sized>(
     subject: &S,
     keys: &Keys,
     threads: usize,
-    warmup: Duration,
-    duration: Duration,
-    pin: bool,
+    timing: Timing,
     fresh: &AtomicU64,
 ) -> Sample {
+    let Timing { warmup, duration, pin, batch_nanos } = timing;
     let clock = quanta::Clock::new();
     let barrier = Barrier::new(threads);
     let spans: Vec<Span> = std::thread::scope(|s| {
@@ -106,7 +118,7 @@ pub fn measure<S: Subject + ?Sized>(
                     };
                     barrier.wait();
                     let (ops, nanos) = run_for(subject, &mut source, clock, warmup, BATCH, None);
-                    let batch = batch_for(nanos as f64 / ops as f64);
+                    let batch = batch_for(batch_nanos, nanos as f64 / ops as f64);
                     barrier.wait();
                     let mut hist = histogram();
                     let (ops, nanos) = run_for(subject, &mut source, clock, duration, batch, Some(&mut hist));
@@ -141,11 +153,13 @@ fn run_for<S: Subject + ?Sized>(
     let mut last = start;
     let mut ops = 0u64;
     loop {
-        subject.run(source.next(batch));
+        let keys = source.next(batch);
+        let n = keys.len() as u64;
+        subject.run(keys);
         let now = clock.raw();
-        ops += batch as u64;
+        ops += n;
         if let Some(hist) = hist.as_deref_mut() {
-            let ps = clock.delta_as_nanos(last, now) * 1000 / batch as u64;
+            let ps = clock.delta_as_nanos(last, now) * 1000 / n;
             hist.saturating_record(ps.max(1));
         }
         last = now;
@@ -157,26 +171,27 @@ fn run_for<S: Subject + ?Sized>(
 }
 
 /// A thread's keys, a batch at a time.
-#[allow(clippy::large_enum_variant, reason = "one per thread, on its stack")]
 enum Source<'a> {
     Stream { keys: &'a [u64], at: usize },
-    Fresh { next: u64, buf: [u64; MAX_BATCH] },
+    Fresh { next: u64, buf: Vec<u64> },
 }
 
 impl<'a> Source<'a> {
     fn stream(keys: &'a [u64]) -> Source<'a> {
-        assert!(keys.len() >= MAX_BATCH);
+        assert!(!keys.is_empty());
         Source::Stream { keys, at: 0 }
     }
 
     fn fresh(from: u64) -> Source<'a> {
-        Source::Fresh { next: from, buf: [0; MAX_BATCH] }
+        Source::Fresh { next: from, buf: vec![0; MAX_BATCH] }
     }
 
     #[inline]
     fn next(&mut self, n: usize) -> &[u64] {
         match self {
             Source::Stream { keys, at } => {
+                // A batch longer than the stream takes the whole stream.
+                let n = n.min(keys.len());
                 if *at + n > keys.len() {
                     *at = 0;
                 }
@@ -224,10 +239,11 @@ mod tests {
 
     #[test]
     fn batches_last_about_two_microseconds() {
-        assert_eq!(batch_for(100.0), 20);
-        assert_eq!(batch_for(20.0), 96);
-        assert_eq!(batch_for(1.0), MAX_BATCH);
-        assert_eq!(batch_for(10_000.0), 4);
+        assert_eq!(batch_for(BATCH_NANOS, 100.0), 20);
+        assert_eq!(batch_for(BATCH_NANOS, 20.0), 96);
+        assert_eq!(batch_for(BATCH_NANOS, 1.0), 1984);
+        assert_eq!(batch_for(1e9, 1.0), MAX_BATCH);
+        assert_eq!(batch_for(BATCH_NANOS, 10_000.0), 4);
     }
 
     #[test]
@@ -255,7 +271,8 @@ mod tests {
         let c = Count(AtomicU64::new(0));
         let keys = Keys::Streams(vec![vec![1; 256], vec![2; 256]]);
         let ms = Duration::from_millis(5);
-        let s = measure(&c, &keys, 2, ms, ms, false, &AtomicU64::new(0));
+        let timing = Timing { warmup: ms, duration: ms, pin: false, batch_nanos: BATCH_NANOS };
+        let s = measure(&c, &keys, 2, timing, &AtomicU64::new(0));
         assert!(s.ops > 0 && s.ops <= c.0.load(Relaxed));
         assert!(!s.hist.is_empty());
         assert!(s.ns_per_op > 0.0 && s.ops_per_sec > 0.0);

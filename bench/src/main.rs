@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use driver::{measure, Keys, Sample, Subject};
+use driver::{measure, Keys, Sample, Subject, Timing};
 use machine::Machine;
 use report::{Cell, Memory, Report};
 use subjects::{direct_subjects, keyed_subject, Load, Maker, Setup};
@@ -66,6 +66,10 @@ struct Args {
     /// Where the SVG charts go [default: `benchmarks/` beside the Markdown report].
     #[arg(long, value_name = "DIR")]
     charts: Option<PathBuf>,
+    /// How long a timed batch of decisions lasts, in µs: latency percentiles are of the time
+    /// per decision averaged over one batch (see BENCHMARKS.md).
+    #[arg(long, default_value_t = driver::BATCH_NANOS / 1e3, value_name = "US")]
+    batch_us: f64,
     /// Leave thread placement to the scheduler instead of pinning thread i to CPU i.
     #[arg(long)]
     no_pin: bool,
@@ -255,7 +259,12 @@ fn main() {
     } else {
         (args.reps.max(1), Duration::from_millis(args.duration.max(1)))
     };
-    let warmup = duration / 4;
+    let timing = Timing {
+        warmup: duration / 4,
+        duration,
+        pin: !args.no_pin,
+        batch_nanos: args.batch_us.max(0.01) * 1e3,
+    };
 
     // The plan: (workload, load, subject) cells that pass the filter.
     let filter = &args.filter;
@@ -330,15 +339,7 @@ fn main() {
                     if matches!(w.kind, Kind::Fresh) {
                         s.reset();
                     }
-                    samples[si][ti].push(measure(
-                        s.as_ref(),
-                        &keys[ti],
-                        t,
-                        warmup,
-                        duration,
-                        !args.no_pin,
-                        &fresh,
-                    ));
+                    samples[si][ti].push(measure(s.as_ref(), &keys[ti], t, timing, &fresh));
                     bar.inc(1);
                 }
             }
