@@ -74,6 +74,35 @@ impl Decision {
         }
     }
 
+    /// Two limits' admissions of one request as one: the stronger outcome (a delay over a plain
+    /// admission, a counted admission over an untracked one), the longer delay, the fewer
+    /// remaining, the later reset.
+    pub(crate) fn merge(&self, other: &Decision) -> Decision {
+        use Outcome::{Allowed, Delayed, Untracked};
+        let outcome = match (self.outcome, other.outcome) {
+            (Delayed, _) | (_, Delayed) => Delayed,
+            (Untracked, Untracked) => Untracked,
+            _ => Allowed,
+        };
+        let delay = |d: &Decision| if d.outcome == Delayed { d.nanos_ceil(d.missing) } else { Nanos::ZERO };
+        Decision::from_nanos(
+            outcome,
+            self.remaining.min(other.remaining),
+            delay(self).max(delay(other)),
+            self.reset_after_nanos().max(other.reset_after_nanos()),
+        )
+    }
+
+    /// This refusal with the wait `retry` (`None`: the request can never pass).
+    pub(crate) fn with_retry(&self, retry: Option<Nanos>) -> Decision {
+        let outcome = match (self.outcome, retry) {
+            (Outcome::Denied, None) => Outcome::Insufficient,
+            (o, _) => o,
+        };
+        let missing = retry.filter(|_| outcome == Outcome::Denied).unwrap_or(Nanos::ZERO);
+        Decision::from_nanos(outcome, self.remaining, missing, self.reset_after_nanos())
+    }
+
     fn nanos_ceil(&self, units: u64) -> Nanos {
         Nanos::new(units.div_ceil(u64::from(self.units_per_nano)))
     }

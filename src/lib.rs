@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod admit;
 mod bucket;
 pub mod clock;
 mod compat;
@@ -15,6 +16,7 @@ mod sync;
 mod time;
 mod window;
 
+pub use admit::{check_all, Admit, Receipt};
 pub use clock::{Clock, DefaultClock, ManualClock, StdClock};
 #[cfg(feature = "quanta")]
 pub use clock::{CoarseClock, TscClock};

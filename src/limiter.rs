@@ -93,6 +93,25 @@ impl<C: Clock> Limiter<C> {
         self.bucket.acquire(&self.quota, now, n)
     }
 
+    /// `n` tokens now, and the word stored when they were taken: the receipt of a charge in
+    /// [`check_all`](crate::check_all).
+    #[inline]
+    pub(crate) fn charge_now(&self, n: u64) -> (Decision, Option<u64>) {
+        let now = self.instant(self.clock.now());
+        if n.wrapping_sub(1) >= self.quota.burst() {
+            return (self.bucket.load().peek(&self.quota, now, n), None);
+        }
+        let (d, stored) = self.bucket.charge(&self.quota, now, n);
+        (d, stored.map(BucketWord::raw))
+    }
+
+    /// Gives back `n` tokens of a charge that stored `stored` (see `AtomicBucket::refund`).
+    #[inline]
+    pub(crate) fn refund_stored(&self, stored: u64, n: u64) {
+        let stored = BucketWord::from_raw(stored);
+        self.bucket.refund(&self.quota, stored, n, || self.instant(self.clock.now()));
+    }
+
     /// Whether one token was taken now: [`check`](Limiter::check) without the details.
     #[inline]
     pub fn allow(&self) -> bool {

@@ -107,8 +107,8 @@ impl NginxQuota {
     /// to store, if any, and the decision.
     ///
     /// nginx counts one request at a time; `n` generalizes it as `n` arrivals in the same
-    /// millisecond, all or none: the excess grows by `n·1000`, and a new node's first request
-    /// is free. `n = 0` reports the state and stores nothing; more than `burst + 1` at once can
+    /// millisecond, all or none: exactly what `n` single requests in a row would do (the
+    /// first leaks, then each adds 1000), and a new node's first request is free. `n = 0` reports the state and stores nothing; more than `burst + 1` at once can
     /// never pass ([`Outcome::Insufficient`]).
     #[inline]
     fn decide_ms(&self, word: u64, now: u64, n: u64) -> (Option<u64>, Decision) {
@@ -143,6 +143,12 @@ impl NginxQuota {
             let d = Decision::from_nanos(Outcome::Denied, 0, ms_to_nanos(wait), self.drain_time(stored));
             return (None, d);
         }
+        // `n` arrivals in one millisecond are `n` of nginx's steps in a row: the first leaks and
+        // clamps at zero, the other `n − 1` each add 1000 with nothing more to leak. (One
+        // clamp over the sum, `max(0, stored + n·1000 − leaked)`, would let a long-idle node
+        // absorb part of a batch into its leak: more than `n` single arrivals get.) Both forms
+        // refuse exactly when `stored + n·1000 − leaked > burst`, since `(n − 1)·1000 ≤ burst`.
+        let excess = (stored + 1000).saturating_sub(leaked) + (add - 1000);
         let last = if ms != 0 { now } else { last };
         (Some(pack(last, excess)), self.passed(excess))
     }
@@ -209,6 +215,27 @@ impl Policy for NginxQuota {
     #[inline]
     fn decide(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
         self.decide_ms(word, (elapsed.as_u64() / 1_000_000).min(MAX_MS), n)
+    }
+
+    /// If nothing has changed since, the prior state comes back exactly. Otherwise the excess
+    /// drops by what is left of this decision's share of it: at most `n·1000` and at most the
+    /// excess it stored, less all that could have leaked since (rounded up, so the refund is
+    /// rounded down). Later decisions cannot have removed more of it than leaked, so the state
+    /// never admits more than it would without the refunded decision.
+    #[inline]
+    fn refund(&self, word: u64, prior: u64, stored: u64, elapsed: Nanos, n: u64) -> Option<u64> {
+        if word == stored {
+            return Some(prior);
+        }
+        if word == 0 || stored == 0 {
+            return None;
+        }
+        let now = (elapsed.as_u64() / 1_000_000).min(MAX_MS).max(unpack_last(word));
+        let ms = now.saturating_sub(unpack_last(stored));
+        let leaked = self.rate.saturating_mul(ms).div_ceil(1000);
+        let owed = (n * 1000).min((stored & EXCESS_MASK).saturating_sub(leaked));
+        let excess = word & EXCESS_MASK;
+        (owed > 0 && excess > 0).then(|| word - owed.min(excess))
     }
 }
 

@@ -20,6 +20,19 @@ pub trait Policy {
     /// Decides `n` units of cost at `elapsed` since the limiter's origin. Returns the word to
     /// store (`None`: store nothing, the decision is final as read) and the decision.
     fn decide(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision);
+
+    /// Gives back what a decision took: it stored `stored` over `prior` for `n` units, and the
+    /// state is now `word` at `elapsed` (another decision's clock reading is never later than
+    /// `elapsed` for the word it stored). Returns the word to store, or `None` to leave it.
+    ///
+    /// The result must never admit more than the state would had that decision not happened
+    /// (see [`check_all`](crate::check_all)). The default gives nothing back, which is always
+    /// safe: the units stay spent.
+    #[inline]
+    fn refund(&self, word: u64, prior: u64, stored: u64, elapsed: Nanos, n: u64) -> Option<u64> {
+        let _ = (word, prior, stored, elapsed, n);
+        None
+    }
 }
 
 /// A single-state limiter running any [`Policy`]: one clock read, one load, and one CAS when
@@ -83,6 +96,52 @@ impl<P: Policy, C: Clock> Direct<P, C> {
                 Err(seen) => cur = seen,
             }
         }
+    }
+
+    /// `n` units now, and the receipt [`refund`](Direct::refund_receipt) needs when they were
+    /// taken (the word stored and the one it replaced).
+    #[inline]
+    pub(crate) fn charge(&self, n: u64) -> (Decision, Option<(u64, u64)>) {
+        let elapsed = self.clock.now().saturating_sub(self.origin);
+        // Relaxed (load, success, failure): as in `check_n_at`.
+        let mut cur = self.word.load(Relaxed);
+        loop {
+            let (next, decision) = self.policy.decide(cur, elapsed, n);
+            let Some(next) = next else { return (decision, None) };
+            if !decision.is_allowed() {
+                // A policy that stores on a denial (none does today) is charged nothing.
+                return (decision, None);
+            }
+            match self.word.compare_exchange_weak(cur, next, Relaxed, Relaxed) {
+                Ok(_) => return (decision, Some((cur, next))),
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// Gives back what a [`charge`](Direct::charge) of `n` took, through the policy's
+    /// [`Policy::refund`]. The clock is read after each load of the word, so every decision the
+    /// word reflects read its clock no later (on a consistent clock).
+    #[inline]
+    pub(crate) fn refund_receipt(&self, (prior, stored): (u64, u64), n: u64) {
+        // Relaxed (load, success, failure): the word is self-contained, as in `check_n_at`.
+        // Checked by loom-tests/tests/admit.rs.
+        let mut cur = self.word.load(Relaxed);
+        loop {
+            let elapsed = self.clock.now().saturating_sub(self.origin);
+            let Some(next) = self.policy.refund(cur, prior, stored, elapsed, n) else { return };
+            match self.word.compare_exchange_weak(cur, next, Relaxed, Relaxed) {
+                Ok(_) => return,
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// What `n` units would get now, taking nothing.
+    #[inline]
+    pub fn peek_n(&self, n: u64) -> Decision {
+        let elapsed = self.clock.now().saturating_sub(self.origin);
+        self.policy.decide(self.word.load(Relaxed), elapsed, n).1
     }
 
     /// The current time on this limiter's clock, for the `*_at` methods.

@@ -203,6 +203,24 @@ impl Policy for SlidingWindow {
             ),
         )
     }
+
+    /// Exact: the units were counted in window `i`. While `i` is stored, its count drops by
+    /// `n`; once `i + 1` is stored, `i`'s count is the previous one, weighted, and drops by `n`
+    /// there; after that it no longer counts and nothing is owed.
+    #[inline]
+    fn refund(&self, word: u64, _prior: u64, stored: u64, _elapsed: Nanos, n: u64) -> Option<u64> {
+        let (c, mask) = (self.bits, (1u64 << self.bits) - 1);
+        let (at, now) = (stored >> (2 * c), word >> (2 * c));
+        if n == 0 {
+            None
+        } else if now == at {
+            Some(word - (n.min((word >> c) & mask) << c))
+        } else if now == at + 1 {
+            Some(word - n.min(word & mask))
+        } else {
+            None
+        }
+    }
 }
 
 /// `floor(a·b / c)`, saturating at `u64::MAX`; a hardware division when `a·b` fits in 64 bits,

@@ -98,6 +98,18 @@ impl Policy for FixedWindow {
             (None, d)
         }
     }
+
+    /// Exact: while the window the units were counted in is still the stored one, its count
+    /// drops by `n` (the count holds them: counts only grow within a window, and every other
+    /// refund takes back only its own). Once the window has moved on, its count no longer
+    /// matters and nothing is owed.
+    #[inline]
+    fn refund(&self, word: u64, _prior: u64, stored: u64, _elapsed: Nanos, n: u64) -> Option<u64> {
+        if word >> COUNT_BITS != stored >> COUNT_BITS || n == 0 {
+            return None;
+        }
+        Some(word - n.min(word & COUNT_MASK))
+    }
 }
 
 /// Validates a window limiter's `limit` (1 to `max_limit`) and `window` (1 ns to 2^62 ns, the

@@ -48,8 +48,8 @@ impl NginxModel {
         self.check_n(now_ns, 1)
     }
 
-    /// `n` requests at once (the engine's generalization: the excess grows by `n·1000`, a new
-    /// node's first request is free, `n = 0` stores nothing, `n > burst + 1` never passes).
+    /// `n` requests at once (the engine's generalization: `n` of nginx's steps in the same
+    /// millisecond, the first one leaking; a new node's first request is free; `n = 0` stores nothing, `n > burst + 1` never passes).
     pub fn check_n(&mut self, now_ns: u64, n: u64) -> NginxAnswer {
         let now = i128::from((now_ns / 1_000_000).min((1 << 40) - 2));
         let n = i128::from(n);
@@ -86,6 +86,8 @@ impl NginxModel {
             let retry = u64::try_from((ms_needed - raw).max(0)).unwrap();
             return (Outcome::Denied, 0, retry, self.drain_ms(stored));
         }
+        // `n` arrivals in one millisecond: nginx's step `n` times, the first leaking.
+        let excess = (stored + 1000 - leaked).max(0) + (n - 1) * 1000;
         self.state = Some((if ms != 0 { now } else { last }, excess));
         self.passed(excess)
     }

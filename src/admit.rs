@@ -1,0 +1,166 @@
+//! Multi-limit admission: one request checked against several limits, all or nothing, with
+//! nginx's semantics for several `limit_req` in one location.
+//!
+//! Lock-free by charging in order and refunding on failure: each limit is charged with its own
+//! CAS loop; when one refuses, the ones already charged get their units back, most recent
+//! first. Between a charge and its refund another request can see the units as spent and be
+//! refused: a request that is itself refused can, for an instant, crowd out another. It can
+//! never let one in that the limits would not admit on their own.
+
+use core::fmt;
+
+use crate::policy::{Direct, Policy};
+use crate::{Clock, Decision, Limiter, Nanos, Outcome};
+
+/// What [`Admit::charge`] took, for [`Admit::refund`]. Opaque.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Receipt {
+    /// The word the charge replaced.
+    prior: u64,
+    /// The word it stored.
+    stored: u64,
+    /// The units taken.
+    n: u64,
+}
+
+/// A limit that can take part in [`check_all`]: it can take units and give them back.
+///
+/// Implemented by [`Limiter`] and by every [`Direct`] limiter ([`NginxLimiter`],
+/// [`FixedWindowLimiter`], [`SlidingWindowLimiter`]).
+///
+/// [`NginxLimiter`]: crate::NginxLimiter
+/// [`FixedWindowLimiter`]: crate::FixedWindowLimiter
+/// [`SlidingWindowLimiter`]: crate::SlidingWindowLimiter
+pub trait Admit {
+    /// Takes `n` units now, as a plain `check_n` would; when it took them, also the receipt
+    /// that gives them back.
+    fn charge(&self, n: u64) -> (Decision, Option<Receipt>);
+
+    /// Gives back the units of `receipt` (from this limit's own [`charge`](Admit::charge)), as
+    /// far as they are still owed. Never leaves the limit admitting more than it would had the
+    /// charge not happened; at the charge's own instant it gives back everything.
+    fn refund(&self, receipt: Receipt);
+
+    /// What `n` units would get now, taking nothing.
+    fn peek(&self, n: u64) -> Decision;
+}
+
+impl<C: Clock> Admit for Limiter<C> {
+    #[inline]
+    fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
+        let (d, stored) = self.charge_now(n);
+        (d, stored.map(|stored| Receipt { prior: 0, stored, n }))
+    }
+
+    #[inline]
+    fn refund(&self, r: Receipt) {
+        self.refund_stored(r.stored, r.n);
+    }
+
+    #[inline]
+    fn peek(&self, n: u64) -> Decision {
+        self.peek_n(n)
+    }
+}
+
+impl<P: Policy, C: Clock> Admit for Direct<P, C> {
+    #[inline]
+    fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
+        let (d, words) = Direct::charge(self, n);
+        (d, words.map(|(prior, stored)| Receipt { prior, stored, n }))
+    }
+
+    #[inline]
+    fn refund(&self, r: Receipt) {
+        self.refund_receipt((r.prior, r.stored), r.n);
+    }
+
+    #[inline]
+    fn peek(&self, n: u64) -> Decision {
+        self.peek_n(n)
+    }
+}
+
+impl fmt::Debug for dyn Admit + '_ {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("dyn Admit")
+    }
+}
+
+/// Admits `n` units against every limit in `limits`, all or nothing, as nginx does for several
+/// `limit_req` in one location.
+///
+/// The limits are charged in order. If every one admits, the request is admitted and every
+/// limit keeps its charge; the answer is the **largest delay** of them
+/// ([`Outcome::Delayed`] if any delays), the **fewest remaining**, and the **latest reset**.
+/// If one refuses, the limits charged before it get their units back (most recent first) and
+/// the limits after it are not charged: **nothing is spent**. The answer is then that refusal,
+/// with `retry_after` the **longest** any limit would ask for the same request (each of the
+/// others is peeked, taking nothing), or `None` if any can never admit it.
+///
+/// No lock, no allocation: the recursion is one frame per limit. An empty slice admits.
+///
+/// ```
+/// use tollgate::{check_all, Admit, Limiter, ManualClock, NginxLimiter, NginxQuota, Quota};
+///
+/// let per_client = Limiter::with_clock(Quota::per_second(2)?, ManualClock::new());
+/// let per_server = NginxLimiter::with_clock(NginxQuota::per_second(1)?.burst(5)?, ManualClock::new());
+/// let limits: [&dyn Admit; 2] = [&per_client, &per_server];
+/// assert!(check_all(&limits, 1).is_allowed());
+/// assert!(check_all(&limits, 1).is_allowed()); // delayed 1 s by the server's limit
+/// let refused = check_all(&limits, 1); // the client's bucket is empty
+/// assert!(!refused.is_allowed());
+/// // Nothing was spent on the server's limit by the refused request:
+/// assert_eq!(per_server.peek(1).delay().as_secs(), 2);
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+pub fn check_all(limits: &[&dyn Admit], n: u64) -> Decision {
+    match admit(limits, n) {
+        Ok(d) => d,
+        Err((i, refused)) => longest_wait(limits, i, refused, n),
+    }
+}
+
+/// Charges `limits` in order; on a refusal at `i`, refunds the ones before it and returns
+/// `(i, refusal)`.
+fn admit(limits: &[&dyn Admit], n: u64) -> Result<Decision, (usize, Decision)> {
+    let Some((first, rest)) = limits.split_first() else {
+        return Ok(Decision::from_nanos(Outcome::Allowed, u32::MAX, Nanos::ZERO, Nanos::ZERO));
+    };
+    let (d, receipt) = first.charge(n);
+    let Some(receipt) = receipt else {
+        return if d.is_allowed() && rest.is_empty() {
+            Ok(d) // n = 0, or an untracked admission: nothing to give back
+        } else if d.is_allowed() {
+            admit(rest, n).map(|others| d.merge(&others)).map_err(|(i, r)| (i + 1, r))
+        } else {
+            Err((0, d))
+        };
+    };
+    if rest.is_empty() {
+        return Ok(d);
+    }
+    match admit(rest, n) {
+        Ok(others) => Ok(d.merge(&others)),
+        Err((i, refused)) => {
+            first.refund(receipt);
+            Err((i + 1, refused))
+        }
+    }
+}
+
+/// The refusal from limit `i`, with the longest wait any limit asks for.
+fn longest_wait(limits: &[&dyn Admit], i: usize, refused: Decision, n: u64) -> Decision {
+    let mut retry = refused.retry_after_nanos();
+    for (j, l) in limits.iter().enumerate() {
+        if j == i || retry.is_none() {
+            continue;
+        }
+        let d = l.peek(n);
+        retry = match (retry, d.retry_after_nanos()) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            _ => None,
+        };
+    }
+    refused.with_retry(retry)
+}

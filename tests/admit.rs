@@ -1,0 +1,225 @@
+//! Multi-limit admission (`check_all`): nginx's semantics for several `limit_req`, all or
+//! nothing, against a sequential model; and refunds that never leave a limit more permissive
+//! than a twin that was never charged.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tollgate::{
+    check_all, Admit, Clock, Decision, FixedWindow, FixedWindowLimiter, Limiter, ManualClock, Nanos,
+    NginxLimiter, NginxQuota, Outcome, Quota, Rate, SlidingWindow, SlidingWindowLimiter,
+};
+
+const MS: u64 = 1_000_000;
+
+/// One limit's configuration; built twice (engine and model) on the same clock.
+#[derive(Clone, Debug)]
+enum Spec {
+    Bucket { per_sec: u64, burst: u64 },
+    Fixed { limit: u64, window_ms: u64 },
+    Sliding { limit: u64, window_ms: u64 },
+    Nginx { per_sec: u64, burst: u64, nodelay: bool, delay: u64 },
+}
+
+impl Spec {
+    fn build(&self, clock: &ManualClock) -> Box<dyn Admit> {
+        let c = clock.clone();
+        match *self {
+            Spec::Bucket { per_sec, burst } => {
+                Box::new(Limiter::with_clock(Quota::new(Rate::per_second(per_sec), burst).unwrap(), c))
+            }
+            Spec::Fixed { limit, window_ms } => Box::new(FixedWindowLimiter::with_clock(
+                FixedWindow::new(limit, Duration::from_millis(window_ms)).unwrap(),
+                c,
+            )),
+            Spec::Sliding { limit, window_ms } => Box::new(SlidingWindowLimiter::with_clock(
+                SlidingWindow::new(limit, Duration::from_millis(window_ms)).unwrap(),
+                c,
+            )),
+            Spec::Nginx { per_sec, burst, nodelay, delay } => {
+                let q = NginxQuota::per_second(per_sec).unwrap().burst(burst).unwrap();
+                let q = if nodelay { q.nodelay() } else { q.delay(delay) };
+                Box::new(NginxLimiter::with_clock(q, c))
+            }
+        }
+    }
+}
+
+fn specs() -> impl Strategy<Value = Spec> {
+    prop_oneof![
+        (1u64..20, 1u64..6).prop_map(|(per_sec, burst)| Spec::Bucket { per_sec, burst }),
+        (1u64..6, 50u64..2000).prop_map(|(limit, window_ms)| Spec::Fixed { limit, window_ms }),
+        (1u64..6, 1000u64..5000).prop_map(|(limit, window_ms)| Spec::Sliding { limit, window_ms }),
+        (1u64..20, 0u64..6, any::<bool>(), 0u64..4)
+            .prop_map(|(per_sec, burst, nodelay, delay)| Spec::Nginx { per_sec, burst, nodelay, delay }),
+    ]
+}
+
+/// The reference: every limit alone, peeked in order; if all admit, each is checked.
+fn model_all(limits: &[Box<dyn Admit>], n: u64) -> (bool, Vec<Decision>) {
+    let peeks: Vec<Decision> = limits.iter().map(|l| l.peek(n)).collect();
+    let all = peeks.iter().all(Decision::is_allowed);
+    if all {
+        let taken = limits.iter().map(|l| l.charge(n).0).collect();
+        (true, taken)
+    } else {
+        (false, peeks)
+    }
+}
+
+fn max_delay(ds: &[Decision]) -> Duration {
+    ds.iter().map(Decision::delay).max().unwrap_or_default()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    /// Engine and model see the same arrivals on the same clock: the engine admits exactly when
+    /// every limit alone would, answers with the largest delay and the fewest remaining, and
+    /// leaves every limit in the model's state (compared through a peek of each).
+    #[test]
+    fn all_or_nothing_matches_the_sequential_model(
+        specs in prop::collection::vec(specs(), 1..4),
+        ops in prop::collection::vec((0u64..700, 0u64..3), 1..60),
+    ) {
+        let clock = ManualClock::new();
+        let engine: Vec<Box<dyn Admit>> = specs.iter().map(|s| s.build(&clock)).collect();
+        let model: Vec<Box<dyn Admit>> = specs.iter().map(|s| s.build(&clock)).collect();
+        let refs: Vec<&dyn Admit> = engine.iter().map(|b| &**b).collect();
+        for (dt, n) in ops {
+            clock.advance(Duration::from_millis(dt));
+            let got = check_all(&refs, n);
+            let (admitted, answers) = model_all(&model, n);
+            prop_assert_eq!(got.is_allowed(), admitted, "at {:?}", clock.now());
+            if admitted {
+                prop_assert_eq!(got.delay(), max_delay(&answers));
+                prop_assert_eq!(got.outcome() == Outcome::Delayed, answers.iter().any(|d| d.outcome() == Outcome::Delayed));
+                prop_assert_eq!(got.remaining(), answers.iter().map(Decision::remaining).min().unwrap());
+            } else {
+                let never = answers.iter().any(|d| d.retry_after().is_none());
+                prop_assert_eq!(got.retry_after().is_none(), never);
+                if !never {
+                    let longest = answers.iter().filter_map(Decision::retry_after).max().unwrap();
+                    prop_assert_eq!(got.retry_after(), Some(longest));
+                }
+            }
+            for (e, m) in engine.iter().zip(&model) {
+                prop_assert_eq!(e.peek(1), m.peek(1));
+            }
+        }
+    }
+
+    /// A charge refunded later, with other decisions before, between and after: everything the
+    /// engine admits, apart from the refunded charge, a twin that only ever sees those
+    /// admitted requests admits too (in lockstep, on the same clock). So a refund never hands
+    /// out capacity the limit did not have, even when the cap at full has since absorbed part
+    /// of the charge (bucket) or its excess has leaked (nginx).
+    #[test]
+    fn late_refunds_never_add_capacity(
+        spec in specs(),
+        before in prop::collection::vec((0u64..400, 1u64..3), 0..6),
+        charge_n in 1u64..3,
+        between in prop::collection::vec((0u64..900, 1u64..3), 0..6),
+        after in prop::collection::vec((0u64..400, 1u64..3), 0..6),
+    ) {
+        let clock = ManualClock::new();
+        let engine = spec.build(&clock);
+        let twin = spec.build(&clock);
+        let step = |dt: u64, n: u64| -> Result<(), TestCaseError> {
+            clock.advance(Duration::from_millis(dt));
+            if engine.charge(n).0.is_allowed() {
+                prop_assert!(twin.charge(n).0.is_allowed(), "the twin refuses {} at {:?}", n, clock.now());
+            }
+            Ok(())
+        };
+        for &(dt, n) in &before {
+            step(dt, n)?;
+        }
+        let (_, receipt) = engine.charge(charge_n);
+        for &(dt, n) in &between {
+            step(dt, n)?;
+        }
+        if let Some(r) = receipt {
+            engine.refund(r);
+        }
+        for &(dt, n) in &after {
+            step(dt, n)?;
+        }
+    }
+
+    /// At the charge's own instant a refund is exact: the limit is exactly its twin again.
+    #[test]
+    fn immediate_refunds_are_exact(
+        spec in specs(),
+        before in prop::collection::vec((0u64..400, 1u64..3), 0..8),
+        charge_n in 1u64..3,
+    ) {
+        let clock = ManualClock::new();
+        let engine = spec.build(&clock);
+        let twin = spec.build(&clock);
+        for (dt, n) in before {
+            clock.advance(Duration::from_millis(dt));
+            prop_assert_eq!(engine.charge(n).0, twin.charge(n).0);
+        }
+        if let (_, Some(r)) = engine.charge(charge_n) {
+            engine.refund(r);
+        }
+        for n in 0..=6 {
+            prop_assert_eq!(engine.peek(n), twin.peek(n));
+        }
+        clock.advance(Duration::from_millis(1234));
+        for n in 0..=6 {
+            prop_assert_eq!(engine.peek(n), twin.peek(n));
+        }
+    }
+}
+
+/// nginx with two zones (REFERENCE.md §1.3): a per-client zone `rate=1r/s burst=5` and a
+/// per-server zone `rate=1r/s burst=5 delay=3`, requests at t = 0. The client's delays (1..5 s)
+/// are the larger and win; the seventh is rejected by the client's zone and the server's zone,
+/// charged nothing, still has the room it had.
+#[test]
+fn two_zones_largest_delay_wins_and_a_rejection_charges_nothing() {
+    let clock = ManualClock::new();
+    let client =
+        NginxLimiter::with_clock(NginxQuota::per_second(1).unwrap().burst(5).unwrap(), clock.clone());
+    let server =
+        NginxLimiter::with_clock(NginxQuota::per_second(1).unwrap().burst(6).unwrap().delay(3), clock);
+    let zones: [&dyn Admit; 2] = [&client, &server];
+    let got: Vec<(Outcome, u64)> =
+        (0..7).map(|_| check_all(&zones, 1)).map(|d| (d.outcome(), d.delay().as_secs())).collect();
+    use Outcome::*;
+    assert_eq!(
+        got,
+        [(Allowed, 0), (Delayed, 1), (Delayed, 2), (Delayed, 3), (Delayed, 4), (Delayed, 5), (Denied, 0)]
+    );
+    // The server zone was charged 6 times, not 7: its excess is 5 requests, so one more fits.
+    assert_eq!(Admit::peek(&server, 1).outcome(), Delayed);
+    assert_eq!(Admit::peek(&server, 2).outcome(), Denied);
+}
+
+/// A refusal reports the longest wait any limit asks for, and `None` when one never admits.
+#[test]
+fn refusals_report_the_longest_wait() {
+    let clock = ManualClock::new();
+    let fast = Limiter::with_clock(Quota::per_second(1).unwrap(), clock.clone());
+    let slow = Limiter::with_clock(Quota::per_minute(1).unwrap(), clock.clone());
+    let limits: [&dyn Admit; 2] = [&fast, &slow];
+    assert!(check_all(&limits, 1).is_allowed());
+    clock.set(Nanos::new(500 * MS));
+    let d = check_all(&limits, 1);
+    assert_eq!(d.outcome(), Outcome::Denied);
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(59_500)));
+    let too_big = check_all(&limits, 2);
+    assert_eq!(too_big.outcome(), Outcome::Insufficient);
+    assert_eq!(too_big.retry_after(), None);
+    // Neither limit lost anything to the refusals.
+    assert_eq!(fast.peek_n(1).outcome(), Outcome::Denied);
+    clock.set(Nanos::new(1000 * MS));
+    assert!(fast.peek_n(1).is_allowed());
+}
+
+#[test]
+fn no_limits_admit() {
+    assert!(check_all(&[], 1).is_allowed());
+}
