@@ -23,10 +23,29 @@ pub struct Receipt {
     n: u64,
 }
 
+impl Receipt {
+    pub(crate) const fn new(prior: u64, stored: u64, n: u64) -> Receipt {
+        Receipt { prior, stored, n }
+    }
+
+    pub(crate) const fn prior(&self) -> u64 {
+        self.prior
+    }
+
+    pub(crate) const fn stored(&self) -> u64 {
+        self.stored
+    }
+
+    pub(crate) const fn units(&self) -> u64 {
+        self.n
+    }
+}
+
 /// A limit that can take part in [`check_all`]: it can take units and give them back.
 ///
-/// Implemented by [`Limiter`] and by every [`Direct`] limiter ([`NginxLimiter`],
-/// [`FixedWindowLimiter`], [`SlidingWindowLimiter`]).
+/// Implemented by [`Limiter`], by every [`Direct`] limiter ([`NginxLimiter`],
+/// [`FixedWindowLimiter`], [`SlidingWindowLimiter`]) and by
+/// [`SlidingLogLimiter`](crate::SlidingLogLimiter).
 ///
 /// [`NginxLimiter`]: crate::NginxLimiter
 /// [`FixedWindowLimiter`]: crate::FixedWindowLimiter

@@ -124,7 +124,11 @@ pub(crate) fn check_window(
         return Err(ConfigError::ZeroBurst);
     }
     if limit > max_limit {
-        let what = if kind == "fixed-window" { "fixed-window limit" } else { "sliding-window limit" };
+        let what = match kind {
+            "fixed-window" => "fixed-window limit",
+            "sliding-log" => "sliding-log limit",
+            _ => "sliding-window limit",
+        };
         return Err(ConfigError::OutOfRange { what, value: limit, max: max_limit });
     }
     let window = Nanos::try_from(window)?.as_u64();
@@ -132,8 +136,11 @@ pub(crate) fn check_window(
         return Err(ConfigError::ZeroPeriod);
     }
     if window > 1 << 62 {
-        let what =
-            if kind == "fixed-window" { "fixed-window length (ns)" } else { "sliding-window length (ns)" };
+        let what = match kind {
+            "fixed-window" => "fixed-window length (ns)",
+            "sliding-log" => "sliding-log window (ns)",
+            _ => "sliding-window length (ns)",
+        };
         return Err(ConfigError::OutOfRange { what, value: window, max: 1 << 62 });
     }
     Ok(window)

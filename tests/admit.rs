@@ -7,7 +7,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tollgate::{
     check_all, Admit, Clock, Decision, FixedWindow, FixedWindowLimiter, Limiter, ManualClock, Nanos,
-    NginxLimiter, NginxQuota, Outcome, Quota, Rate, SlidingWindow, SlidingWindowLimiter,
+    NginxLimiter, NginxQuota, Outcome, Quota, Rate, SlidingLog, SlidingLogLimiter, SlidingWindow,
+    SlidingWindowLimiter,
 };
 
 const MS: u64 = 1_000_000;
@@ -19,6 +20,7 @@ enum Spec {
     Fixed { limit: u64, window_ms: u64 },
     Sliding { limit: u64, window_ms: u64 },
     Nginx { per_sec: u64, burst: u64, nodelay: bool, delay: u64 },
+    Log { limit: u64, window_ms: u64 },
 }
 
 impl Spec {
@@ -41,6 +43,10 @@ impl Spec {
                 let q = if nodelay { q.nodelay() } else { q.delay(delay) };
                 Box::new(NginxLimiter::with_clock(q, c))
             }
+            Spec::Log { limit, window_ms } => Box::new(SlidingLogLimiter::with_clock(
+                SlidingLog::new(limit, Duration::from_millis(window_ms)).unwrap(),
+                c,
+            )),
         }
     }
 }
@@ -52,6 +58,7 @@ fn specs() -> impl Strategy<Value = Spec> {
         (1u64..6, 1000u64..5000).prop_map(|(limit, window_ms)| Spec::Sliding { limit, window_ms }),
         (1u64..20, 0u64..6, any::<bool>(), 0u64..4)
             .prop_map(|(per_sec, burst, nodelay, delay)| Spec::Nginx { per_sec, burst, nodelay, delay }),
+        (1u64..6, 50u64..2000).prop_map(|(limit, window_ms)| Spec::Log { limit, window_ms }),
     ]
 }
 

@@ -74,6 +74,17 @@ fn the_decision_path_never_allocates() {
         exercise(&manual);
     });
     assert_eq!(n, 0, "the decision path allocated {n} times");
+    // The sliding logs, direct and keyed (inserts, take-overs and refusals included).
+    let log = tollgate::SlidingLog::new(4, std::time::Duration::from_micros(50)).unwrap();
+    let direct = tollgate::SlidingLogLimiter::new(log);
+    let keyed = tollgate::KeyedSlidingLog::builder(log).capacity(256).build::<u64>().unwrap();
+    let n = allocations_during(|| {
+        for i in 0..50_000u64 {
+            std::hint::black_box(direct.check_n(i % 6));
+            std::hint::black_box(keyed.check_n(&(i % 2048), i % 6));
+        }
+    });
+    assert_eq!(n, 0, "the sliding log allocated {n} times");
     // The counter works: a Vec allocates.
     assert_eq!(allocations_during(|| drop(std::hint::black_box(vec![1u8; 64]))), 1);
 }

@@ -1,0 +1,289 @@
+//! Sliding log: exactly "at most `N` in any window `W`", for one state ([`SlidingLogLimiter`])
+//! or per key ([`KeyedSlidingLog`]).
+//!
+//! A log keeps the expiry (`admitted at + W`) of each of the last `N` admitted units in a ring,
+//! oldest first. `n` more fit at `t` exactly when the `n`-th oldest has expired: then every
+//! window ending at `t` holds at most `N − n` older units. Deciding reads one entry, and a
+//! binary search over the ring counts what is left; memory is `8·N` bytes per key, fixed.
+//!
+//! Unlike every other algorithm here, the state is `N` words, so a decision takes a lock: a
+//! `Mutex` around the one log, or around the shard of the keyed table. The critical section is
+//! a few dozen instructions and never allocates, blocks on I/O or panics.
+//!
+//! # Time
+//!
+//! Expiries are stored as nanoseconds since the limiter's creation plus `W`, and never move
+//! back: a decision whose clock reads earlier than the newest admission is stored as if at
+//! that admission (its units expire later than they would: fewer admissions, never more).
+
+mod keyed;
+
+use core::fmt;
+use core::time::Duration;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crossbeam_utils::CachePadded;
+
+pub use keyed::{KeyedSlidingLog, KeyedSlidingLogBuilder};
+
+use crate::admit::{Admit, Receipt};
+use crate::window::check_window;
+use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome};
+
+/// Elapsed time is clamped below 2^63 ns (292 years), so that `t + W` fits a `u64`.
+const MAX_ELAPSED: u64 = (1 << 63) - 1;
+
+/// At most `limit` in any sliding window of `window`, exactly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SlidingLog {
+    limit: u64,
+    window: u64,
+}
+
+impl SlidingLog {
+    /// The largest limit: 2^16 (512 KiB of log per key).
+    pub const MAX_LIMIT: u64 = 1 << 16;
+
+    /// At most `limit` (1 to 2^16) in any `window` (1 ns to 2^62 ns).
+    pub fn new(limit: u64, window: Duration) -> Result<SlidingLog, ConfigError> {
+        let window = check_window("sliding-log", limit, Self::MAX_LIMIT, window)?;
+        Ok(SlidingLog { limit, window })
+    }
+
+    /// The limit per window.
+    pub const fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The window's length.
+    pub const fn window(&self) -> Duration {
+        Duration::from_nanos(self.window)
+    }
+
+    /// Bytes of log one key (or one direct limiter) holds: `8·limit`.
+    pub const fn log_bytes(&self) -> usize {
+        #[expect(clippy::cast_possible_truncation, reason = "the limit is at most 2^16")]
+        let n = self.limit as usize;
+        8 * n
+    }
+
+    fn entries(&self) -> usize {
+        usize::try_from(self.limit).expect("at most 2^16")
+    }
+
+    /// Decides `n` units at `now` (ns since the origin) on the log `ring` whose oldest entry is
+    /// at `head`; stores them when `take` and they fit. Returns the decision and, when stored,
+    /// the expiry written.
+    fn decide(
+        &self,
+        ring: &mut [u64],
+        head: &mut usize,
+        now: u64,
+        n: u64,
+        take: bool,
+    ) -> (Decision, Option<u64>) {
+        let len = ring.len();
+        let at = |i: usize| ring[(*head + i) % len];
+        let now = now.min(MAX_ELAPSED);
+        let newest = at(len - 1);
+        // Entries at or before `now` have expired; they are the oldest `expired` (the ring is
+        // sorted from `head`).
+        let expired = partition_point(len, |i| at(i) <= now);
+        #[expect(clippy::cast_possible_truncation, reason = "at most 2^16")]
+        let remaining = |k: usize| k as u32;
+        let reset = |newest: u64| Nanos::new(newest.saturating_sub(now));
+        if n > self.limit {
+            return (
+                Decision::from_nanos(Outcome::Insufficient, remaining(expired), Nanos::ZERO, reset(newest)),
+                None,
+            );
+        }
+        if n == 0 {
+            return (
+                Decision::from_nanos(Outcome::Allowed, remaining(expired), Nanos::ZERO, reset(newest)),
+                None,
+            );
+        }
+        let n = usize::try_from(n).expect("at most the limit");
+        let nth = at(n - 1);
+        if nth > now {
+            let retry = Nanos::new(nth - now);
+            return (Decision::from_nanos(Outcome::Denied, remaining(expired), retry, reset(newest)), None);
+        }
+        let expiry = (now + self.window).max(newest);
+        let decision =
+            Decision::from_nanos(Outcome::Allowed, remaining(expired - n), Nanos::ZERO, reset(expiry));
+        if !take {
+            return (decision, None);
+        }
+        for i in 0..n {
+            ring[(*head + i) % len] = expiry;
+        }
+        *head = (*head + n) % len;
+        (decision, Some(expiry))
+    }
+
+    /// Takes back up to `n` units stored with `expiry` at `at` (ns since the origin): removes
+    /// them from the log and refills its oldest end with entries expiring at `at`.
+    ///
+    /// The charge overwrote the `n` oldest entries, all expired by `at`; the refill expires no
+    /// earlier than any of them and no later than `at`, so from `at` on the log answers exactly
+    /// as if the charge had not happened, and at an earlier instant (a clock that steps back)
+    /// it admits no more. Units overwritten since by newer ones are gone already.
+    fn refund(ring: &mut [u64], head: usize, expiry: u64, at: u64, n: u64) {
+        let len = ring.len();
+        let idx = |i: usize| (head + i) % len;
+        let start = partition_point(len, |i| ring[idx(i)] < expiry);
+        let end = partition_point(len, |i| ring[idx(i)] <= expiry);
+        let take = (end - start).min(usize::try_from(n).unwrap_or(usize::MAX));
+        // Shift the entries older than the removed ones toward the newer end, then refill the
+        // oldest `take`, capped by the oldest entry left so that the log stays sorted (the
+        // overwritten entries were no newer than it either).
+        for i in (0..end - take).rev() {
+            ring[idx(i + take)] = ring[idx(i)];
+        }
+        let fill = if take < len { at.min(ring[idx(take)]) } else { at };
+        for i in 0..take {
+            ring[idx(i)] = fill;
+        }
+    }
+}
+
+/// The first `i` in `0..len` where `pred(i)` is false (`pred` true then false).
+#[inline]
+fn partition_point(len: usize, pred: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (0, len);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if pred(mid) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// One log: the ring and the position of its oldest entry.
+struct State {
+    ring: Box<[u64]>,
+    head: usize,
+}
+
+/// A direct sliding-log limiter: at most `N` in any window `W`, exactly, for one state.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{ManualClock, Nanos, SlidingLog, SlidingLogLimiter};
+///
+/// // 3 per second, in any second.
+/// let l = SlidingLogLimiter::with_clock(SlidingLog::new(3, Duration::from_secs(1))?, ManualClock::new());
+/// let ms = |m: u64| Nanos::new(m * 1_000_000);
+/// assert!(l.check_at(ms(0)).is_allowed());
+/// assert!(l.check_n_at(ms(600), 2).is_allowed());
+/// let d = l.check_at(ms(999));
+/// assert!(!d.is_allowed());
+/// assert_eq!(d.retry_after(), Some(Duration::from_millis(1))); // the unit of 0 ms leaves at 1000
+/// assert!(l.check_at(ms(1000)).is_allowed());
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+pub struct SlidingLogLimiter<C: Clock = DefaultClock> {
+    state: CachePadded<Mutex<State>>,
+    log: SlidingLog,
+    origin: Nanos,
+    clock: C,
+}
+
+impl SlidingLogLimiter<DefaultClock> {
+    /// A limiter on the default clock, with an empty log.
+    pub fn new(log: SlidingLog) -> SlidingLogLimiter<DefaultClock> {
+        SlidingLogLimiter::with_clock(log, DefaultClock::new())
+    }
+}
+
+impl<C: Clock> SlidingLogLimiter<C> {
+    /// A limiter on `clock`, with an empty log, counting time from the clock's current reading.
+    pub fn with_clock(log: SlidingLog, clock: C) -> SlidingLogLimiter<C> {
+        let state = State { ring: vec![0; log.entries()].into_boxed_slice(), head: 0 };
+        let origin = clock.now();
+        SlidingLogLimiter { state: CachePadded::new(Mutex::new(state)), log, origin, clock }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Nothing panics while the lock is held; a poisoned lock still holds a sorted log.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn elapsed(&self, now: Nanos) -> u64 {
+        now.saturating_sub(self.origin).as_u64()
+    }
+
+    /// One unit now.
+    pub fn check(&self) -> Decision {
+        self.check_n_at(self.clock.now(), 1)
+    }
+
+    /// `n` units now, all or none.
+    pub fn check_n(&self, n: u64) -> Decision {
+        self.check_n_at(self.clock.now(), n)
+    }
+
+    /// One unit at `now` on this limiter's clock.
+    pub fn check_at(&self, now: Nanos) -> Decision {
+        self.check_n_at(now, 1)
+    }
+
+    /// `n` units at `now` on this limiter's clock.
+    pub fn check_n_at(&self, now: Nanos, n: u64) -> Decision {
+        let e = self.elapsed(now);
+        let mut s = self.lock();
+        let State { ring, head } = &mut *s;
+        self.log.decide(ring, head, e, n, true).0
+    }
+
+    /// What `n` units would get at `now`, taking nothing.
+    pub fn peek_n_at(&self, now: Nanos, n: u64) -> Decision {
+        let e = self.elapsed(now);
+        let mut s = self.lock();
+        let State { ring, head } = &mut *s;
+        self.log.decide(ring, head, e, n, false).0
+    }
+
+    /// The current time on this limiter's clock.
+    pub fn now(&self) -> Nanos {
+        self.clock.now()
+    }
+
+    /// The configuration.
+    pub fn log(&self) -> &SlidingLog {
+        &self.log
+    }
+}
+
+impl<C: Clock> Admit for SlidingLogLimiter<C> {
+    fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
+        let e = self.elapsed(self.clock.now());
+        let mut s = self.lock();
+        let State { ring, head } = &mut *s;
+        let (d, expiry) = self.log.decide(ring, head, e, n, true);
+        (d, expiry.map(|expiry| Receipt::new(e, expiry, n)))
+    }
+
+    /// Exact from the charge's instant on: the units' entries leave the log, and the ones they
+    /// overwrote, expired by then, come back as entries expiring at that instant.
+    fn refund(&self, receipt: Receipt) {
+        let mut s = self.lock();
+        let head = s.head;
+        SlidingLog::refund(&mut s.ring, head, receipt.stored(), receipt.prior(), receipt.units());
+    }
+
+    fn peek(&self, n: u64) -> Decision {
+        self.peek_n_at(self.clock.now(), n)
+    }
+}
+
+impl<C: Clock> fmt::Debug for SlidingLogLimiter<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlidingLogLimiter").field("log", &self.log).finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,339 @@
+//! `KeyedSlidingLog`: a sliding log per key, in a table whose memory is fixed at construction.
+//!
+//! Layout: power-of-two shards, each a `Mutex` over an open-addressing array of slots (the key's
+//! identity words and the position of its log's oldest entry) and a side arena with `N` expiries
+//! per slot. A key is looked up in the 32 slots from its home; a slot whose log has wholly
+//! expired is the same as an empty one and is taken over by the next new key that probes it.
+
+use core::fmt;
+use core::marker::PhantomData;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crossbeam_utils::CachePadded;
+
+use super::SlidingLog;
+use crate::keyed::{Key, Words};
+use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome, WhenFull};
+
+/// Slots probed from a key's home.
+const PROBE: usize = 32;
+/// The most log entries a table may hold (capacity × limit): 2^34, 128 GiB.
+const MAX_ENTRIES: u64 = 1 << 34;
+/// The most shards.
+const MAX_SHARDS: usize = 64;
+
+/// How to build a [`KeyedSlidingLog`].
+#[derive(Clone, Debug)]
+pub struct KeyedSlidingLogBuilder {
+    log: SlidingLog,
+    capacity: usize,
+    shards: Option<usize>,
+    when_full: WhenFull,
+    seeds: Option<[u64; 8]>,
+}
+
+impl KeyedSlidingLogBuilder {
+    /// The most keys tracked at once (default 2^16). The table has the next power of two at or
+    /// above `capacity·8/7` slots.
+    pub fn capacity(mut self, keys: usize) -> KeyedSlidingLogBuilder {
+        self.capacity = keys;
+        self
+    }
+
+    /// The number of shards, each with its own lock: a power of two up to 64 (default: 4 per
+    /// available core).
+    pub fn shards(mut self, shards: usize) -> KeyedSlidingLogBuilder {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// What a new key gets when its 32 probed slots all hold live logs: [`WhenFull::Deny`]
+    /// (the default, [`Outcome::TableFull`]) or [`WhenFull::Allow`] ([`Outcome::Untracked`]).
+    /// [`WhenFull::EvictStalest`] is refused: a sliding log cannot be summarized in a ghost.
+    pub fn when_full(mut self, policy: WhenFull) -> KeyedSlidingLogBuilder {
+        self.when_full = policy;
+        self
+    }
+
+    /// Fixed hash seeds (placement, then fingerprints), for reproducible tests. By default
+    /// both are random per table.
+    pub fn seeds(mut self, seeds: [u64; 8]) -> KeyedSlidingLogBuilder {
+        self.seeds = Some(seeds);
+        self
+    }
+
+    /// Builds the table on the default clock.
+    pub fn build<K: Key + ?Sized>(self) -> Result<KeyedSlidingLog<K, DefaultClock>, ConfigError> {
+        self.build_with_clock(DefaultClock::new())
+    }
+
+    /// Builds the table on `clock`. Every slot and every log entry is allocated here (zeroed:
+    /// the pages are committed as keys first touch them).
+    pub fn build_with_clock<K: Key + ?Sized, C: Clock>(
+        self,
+        clock: C,
+    ) -> Result<KeyedSlidingLog<K, C>, ConfigError> {
+        if self.when_full == WhenFull::EvictStalest {
+            return Err(ConfigError::OutOfRange {
+                what: "sliding-log table-full policy (Deny or Allow)",
+                value: 2,
+                max: 1,
+            });
+        }
+        let capacity = self.capacity as u64;
+        if capacity == 0 || capacity.saturating_mul(self.log.limit) > MAX_ENTRIES {
+            return Err(ConfigError::OutOfRange {
+                what: "keyed sliding-log capacity (keys × limit ≤ 2^34)",
+                value: capacity,
+                max: MAX_ENTRIES / self.log.limit,
+            });
+        }
+        let shards = match self.shards {
+            Some(s) if s.is_power_of_two() && s <= MAX_SHARDS => s,
+            Some(s) => {
+                return Err(ConfigError::OutOfRange {
+                    what: "shards (a power of two)",
+                    value: s as u64,
+                    max: MAX_SHARDS as u64,
+                })
+            }
+            None => {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                (4 * cores).next_power_of_two().min(MAX_SHARDS)
+            }
+        };
+        let slots = (self.capacity + self.capacity.div_ceil(7)).next_power_of_two().max(PROBE);
+        let shards = shards.min(slots / PROBE);
+        let per_shard = slots / shards;
+        let entries = self.log.entries();
+        let (place, fingerprint) = match self.seeds {
+            Some([a, b, c, d, e, f, g, h]) => {
+                (ahash::RandomState::with_seeds(a, b, c, d), ahash::RandomState::with_seeds(e, f, g, h))
+            }
+            None => (ahash::RandomState::new(), ahash::RandomState::new()),
+        };
+        let shards = (0..shards)
+            .map(|_| {
+                CachePadded::new(Mutex::new(Shard {
+                    keys: vec![K::Words::default(); per_shard].into_boxed_slice(),
+                    heads: vec![0; per_shard].into_boxed_slice(),
+                    used: vec![false; per_shard].into_boxed_slice(),
+                    rings: vec![0; per_shard * entries].into_boxed_slice(),
+                    live: 0,
+                }))
+            })
+            .collect();
+        let origin = clock.now();
+        Ok(KeyedSlidingLog {
+            shards,
+            per_shard,
+            log: self.log,
+            when_full: self.when_full,
+            place,
+            fingerprint,
+            origin,
+            clock,
+            _key: PhantomData,
+        })
+    }
+}
+
+/// A shard behind its lock, on a cache line of its own.
+type Locked<W> = CachePadded<Mutex<Shard<W>>>;
+
+/// One shard: its slots and their logs (`N` entries per slot, in slot order).
+struct Shard<W> {
+    keys: Box<[W]>,
+    heads: Box<[usize]>,
+    used: Box<[bool]>,
+    rings: Box<[u64]>,
+    /// Slots holding a key (some may have expired and not yet been taken over).
+    live: u64,
+}
+
+/// A sliding log per key: at most `N` in any window `W` for each key, exactly, with memory
+/// fixed at construction: `capacity·8/7` rounded up to a power of two slots, each with `8·N`
+/// bytes of log and its key.
+///
+/// A decision locks the key's shard for one probe (up to 32 slots) and one log decision; it
+/// never allocates. A key whose log has wholly expired is the same as a key never seen, so its
+/// slot is free for the next new key: memory stays bounded under any flood of keys, and a key
+/// flooding requests only fills its own log. When every probed slot holds a live log, a new key
+/// is refused ([`Outcome::TableFull`], by default) or admitted untracked
+/// ([`WhenFull::Allow`]); tracked keys are never displaced.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{KeyedSlidingLog, ManualClock, SlidingLog};
+///
+/// let log = SlidingLog::new(2, Duration::from_secs(10))?;
+/// let l = KeyedSlidingLog::builder(log).capacity(1000).build_with_clock::<str, _>(ManualClock::new())?;
+/// assert!(l.check("alice").is_allowed());
+/// assert!(l.check("alice").is_allowed());
+/// assert!(!l.check("alice").is_allowed());
+/// assert!(l.check("bob").is_allowed());
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+pub struct KeyedSlidingLog<K: Key + ?Sized, C: Clock = DefaultClock> {
+    shards: Box<[Locked<K::Words>]>,
+    per_shard: usize,
+    log: SlidingLog,
+    when_full: WhenFull,
+    place: ahash::RandomState,
+    fingerprint: ahash::RandomState,
+    origin: Nanos,
+    clock: C,
+    _key: PhantomData<fn(&K)>,
+}
+
+impl KeyedSlidingLog<u64> {
+    /// A builder for a table of sliding logs; the key type is chosen at `build`.
+    pub fn builder(log: SlidingLog) -> KeyedSlidingLogBuilder {
+        KeyedSlidingLogBuilder {
+            log,
+            capacity: 1 << 16,
+            shards: None,
+            when_full: WhenFull::Deny,
+            seeds: None,
+        }
+    }
+}
+
+impl<K: Key + ?Sized, C: Clock> KeyedSlidingLog<K, C> {
+    fn lock(&self, i: usize) -> MutexGuard<'_, Shard<K::Words>> {
+        // Nothing panics while a shard is locked; a poisoned shard is still consistent.
+        self.shards[i].lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One unit for `key` now.
+    pub fn check(&self, key: &K) -> Decision {
+        self.check_n_at(key, self.clock.now(), 1)
+    }
+
+    /// `n` units for `key` now, all or none.
+    pub fn check_n(&self, key: &K, n: u64) -> Decision {
+        self.check_n_at(key, self.clock.now(), n)
+    }
+
+    /// `n` units for `key` at `now` on this table's clock.
+    pub fn check_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
+        self.decide(key, now, n, true)
+    }
+
+    /// What `n` units for `key` would get at `now`, taking nothing (and inserting nothing).
+    pub fn peek_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
+        self.decide(key, now, n, false)
+    }
+
+    fn decide(&self, key: &K, now: Nanos, n: u64, take: bool) -> Decision {
+        let words = key.words(&self.fingerprint);
+        let hash = words.hash_with(&self.place);
+        let e = now.saturating_sub(self.origin).as_u64();
+        // Shards and slots per shard are powers of two below 2^32: the truncations keep the
+        // bits the masks keep.
+        #[expect(clippy::cast_possible_truncation, reason = "masked below 2^32")]
+        let (shard_index, low) = ((hash >> 32) as usize & (self.shards.len() - 1), hash as usize);
+        let mut shard = self.lock(shard_index);
+        let Shard { keys, heads, used, rings, live } = &mut *shard;
+        let entries = self.log.entries();
+        let mask = self.per_shard - 1;
+        let home = low & mask;
+        let newest = |rings: &[u64], heads: &[usize], s: usize| {
+            rings[s * entries + (heads[s] + entries - 1) % entries]
+        };
+        let mut free = None;
+        let mut found = None;
+        for i in 0..PROBE.min(self.per_shard) {
+            let s = (home + i) & mask;
+            if used[s] && keys[s] == words {
+                found = Some(s);
+                break;
+            }
+            if free.is_none() && (!used[s] || newest(rings, heads, s) <= e) {
+                free = Some(s);
+            }
+        }
+        let slot = match (found, free) {
+            (Some(s), _) => s,
+            (None, _) if n == 0 || !take => {
+                // An unknown key has an empty log; peeks and zero costs insert nothing.
+                return self.fresh_answer(n);
+            }
+            (None, Some(s)) => {
+                if !used[s] {
+                    used[s] = true;
+                    *live += 1;
+                }
+                keys[s] = words;
+                s
+            }
+            (None, None) => {
+                let outcome = match self.when_full {
+                    WhenFull::Allow => Outcome::Untracked,
+                    _ => Outcome::TableFull,
+                };
+                return Decision::from_nanos(outcome, 0, Nanos::ZERO, Nanos::ZERO);
+            }
+        };
+        let ring = &mut rings[slot * entries..(slot + 1) * entries];
+        self.log.decide(ring, &mut heads[slot], e, n, take).0
+    }
+
+    /// The answer for a key with an empty log.
+    fn fresh_answer(&self, n: u64) -> Decision {
+        let (outcome, remaining) = if n > self.log.limit {
+            (Outcome::Insufficient, self.log.limit)
+        } else {
+            (Outcome::Allowed, self.log.limit - n)
+        };
+        #[expect(clippy::cast_possible_truncation, reason = "at most 2^16")]
+        let remaining = remaining as u32;
+        let reset =
+            if outcome == Outcome::Allowed && n > 0 { Nanos::new(self.log.window) } else { Nanos::ZERO };
+        Decision::from_nanos(outcome, remaining, Nanos::ZERO, reset)
+    }
+
+    /// Slots holding a key, some of them possibly expired and not yet taken over.
+    pub fn len(&self) -> u64 {
+        (0..self.shards.len()).map(|i| self.lock(i).live).sum()
+    }
+
+    /// Whether no key has been tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The number of slots: the most keys tracked at once.
+    pub fn capacity(&self) -> u64 {
+        (self.per_shard * self.shards.len()) as u64
+    }
+
+    /// Bytes the table owns, all allocated at construction: per slot, the log (`8·N`), the key
+    /// words, the log's head and a flag.
+    pub fn memory_bytes(&self) -> usize {
+        let per_slot =
+            self.log.log_bytes() + core::mem::size_of::<K::Words>() + core::mem::size_of::<usize>() + 1;
+        self.per_shard * self.shards.len() * per_slot
+            + self.shards.len() * core::mem::size_of::<Locked<K::Words>>()
+    }
+
+    /// The current time on this table's clock.
+    pub fn now(&self) -> Nanos {
+        self.clock.now()
+    }
+
+    /// The configuration.
+    pub fn log(&self) -> &SlidingLog {
+        &self.log
+    }
+}
+
+impl<K: Key + ?Sized, C: Clock> fmt::Debug for KeyedSlidingLog<K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedSlidingLog")
+            .field("log", &self.log)
+            .field("capacity", &self.capacity())
+            .field("when_full", &self.when_full)
+            .finish_non_exhaustive()
+    }
+}
