@@ -1,7 +1,7 @@
 //! `KeyedLimiter`: a token bucket per key, in a fixed-size lock-free table.
 
 mod key;
-mod table;
+pub(crate) mod table;
 mod tiers;
 
 use core::borrow::Borrow;
@@ -638,6 +638,19 @@ struct Target<'a, W: Words> {
     hash: u64,
     shard: Shard<'a, W>,
     home: usize,
+}
+
+/// Starts fetching the cache line at `p` (x86_64; elsewhere nothing). Never faults.
+#[inline]
+pub(crate) fn prefetch_line(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch is a hint that never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// Hints the CPU to fetch a key's home group (two cache lines) into L1.

@@ -107,8 +107,16 @@ struct Workload {
     capacity: usize,
 }
 
-const KEYED: &[&str] =
-    &["floor", "tollgate", "tollgate-coarse", "tollgate-batch", "governor", "governor-ahash", "mutex"];
+const KEYED: &[&str] = &[
+    "floor",
+    "tollgate",
+    "tollgate-coarse",
+    "tollgate-batch",
+    "tollgate-sliding-log",
+    "governor",
+    "governor-ahash",
+    "mutex",
+];
 const BOTH: &[Load] = &[Load::Allow, Load::Deny];
 
 fn workloads(quick: bool) -> Vec<Workload> {
@@ -127,6 +135,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
                 "tollgate-nginx",
                 "tollgate-fixed-window",
                 "tollgate-sliding-window",
+                "tollgate-sliding-log",
                 "governor",
                 "mutex",
             ],
@@ -355,6 +364,7 @@ fn main() {
     if !args.no_memory {
         for (w, name) in [
             ("1M-keys", "tollgate"),
+            ("1M-keys", "tollgate-sliding-log"),
             ("1M-keys", "governor"),
             ("1M-keys", "governor-ahash"),
             ("1M-keys", "mutex"),

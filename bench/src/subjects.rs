@@ -9,8 +9,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tollgate::{
-    Clock, CoarseClock, Decision, FixedWindow, FixedWindowLimiter, KeyedBuilder, KeyedLimiter, Limiter,
-    NginxLimiter, NginxQuota, Quota, Rate, SlidingWindow, SlidingWindowLimiter, TscClock, WhenFull,
+    Clock, CoarseClock, Decision, FixedWindow, FixedWindowLimiter, KeyedBuilder, KeyedLimiter,
+    KeyedSlidingLog, Limiter, NginxLimiter, NginxQuota, Quota, Rate, SlidingLog, SlidingLogLimiter,
+    SlidingWindow, SlidingWindowLimiter, TscClock, WhenFull,
 };
 
 use crate::driver::{Subject, BATCH};
@@ -118,6 +119,7 @@ macro_rules! direct_subject {
 direct_subject!(Nginx, NginxLimiter);
 direct_subject!(Fixed, FixedWindowLimiter);
 direct_subject!(Sliding, SlidingWindowLimiter);
+direct_subject!(Log, SlidingLogLimiter);
 
 struct GovDirect(governor::DefaultDirectRateLimiter);
 
@@ -222,6 +224,16 @@ pub fn direct_subjects() -> Vec<(&'static str, Maker)> {
                 l.check();
             })))
         }),
+        ("tollgate-sliding-log", |s| {
+            let q = match s.load {
+                // 100 per µs: never reached (about 40 decisions per µs on one core).
+                Load::Allow | Load::Refill => SlidingLog::new(100, Duration::from_micros(1)),
+                Load::Deny => SlidingLog::new(1, Duration::from_secs(3600)),
+            };
+            Box::new(Log(spend(s.load, SlidingLogLimiter::new(q.expect("valid")), |l| {
+                l.check();
+            })))
+        }),
         ("governor", |s| {
             Box::new(GovDirect(spend(s.load, governor::RateLimiter::direct(s.load.governor()), |l| {
                 let _ = l.check();
@@ -252,6 +264,16 @@ impl Subject for KeyedFloor {
 struct Keyed<C: Clock>(KeyedLimiter<u64, C>);
 
 impl<C: Clock + Sync> Subject for Keyed<C> {
+    fn run(&self, keys: &[u64]) {
+        for k in keys {
+            black_box(self.0.check(k));
+        }
+    }
+}
+
+struct KeyedLog(KeyedSlidingLog<u64, TscClock>);
+
+impl Subject for KeyedLog {
     fn run(&self, keys: &[u64]) {
         for k in keys {
             black_box(self.0.check(k));
@@ -374,6 +396,18 @@ pub fn keyed_subject(name: &str) -> Option<Maker> {
             Box::new(KeyedBatch { limiter, blank })
         },
         "tollgate-evict" => |s| Box::new(Keyed(keyed(s, WhenFull::EvictStalest, TscClock::new()))),
+        "tollgate-sliding-log" => |s| {
+            // A log of 4 per key: 4 per ns (never reached), or one per hour.
+            let log = match s.load {
+                Load::Allow | Load::Refill => SlidingLog::new(4, Duration::from_nanos(1)),
+                Load::Deny => SlidingLog::new(1, Duration::from_secs(3600)),
+            };
+            let l = KeyedSlidingLog::builder(log.expect("valid"))
+                .capacity(s.capacity)
+                .build_with_clock::<u64, _>(TscClock::new())
+                .expect("valid keyed configuration");
+            Box::new(KeyedLog(l))
+        },
         "governor" => |s| Box::new(Governor(GovKeyed::keyed(s.load.governor()))),
         "governor-ahash" => |s| {
             Box::new(GovernorAhash(GovAhash::dashmap_with_hasher(

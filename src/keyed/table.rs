@@ -724,7 +724,7 @@ fn alloc_groups<W: Words>(groups: usize) -> Box<[Group<W>]> {
 /// 2 MiB-aligned stretch of it with a huge page when transparent huge pages are enabled in
 /// `madvise` or `always` mode, and ignores the advice otherwise.
 #[cfg(all(target_os = "linux", not(tollgate_loom)))]
-fn advise_huge_pages(ptr: *mut u8, len: usize) {
+pub(crate) fn advise_huge_pages(ptr: *mut u8, len: usize) {
     const PAGE: usize = 4096;
     if len < 2 << 20 {
         return;

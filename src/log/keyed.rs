@@ -112,20 +112,26 @@ impl KeyedSlidingLogBuilder {
             }
             None => (ahash::RandomState::new(), ahash::RandomState::new()),
         };
-        let shards = (0..shards)
+        let shards: Box<[Locked<K::Words>]> = (0..shards)
             .map(|_| {
                 CachePadded::new(Mutex::new(Shard {
-                    keys: vec![K::Words::default(); per_shard].into_boxed_slice(),
-                    heads: vec![0; per_shard].into_boxed_slice(),
-                    used: vec![false; per_shard].into_boxed_slice(),
-                    rings: vec![0; per_shard * entries].into_boxed_slice(),
+                    slots: huge(per_shard, Slot { key: K::Words::default(), newest: 0, head: 0 }),
+                    rings: huge(per_shard * entries, 0),
                     live: 0,
                 }))
+            })
+            .collect();
+        let bases = shards
+            .iter()
+            .map(|m| {
+                let s = m.lock().unwrap_or_else(PoisonError::into_inner);
+                (s.slots.as_ptr() as usize, s.rings.as_ptr() as usize)
             })
             .collect();
         let origin = clock.now();
         Ok(KeyedSlidingLog {
             shards,
+            bases,
             per_shard,
             log: self.log,
             when_full: self.when_full,
@@ -138,16 +144,36 @@ impl KeyedSlidingLogBuilder {
     }
 }
 
+/// `len` copies of `value`, in memory for which huge pages were requested before it was first
+/// written (Linux; see `keyed::table::advise_huge_pages`): a probe into a large table then
+/// costs a cache miss, not also a TLB miss.
+fn huge<T: Copy>(len: usize, value: T) -> Box<[T]> {
+    let mut v: Vec<T> = Vec::with_capacity(len);
+    #[cfg(all(target_os = "linux", not(tollgate_loom)))]
+    crate::keyed::table::advise_huge_pages(v.as_mut_ptr().cast(), len * core::mem::size_of::<T>());
+    v.resize(len, value);
+    v.into_boxed_slice()
+}
+
 /// A shard behind its lock, on a cache line of its own.
 type Locked<W> = CachePadded<Mutex<Shard<W>>>;
 
+/// One slot: what a probe reads, together (its log lives in the shard's arena).
+#[derive(Clone, Copy)]
+struct Slot<W> {
+    key: W,
+    /// The expiry of the log's newest entry: 0 for a slot never used; at or before now for a
+    /// log that has wholly expired (the slot is free).
+    newest: u64,
+    /// The position of the log's oldest entry.
+    head: u32,
+}
+
 /// One shard: its slots and their logs (`N` entries per slot, in slot order).
 struct Shard<W> {
-    keys: Box<[W]>,
-    heads: Box<[usize]>,
-    used: Box<[bool]>,
+    slots: Box<[Slot<W>]>,
     rings: Box<[u64]>,
-    /// Slots holding a key (some may have expired and not yet been taken over).
+    /// Slots that have held a key (some may have expired and not yet been taken over).
     live: u64,
 }
 
@@ -176,6 +202,9 @@ struct Shard<W> {
 /// ```
 pub struct KeyedSlidingLog<K: Key + ?Sized, C: Clock = DefaultClock> {
     shards: Box<[Locked<K::Words>]>,
+    /// Where each shard's slots and logs start (the boxes never move), to prefetch a key's home
+    /// before taking the lock. Addresses only: nothing is read through them.
+    bases: Box<[(usize, usize)]>,
     per_shard: usize,
     log: SlidingLog,
     when_full: WhenFull,
@@ -207,64 +236,68 @@ impl<K: Key + ?Sized, C: Clock> KeyedSlidingLog<K, C> {
 
     /// One unit for `key` now.
     pub fn check(&self, key: &K) -> Decision {
-        self.check_n_at(key, self.clock.now(), 1)
+        self.decide(key, || self.clock.now(), 1, true)
     }
 
     /// `n` units for `key` now, all or none.
     pub fn check_n(&self, key: &K, n: u64) -> Decision {
-        self.check_n_at(key, self.clock.now(), n)
+        self.decide(key, || self.clock.now(), n, true)
     }
 
     /// `n` units for `key` at `now` on this table's clock.
     pub fn check_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
-        self.decide(key, now, n, true)
+        self.decide(key, || now, n, true)
     }
 
     /// What `n` units for `key` would get at `now`, taking nothing (and inserting nothing).
     pub fn peek_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
-        self.decide(key, now, n, false)
+        self.decide(key, || now, n, false)
     }
 
-    fn decide(&self, key: &K, now: Nanos, n: u64, take: bool) -> Decision {
+    fn decide(&self, key: &K, now: impl FnOnce() -> Nanos, n: u64, take: bool) -> Decision {
         let words = key.words(&self.fingerprint);
         let hash = words.hash_with(&self.place);
-        let e = now.saturating_sub(self.origin).as_u64();
         // Shards and slots per shard are powers of two below 2^32: the truncations keep the
         // bits the masks keep.
         #[expect(clippy::cast_possible_truncation, reason = "masked below 2^32")]
         let (shard_index, low) = ((hash >> 32) as usize & (self.shards.len() - 1), hash as usize);
-        let mut shard = self.lock(shard_index);
-        let Shard { keys, heads, used, rings, live } = &mut *shard;
         let entries = self.log.entries();
         let mask = self.per_shard - 1;
         let home = low & mask;
-        let newest = |rings: &[u64], heads: &[usize], s: usize| {
-            rings[s * entries + (heads[s] + entries - 1) % entries]
-        };
+        // Start both cache misses (the home slot and its log) before the lock and the clock.
+        let (slots_at, rings_at) = self.bases[shard_index];
+        crate::keyed::prefetch_line((slots_at + home * core::mem::size_of::<Slot<K::Words>>()) as *const u8);
+        crate::keyed::prefetch_line((rings_at + home * entries * 8) as *const u8);
+        let e = now().saturating_sub(self.origin).as_u64();
+        let mut shard = self.lock(shard_index);
+        let Shard { slots, rings, live } = &mut *shard;
         let mut free = None;
         let mut found = None;
         for i in 0..PROBE.min(self.per_shard) {
             let s = (home + i) & mask;
-            if used[s] && keys[s] == words {
+            let slot = &slots[s];
+            if slot.newest != 0 && slot.key == words {
                 found = Some(s);
                 break;
             }
-            if free.is_none() && (!used[s] || newest(rings, heads, s) <= e) {
+            if free.is_none() && slot.newest <= e {
                 free = Some(s);
             }
         }
-        let slot = match (found, free) {
+        let index = match (found, free) {
             (Some(s), _) => s,
-            (None, _) if n == 0 || !take => {
-                // An unknown key has an empty log; peeks and zero costs insert nothing.
+            (None, _) if n == 0 || n > self.log.limit || !take => {
+                // An unknown key has an empty log; peeks, zero costs and costs that can never
+                // fit insert nothing. (A new key's first `n ≤ N` always fits, so every slot
+                // taken stores an entry.)
                 return self.fresh_answer(n);
             }
             (None, Some(s)) => {
-                if !used[s] {
-                    used[s] = true;
+                if slots[s].newest == 0 {
                     *live += 1;
                 }
-                keys[s] = words;
+                // The log there has wholly expired: it answers as an empty one.
+                slots[s].key = words;
                 s
             }
             (None, None) => {
@@ -275,8 +308,17 @@ impl<K: Key + ?Sized, C: Clock> KeyedSlidingLog<K, C> {
                 return Decision::from_nanos(outcome, 0, Nanos::ZERO, Nanos::ZERO);
             }
         };
-        let ring = &mut rings[slot * entries..(slot + 1) * entries];
-        self.log.decide(ring, &mut heads[slot], e, n, take).0
+        let slot = &mut slots[index];
+        let ring = &mut rings[index * entries..(index + 1) * entries];
+        let mut head = slot.head as usize;
+        let (decision, stored) = self.log.decide(ring, &mut head, e, n, take);
+        #[expect(clippy::cast_possible_truncation, reason = "a position in a log of at most 2^16")]
+        let head = head as u32;
+        slot.head = head;
+        if let Some(expiry) = stored {
+            slot.newest = expiry;
+        }
+        decision
     }
 
     /// The answer for a key with an empty log.
@@ -308,8 +350,8 @@ impl<K: Key + ?Sized, C: Clock> KeyedSlidingLog<K, C> {
         (self.per_shard * self.shards.len()) as u64
     }
 
-    /// Bytes the table owns, all allocated at construction: per slot, the log (`8·N`), the key
-    /// words, the log's head and a flag.
+    /// Bytes the table owns, all allocated at construction: per slot, the log (`8·N`) and 24
+    /// bytes (32 for two-word keys) of key, newest expiry and head.
     pub fn memory_bytes(&self) -> usize {
         let per_slot =
             self.log.log_bytes() + core::mem::size_of::<K::Words>() + core::mem::size_of::<usize>() + 1;
