@@ -185,12 +185,12 @@ impl NginxQuota {
         }
     }
 
-    /// The time for `excess` to leak away entirely.
+    /// The time for `excess` (at most 2^24, a stored excess) to leak away entirely. With the rate
+    /// below 2^54, `excess·1000 + rate` stays below 2^62: the reciprocal, not a division.
     #[inline]
     fn drain_time(&self, excess: u64) -> Nanos {
-        ms_to_nanos(
-            u64::try_from((u128::from(excess) * 1000).div_ceil(u128::from(self.rate))).unwrap_or(u64::MAX),
-        )
+        debug_assert!(excess <= EXCESS_MASK);
+        ms_to_nanos(self.ceil_per_rate(excess * 1000))
     }
 }
 
