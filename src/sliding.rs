@@ -46,6 +46,9 @@ pub struct SlidingWindow {
     bits: u32,
     /// The largest stored index (`i + 1`).
     max_index: u64,
+    /// `3·limit·window < 2^64`: the admission test fits in `u64` (every window under 97 days
+    /// for limits up to 2^16).
+    small: bool,
 }
 
 impl SlidingWindow {
@@ -67,7 +70,8 @@ impl SlidingWindow {
                     .unwrap_or(u64::MAX),
             });
         }
-        Ok(SlidingWindow { limit, window: w, per_window: Divisor::new(w), bits, max_index })
+        let small = u128::from(limit) * u128::from(w) * 3 < 1 << 64;
+        Ok(SlidingWindow { limit, window: w, per_window: Divisor::new(w), bits, max_index, small })
     }
 
     /// The limit per window.
@@ -83,6 +87,11 @@ impl SlidingWindow {
     /// Whether `n` more fit with `prev`, `curr` at `delta` into the window.
     #[inline]
     fn fits(&self, prev: u64, curr: u64, delta: u64, n: u64) -> bool {
+        if self.small {
+            // prev ≤ limit and curr + n ≤ 2·limit: every term is below 3·limit·window.
+            let w = self.window;
+            return prev * (w - delta) + (curr + n) * w <= self.limit * w;
+        }
         let w = u128::from(self.window);
         u128::from(prev) * u128::from(self.window - delta) + u128::from(curr + n) * w
             <= u128::from(self.limit) * w
@@ -122,14 +131,11 @@ impl SlidingWindow {
         // The one after: both counts have aged out.
         to_next + w
     }
-}
 
-impl Policy for SlidingWindow {
+    /// Every other case: a new or older window, the lifetime's end, `n = 0` or `n > limit`.
     #[inline]
-    fn decide(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
+    fn decide_general(&self, word: u64, e: u64, i: u64, n: u64) -> (Option<u64>, Decision) {
         let (c, mask) = (self.bits, (1u64 << self.bits) - 1);
-        let e = elapsed.as_u64().min(MAX_ELAPSED);
-        let i = self.per_window.div(e);
         let now_index = (i + 1).min(self.max_index);
         let stored = word >> (2 * c);
         let (s_curr, s_prev) = ((word >> c) & mask, word & mask);
@@ -202,6 +208,38 @@ impl Policy for SlidingWindow {
                 reset(prev, curr),
             ),
         )
+    }
+}
+
+impl Policy for SlidingWindow {
+    #[inline]
+    fn decide(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
+        let (c, mask) = (self.bits, (1u64 << self.bits) - 1);
+        let e = elapsed.as_u64().min(MAX_ELAPSED);
+        let i = self.per_window.div(e);
+        // The common case first: the stored window is the current one, short of the lifetime's
+        // end, and 1 ≤ n ≤ limit. The general path below gives the same answers.
+        if word >> (2 * c) == i + 1 && i + 1 < self.max_index && n.wrapping_sub(1) < self.limit {
+            let (curr, prev) = ((word >> c) & mask, word & mask);
+            let delta = e - i * self.window; // i·W ≤ e
+            let w = self.window;
+            if self.fits(prev, curr, delta, n) {
+                let left = self.remaining(prev, curr + n, delta);
+                let d = Decision::from_nanos(Outcome::Allowed, left, Nanos::ZERO, Nanos::new(2 * w - delta));
+                return (Some(word + (n << c)), d);
+            }
+            let reset = if curr > 0 {
+                2 * w - delta
+            } else if prev > 0 {
+                w - delta
+            } else {
+                0
+            };
+            let retry = Nanos::new(self.wait_for(prev, curr, delta, n));
+            let left = self.remaining(prev, curr, delta);
+            return (None, Decision::from_nanos(Outcome::Denied, left, retry, Nanos::new(reset)));
+        }
+        self.decide_general(word, e, i, n)
     }
 
     /// Exact: the units were counted in window `i`. While `i` is stored, its count drops by
