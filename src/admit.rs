@@ -44,8 +44,9 @@ impl Receipt {
 /// A limit that can take part in [`check_all`]: it can take units and give them back.
 ///
 /// Implemented by [`Limiter`], by every [`Direct`] limiter ([`NginxLimiter`],
-/// [`FixedWindowLimiter`], [`SlidingWindowLimiter`]) and by
-/// [`SlidingLogLimiter`](crate::SlidingLogLimiter).
+/// [`FixedWindowLimiter`], [`SlidingWindowLimiter`]), by
+/// [`SlidingLogLimiter`](crate::SlidingLogLimiter), and by one key of a
+/// [`KeyedLimiter`](crate::KeyedLimiter) ([`KeyedLimiter::limit`](crate::KeyedLimiter::limit)).
 ///
 /// [`NginxLimiter`]: crate::NginxLimiter
 /// [`FixedWindowLimiter`]: crate::FixedWindowLimiter

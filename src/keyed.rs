@@ -14,6 +14,7 @@ use table::{evictable, Now, Params, Shard, Table, TableStats, MAX_UNITS, WINDOW}
 pub use tiers::Tier;
 use tiers::{Overrides, Tiers};
 
+use crate::admit::{Admit, Receipt};
 use crate::bucket::BucketWord;
 use crate::quota::At;
 use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome, Quota};
@@ -237,6 +238,52 @@ pub struct KeyedLimiter<K: Key + ?Sized, C: Clock = DefaultClock> {
     _key: PhantomData<fn(&K)>,
 }
 
+/// One key of a [`KeyedLimiter`], as a limit of [`check_all`](crate::check_all): from
+/// [`KeyedLimiter::limit`].
+pub struct KeyedLimit<'a, K: Key + ?Sized, C: Clock> {
+    limiter: &'a KeyedLimiter<K, C>,
+    key: &'a K,
+}
+
+impl<K: Key + ?Sized, C: Clock> Admit for KeyedLimit<'_, K, C> {
+    fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
+        let l = self.limiter;
+        let t = l.target(self.key.words(&l.fingerprint));
+        prefetch(t.shard.home_ptr(t.home));
+        let q = l.params.tiers.get(l.tier_of(t.words, t.hash));
+        let base = l.base(l.clock.now());
+        let d = l.decide_in(&q, &t, base, n);
+        if d.outcome() != Outcome::Allowed || n == 0 {
+            return (d, None);
+        }
+        // The stamp the admission stored: `until_full` is exactly `stamp − floor`.
+        let stored = KeyedLimiter::<K, C>::at(&q, base).floor + d.until_full_units();
+        (d, Some(Receipt::new(q.cost_units(n), stored, q.fill_units())))
+    }
+
+    /// Gives back what is still owed: the floor is the current quota's or the charge's, the
+    /// lower (a tier change between the two cannot make the bound larger).
+    fn refund(&self, r: Receipt) {
+        let l = self.limiter;
+        let t = l.target(self.key.words(&l.fingerprint));
+        let q = l.params.tiers.get(l.tier_of(t.words, t.hash));
+        let fill = q.fill_units().min(r.units());
+        let floor = || KeyedLimiter::<K, C>::at(&q, l.base(l.clock.now())).now - fill;
+        t.shard.refund(t.words, t.home, r.stored(), r.prior(), floor);
+    }
+
+    fn peek(&self, n: u64) -> Decision {
+        let l = self.limiter;
+        l.peek_n_at(self.key, l.clock.now(), n)
+    }
+}
+
+impl<K: Key + ?Sized, C: Clock> fmt::Debug for KeyedLimit<'_, K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedLimit").finish_non_exhaustive()
+    }
+}
+
 /// A snapshot of a [`KeyedLimiter`]'s table.
 #[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
@@ -371,6 +418,21 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     #[inline]
     pub fn allow(&self, key: &K) -> bool {
         self.check(key).is_allowed()
+    }
+
+    /// `key` as one limit of a multi-limit admission ([`check_all`](crate::check_all)).
+    ///
+    /// ```
+    /// use tollgate::{check_all, Admit, KeyedLimiter, Limiter, Quota};
+    ///
+    /// let per_client: KeyedLimiter<str> = KeyedLimiter::new(Quota::per_second(5)?, 10_000)?;
+    /// let global = Limiter::new(Quota::per_second(1000)?);
+    /// let d = check_all(&[&per_client.limit("alice") as &dyn Admit, &global], 1);
+    /// assert!(d.is_allowed());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn limit<'a>(&'a self, key: &'a K) -> KeyedLimit<'a, K, C> {
+        KeyedLimit { limiter: self, key }
     }
 
     /// A key's identity, hash, shard and home group, computed once per decision.

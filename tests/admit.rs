@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::{
-    check_all, Admit, Clock, Decision, FixedWindow, FixedWindowLimiter, Limiter, ManualClock, Nanos,
-    NginxLimiter, NginxQuota, Outcome, Quota, Rate, SlidingLog, SlidingLogLimiter, SlidingWindow,
-    SlidingWindowLimiter,
+    check_all, Admit, Clock, Decision, FixedWindow, FixedWindowLimiter, KeyedBuilder, KeyedLimiter, Limiter,
+    ManualClock, Nanos, NginxLimiter, NginxQuota, Outcome, Quota, Rate, Receipt, SlidingLog,
+    SlidingLogLimiter, SlidingWindow, SlidingWindowLimiter,
 };
 
 const MS: u64 = 1_000_000;
@@ -16,11 +16,55 @@ const MS: u64 = 1_000_000;
 /// One limit's configuration; built twice (engine and model) on the same clock.
 #[derive(Clone, Debug)]
 enum Spec {
-    Bucket { per_sec: u64, burst: u64 },
-    Fixed { limit: u64, window_ms: u64 },
-    Sliding { limit: u64, window_ms: u64 },
-    Nginx { per_sec: u64, burst: u64, nodelay: bool, delay: u64 },
-    Log { limit: u64, window_ms: u64 },
+    Bucket {
+        per_sec: u64,
+        burst: u64,
+    },
+    Fixed {
+        limit: u64,
+        window_ms: u64,
+    },
+    Sliding {
+        limit: u64,
+        window_ms: u64,
+    },
+    Nginx {
+        per_sec: u64,
+        burst: u64,
+        nodelay: bool,
+        delay: u64,
+    },
+    Log {
+        limit: u64,
+        window_ms: u64,
+    },
+    /// One key of a keyed token bucket (other keys come and go on it too).
+    Keyed {
+        per_sec: u64,
+        burst: u64,
+    },
+}
+
+/// A keyed limiter and the key this limit stands for.
+struct OneKey {
+    limiter: KeyedLimiter<u64, ManualClock>,
+    key: u64,
+}
+
+impl Admit for OneKey {
+    fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
+        // Another key's decision first, so that the table is not this key's alone.
+        self.limiter.check(&(self.key + 1));
+        self.limiter.limit(&self.key).charge(n)
+    }
+
+    fn refund(&self, r: Receipt) {
+        self.limiter.limit(&self.key).refund(r);
+    }
+
+    fn peek(&self, n: u64) -> Decision {
+        self.limiter.limit(&self.key).peek(n)
+    }
 }
 
 impl Spec {
@@ -47,6 +91,11 @@ impl Spec {
                 SlidingLog::new(limit, Duration::from_millis(window_ms)).unwrap(),
                 c,
             )),
+            Spec::Keyed { per_sec, burst } => {
+                let q = Quota::new(Rate::per_second(per_sec), burst).unwrap();
+                let limiter = KeyedBuilder::new(q).capacity(64).seeds([3; 8]).build_with_clock(c).unwrap();
+                Box::new(OneKey { limiter, key: 42 })
+            }
         }
     }
 }
@@ -59,6 +108,7 @@ fn specs() -> impl Strategy<Value = Spec> {
         (1u64..20, 0u64..6, any::<bool>(), 0u64..4)
             .prop_map(|(per_sec, burst, nodelay, delay)| Spec::Nginx { per_sec, burst, nodelay, delay }),
         (1u64..6, 50u64..2000).prop_map(|(limit, window_ms)| Spec::Log { limit, window_ms }),
+        (1u64..20, 1u64..6).prop_map(|(per_sec, burst)| Spec::Keyed { per_sec, burst }),
     ]
 }
 

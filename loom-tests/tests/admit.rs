@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use loom::sync::Arc;
 use loom::thread;
-use tollgate::{check_all, Admit, FixedWindow, FixedWindowLimiter, Limiter, ManualClock, Quota, Rate};
+use tollgate::{
+    check_all, Admit, FixedWindow, FixedWindowLimiter, KeyedBuilder, KeyedLimiter, Limiter, ManualClock,
+    Nanos, Outcome, Quota, Rate,
+};
 
 use loom_tests::model;
 
@@ -58,5 +61,77 @@ fn a_window_between_two_buckets() {
         assert_eq!(admitted, 1, "the window admits one; no interleaving refuses both");
         assert_eq!(a.peek_n(0).remaining(), 2 - admitted);
         assert_eq!(w.peek_n(0).remaining(), 1 - admitted);
+    });
+}
+
+/// A key of a keyed table and a direct bucket, in opposite orders: the key's refund goes
+/// through the table's CAS (`Shard::refund`), and both limits end having spent exactly one
+/// unit per admitted request.
+#[test]
+fn keyed_key_and_bucket_conserve() {
+    model(|| {
+        let q = |burst| Quota::new(Rate::per_second(1), burst).unwrap();
+        let keyed = Arc::new(
+            KeyedBuilder::new(q(1))
+                .capacity(3)
+                .shards(1)
+                .seeds([1; 8])
+                .build_with_clock(ManualClock::new())
+                .unwrap(),
+        );
+        let bucket = Arc::new(Limiter::with_clock(q(2), ManualClock::new()));
+        let (k2, b2) = (Arc::clone(&keyed), Arc::clone(&bucket));
+        let t = thread::spawn(move || {
+            u64::from(check_all(&[&k2.limit(&7u64) as &dyn Admit, &*b2], 1).is_allowed())
+        });
+        let here = u64::from(check_all(&[&*bucket as &dyn Admit, &keyed.limit(&7u64)], 1).is_allowed());
+        let admitted = here + t.join().unwrap();
+        assert_eq!(admitted, 1, "the key admits one; no interleaving refuses both");
+        assert_eq!(keyed.peek_n_at(&7, Nanos::ZERO, 0).remaining(), 1 - admitted);
+        assert_eq!(bucket.peek_n(0).remaining(), 2 - admitted);
+    });
+}
+
+/// A refund of key 1 races the eviction of key 1 and the reuse of its slot by key 4. The
+/// table (4 slots under loom) holds 4 keys; 1 was charged at 0 and is full again by 10 s, when
+/// 2, 3 and 5 are charged (not full) and 4 arrives, evicting 1. The refund (at the clock's 0)
+/// either lands on 1 before the eviction, or finds 1 gone, or fails its CAS on 4's stamp and
+/// sees 4's key: it never lands on 4, which ends with exactly one token taken.
+#[test]
+fn refund_races_eviction_and_reuse() {
+    model(|| {
+        let q = Quota::new(Rate::per_second(1), 2).unwrap();
+        let l: Arc<KeyedLimiter<u64, ManualClock>> = Arc::new(
+            KeyedBuilder::new(q)
+                .capacity(3)
+                .shards(1)
+                .seeds([1; 8])
+                .build_with_clock(ManualClock::new())
+                .unwrap(),
+        );
+        let (_, receipt) = l.limit(&1).charge(1);
+        let receipt = receipt.unwrap();
+        let late = Nanos::new(10_000_000_000);
+        assert!(l.check_at(&2, late).is_allowed());
+        assert!(l.check_at(&3, late).is_allowed());
+        assert!(l.check_at(&5, late).is_allowed());
+        let l2 = Arc::clone(&l);
+        let t = thread::spawn(move || l2.check_at(&4, late).outcome());
+        l.limit(&1).refund(receipt);
+        match t.join().unwrap() {
+            Outcome::Allowed => {
+                assert_eq!(l.peek_n_at(&4, late, 0).remaining(), 1);
+                assert_eq!(l.stats().evictions, 1, "4 took 1's slot");
+            }
+            // The refund's CAS changed 1's word between the eviction's read and its CAS: the
+            // eviction gives up, as it does for any decision racing it (a refusal, never an
+            // admission).
+            Outcome::TableFull => assert_eq!(l.stats().evictions, 0),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(l.peek_n_at(&1, late, 0).remaining(), 2, "1 is full again either way");
+        assert_eq!(l.peek_n_at(&2, late, 0).remaining(), 1);
+        assert_eq!(l.peek_n_at(&3, late, 0).remaining(), 1);
+        assert_eq!(l.peek_n_at(&5, late, 0).remaining(), 1);
     });
 }

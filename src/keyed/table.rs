@@ -609,6 +609,49 @@ impl<'a, W: Words> Shard<'a, W> {
         }
     }
 
+    /// Gives back up to `cost` units of a charge that stored `stored` in the key's bucket, as
+    /// far as they are still owed: `min(cost, stored − floor())`, with `floor()` read after each
+    /// load of the word (see `AtomicBucket::refund` for why that never hands out capacity the
+    /// bucket no longer owes). Nothing if the key is no longer tracked: it was evicted full, so
+    /// the charge was absorbed.
+    ///
+    /// The stamp moves back, which the reclamation argument (stamps only grow) allows here: it
+    /// never goes below the stamp the key had before the refunded charge, which is above every
+    /// value the slot held for an earlier key, so a stale reader of another key still fails its
+    /// CAS; and a reader of this key that sees an old value again decides on the state that
+    /// value stands for.
+    pub(crate) fn refund(&self, words: W, home: usize, stored: u64, cost: u64, floor: impl Fn() -> u64) {
+        let found = loop {
+            // Acquire: as in `find`.
+            let h = self.header(home).load(Acquire);
+            if self.help(home, h) {
+                break self.scan(home, h_reach(h).max(GROUP), words);
+            }
+        };
+        let Some((slot, mut w)) = found else { return };
+        loop {
+            if w & STATE != LIVE {
+                return;
+            }
+            let owed = cost.min(stored.saturating_sub(floor()));
+            if owed == 0 {
+                return;
+            }
+            // Success Relaxed, failure Acquire: as in `decide_on`. The key is checked again
+            // after a failure, which may show a new key's word. Checked by
+            // loom-tests/tests/admit.rs.
+            match slot.word.compare_exchange_weak(w, w.saturating_sub(owed), Relaxed, Acquire) {
+                Ok(_) => return,
+                Err(seen) => {
+                    if W::load(&slot.key, Relaxed) != words {
+                        return;
+                    }
+                    w = seen;
+                }
+            }
+        }
+    }
+
     /// Evicts every full bucket. Returns how many.
     pub(crate) fn sweep(&self, evictable: u64, hasher: &ahash::RandomState) -> usize {
         let mut evicted = 0;
