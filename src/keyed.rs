@@ -148,20 +148,7 @@ impl KeyedBuilder {
                 max: MAX_CAPACITY as u64,
             });
         }
-        let shards = match self.shards {
-            Some(s) if s.is_power_of_two() && s <= MAX_SHARDS => s,
-            Some(s) => {
-                return Err(ConfigError::OutOfRange {
-                    what: "shards (a power of two)",
-                    value: s as u64,
-                    max: MAX_SHARDS as u64,
-                })
-            }
-            None => {
-                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                (4 * cores).next_power_of_two().min(MAX_SHARDS)
-            }
-        };
+        let shards = shard_count(self.shards)?;
         let slots = (self.capacity + self.capacity.div_ceil(7)).next_power_of_two();
         // Every shard holds at least one window; small tables get fewer shards.
         let shards = shards.min((slots / WINDOW).max(1));
@@ -174,12 +161,7 @@ impl KeyedBuilder {
                 max: MAX_CAPACITY as u64,
             });
         }
-        let (place, fingerprint) = match self.seeds {
-            Some([a, b, c, d, e, f, g, h]) => {
-                (ahash::RandomState::with_seeds(a, b, c, d), ahash::RandomState::with_seeds(e, f, g, h))
-            }
-            None => (ahash::RandomState::new(), ahash::RandomState::new()),
-        };
+        let (place, fingerprint) = hashers(self.seeds);
         let origin = clock.now();
         Ok(KeyedLimiter {
             table: Table::new(slots, shards),
@@ -190,6 +172,33 @@ impl KeyedBuilder {
             fingerprint,
             _key: PhantomData,
         })
+    }
+}
+
+/// The number of shards asked for (a power of two up to 64), or 4 per available core.
+pub(crate) fn shard_count(asked: Option<usize>) -> Result<usize, ConfigError> {
+    match asked {
+        Some(s) if s.is_power_of_two() && s <= MAX_SHARDS => Ok(s),
+        Some(s) => Err(ConfigError::OutOfRange {
+            what: "shards (a power of two)",
+            value: s as u64,
+            max: MAX_SHARDS as u64,
+        }),
+        None => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            Ok((4 * cores).next_power_of_two().min(MAX_SHARDS))
+        }
+    }
+}
+
+/// The placement and fingerprint hashers: from fixed seeds (the first four place keys, the
+/// last four fingerprint them), or random.
+pub(crate) fn hashers(seeds: Option<[u64; 8]>) -> (ahash::RandomState, ahash::RandomState) {
+    match seeds {
+        Some([a, b, c, d, e, f, g, h]) => {
+            (ahash::RandomState::with_seeds(a, b, c, d), ahash::RandomState::with_seeds(e, f, g, h))
+        }
+        None => (ahash::RandomState::new(), ahash::RandomState::new()),
     }
 }
 

@@ -85,6 +85,23 @@ fn color_of(palette: &[&str], subject: &str) -> RGBColor {
 
 type DrawResult = Result<(), Box<dyn std::error::Error>>;
 
+/// The series' legend, in the upper left corner over a translucent box.
+fn legend<'a, DB, CT>(chart: &mut ChartContext<'a, DB, CT>) -> DrawResult
+where
+    DB: DrawingBackend + 'a,
+    CT: CoordTranslate,
+    DB::ErrorType: 'static,
+{
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font(("sans-serif", 11))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .draw()?;
+    Ok(())
+}
+
 fn throughput(path: &Path, panels: &[(&str, Vec<&Cell>)], palette: &[&str]) -> DrawResult {
     let (rows, cols) = grid(panels.len());
     let root = SVGBackend::new(path, (460 * cols as u32, 340 * rows as u32)).into_drawing_area();
@@ -131,13 +148,7 @@ fn throughput(path: &Path, panels: &[(&str, Vec<&Cell>)], palette: &[&str]) -> D
                 )
             }))?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font(("sans-serif", 11))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.3))
-            .draw()?;
+        legend(&mut chart)?;
     }
     root.present()?;
     Ok(())
@@ -196,13 +207,7 @@ fn latency(path: &Path, panels: &[(&str, Vec<&Cell>)], palette: &[&str]) -> Draw
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], col.stroke_width(2)));
             chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, col.filled())))?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font(("sans-serif", 11))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.3))
-            .draw()?;
+        legend(&mut chart)?;
     }
     root.present()?;
     Ok(())

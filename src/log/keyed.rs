@@ -19,8 +19,6 @@ use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome, WhenFull
 const PROBE: usize = 32;
 /// The most log entries a table may hold (capacity × limit): 2^34, 128 GiB.
 const MAX_ENTRIES: u64 = 1 << 34;
-/// The most shards.
-const MAX_SHARDS: usize = 64;
 
 /// How to build a [`KeyedSlidingLog`].
 #[derive(Clone, Debug)]
@@ -88,30 +86,12 @@ impl KeyedSlidingLogBuilder {
                 max: MAX_ENTRIES / self.log.limit,
             });
         }
-        let shards = match self.shards {
-            Some(s) if s.is_power_of_two() && s <= MAX_SHARDS => s,
-            Some(s) => {
-                return Err(ConfigError::OutOfRange {
-                    what: "shards (a power of two)",
-                    value: s as u64,
-                    max: MAX_SHARDS as u64,
-                })
-            }
-            None => {
-                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                (4 * cores).next_power_of_two().min(MAX_SHARDS)
-            }
-        };
+        let shards = crate::keyed::shard_count(self.shards)?;
         let slots = (self.capacity + self.capacity.div_ceil(7)).next_power_of_two().max(PROBE);
         let shards = shards.min(slots / PROBE);
         let per_shard = slots / shards;
         let entries = self.log.entries();
-        let (place, fingerprint) = match self.seeds {
-            Some([a, b, c, d, e, f, g, h]) => {
-                (ahash::RandomState::with_seeds(a, b, c, d), ahash::RandomState::with_seeds(e, f, g, h))
-            }
-            None => (ahash::RandomState::new(), ahash::RandomState::new()),
-        };
+        let (place, fingerprint) = crate::keyed::hashers(self.seeds);
         let shards: Box<[Locked<K::Words>]> = (0..shards)
             .map(|_| {
                 CachePadded::new(Mutex::new(Shard {
