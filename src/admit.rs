@@ -12,32 +12,31 @@ use core::fmt;
 use crate::policy::{Direct, Policy};
 use crate::{Clock, Decision, Limiter, Nanos, Outcome};
 
-/// What [`Admit::charge`] took, for [`Admit::refund`]. Opaque.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What [`Admit::charge`] took, for [`Admit::refund`]. Opaque, and neither `Clone` nor `Copy`:
+/// a refund consumes it, so nothing is refunded twice. It names the limit (and key) that issued
+/// it; any other limit ignores it.
+#[derive(Debug, PartialEq, Eq)]
 pub struct Receipt {
-    /// The word the charge replaced.
-    prior: u64,
-    /// The word it stored.
-    stored: u64,
+    /// The issuing limiter's identity (`sync::next_id`).
+    owner: u64,
+    /// The key's placement hash, for one key of a keyed limiter; 0 otherwise.
+    key: u64,
+    /// What each limit needs to give the units back (see each `charge`).
+    a: u64,
+    b: u64,
+    c: u64,
     /// The units taken.
     n: u64,
 }
 
 impl Receipt {
-    pub(crate) const fn new(prior: u64, stored: u64, n: u64) -> Receipt {
-        Receipt { prior, stored, n }
+    pub(crate) const fn new(owner: u64, key: u64, [a, b, c]: [u64; 3], n: u64) -> Receipt {
+        Receipt { owner, key, a, b, c, n }
     }
 
-    pub(crate) const fn prior(&self) -> u64 {
-        self.prior
-    }
-
-    pub(crate) const fn stored(&self) -> u64 {
-        self.stored
-    }
-
-    pub(crate) const fn units(&self) -> u64 {
-        self.n
+    /// The receipt's fields, if `owner` and `key` issued it.
+    pub(crate) fn take(self, owner: u64, key: u64) -> Option<([u64; 3], u64)> {
+        (self.owner == owner && self.key == key).then_some(([self.a, self.b, self.c], self.n))
     }
 }
 
@@ -56,9 +55,15 @@ pub trait Admit {
     /// that gives them back.
     fn charge(&self, n: u64) -> (Decision, Option<Receipt>);
 
-    /// Gives back the units of `receipt` (from this limit's own [`charge`](Admit::charge)), as
-    /// far as they are still owed. Never leaves the limit admitting more than it would had the
-    /// charge not happened; at the charge's own instant it gives back everything.
+    /// Gives back the units of `receipt`, as far as they are still owed; a receipt this limit
+    /// did not issue is ignored. Never leaves the limit admitting more than it would had the
+    /// charge not happened; at the charge's own instant it gives back everything (where a
+    /// limit cannot tell, it gives back nothing: see each implementation).
+    ///
+    /// The limit's clock must not run behind the one the charge read: refunds assume a clock
+    /// that is monotone and shared by the threads that decide on the limit (the TSC, the
+    /// coarse clock and `StdClock` are). A `ManualClock` set back between a charge and its
+    /// refund can refund units that later decisions have already been told were spent.
     fn refund(&self, receipt: Receipt);
 
     /// What `n` units would get now, taking nothing.
@@ -68,13 +73,17 @@ pub trait Admit {
 impl<C: Clock> Admit for Limiter<C> {
     #[inline]
     fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
-        let (d, stored) = self.charge_now(n);
-        (d, stored.map(|stored| Receipt { prior: 0, stored, n }))
+        let (d, floor) = self.charge_now(n);
+        (d, floor.map(|floor| Receipt::new(self.id(), 0, [floor, 0, 0], n)))
     }
 
+    /// Gives back `n·t − (floor now − floor at the charge)`, at least nothing (see
+    /// `AtomicBucket::refund`): exact at the charge's instant, in any order of refunds.
     #[inline]
     fn refund(&self, r: Receipt) {
-        self.refund_stored(r.stored, r.n);
+        if let Some(([floor, _, _], n)) = r.take(self.id(), 0) {
+            self.refund_charge(floor, n);
+        }
     }
 
     #[inline]
@@ -87,12 +96,15 @@ impl<P: Policy, C: Clock> Admit for Direct<P, C> {
     #[inline]
     fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
         let (d, words) = Direct::charge(self, n);
-        (d, words.map(|(prior, stored)| Receipt { prior, stored, n }))
+        (d, words.map(|(prior, stored)| Receipt::new(self.id(), 0, [prior, stored, 0], n)))
     }
 
+    /// Through the policy's [`Policy::refund`].
     #[inline]
     fn refund(&self, r: Receipt) {
-        self.refund_receipt((r.prior, r.stored), r.n);
+        if let Some(([prior, stored, _], n)) = r.take(self.id(), 0) {
+            self.refund_receipt((prior, stored), n);
+        }
     }
 
     #[inline]

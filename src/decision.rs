@@ -74,11 +74,6 @@ impl Decision {
         }
     }
 
-    /// Units until full, as stored (the keyed table's receipts derive the stamp from it).
-    pub(crate) const fn until_full_units(&self) -> u64 {
-        self.until_full
-    }
-
     /// Two limits' admissions of one request as one: the stronger outcome (a delay over a plain
     /// admission, a counted admission over an untracked one), the longer delay, the fewer
     /// remaining, the later reset.

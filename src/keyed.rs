@@ -170,6 +170,7 @@ impl KeyedBuilder {
             origin,
             clock,
             fingerprint,
+            id: crate::sync::next_id(),
             _key: PhantomData,
         })
     }
@@ -244,6 +245,7 @@ pub struct KeyedLimiter<K: Key + ?Sized, C: Clock = DefaultClock> {
     origin: Nanos,
     clock: C,
     fingerprint: ahash::RandomState,
+    id: u64,
     _key: PhantomData<fn(&K)>,
 }
 
@@ -255,6 +257,9 @@ pub struct KeyedLimit<'a, K: Key + ?Sized, C: Clock> {
 }
 
 impl<K: Key + ?Sized, C: Clock> Admit for KeyedLimit<'_, K, C> {
+    /// Tables with [`WhenFull::EvictStalest`] issue no receipts (their refunds give nothing
+    /// back): a key evicted before it is full comes back in a slot whose first stamp may
+    /// belong to another key's history, below which no refund may go.
     fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
         let l = self.limiter;
         let t = l.target(self.key.words(&l.fingerprint));
@@ -262,23 +267,31 @@ impl<K: Key + ?Sized, C: Clock> Admit for KeyedLimit<'_, K, C> {
         let q = l.params.tiers.get(l.tier_of(t.words, t.hash));
         let base = l.base(l.clock.now());
         let d = l.decide_in(&q, &t, base, n);
-        if d.outcome() != Outcome::Allowed || n == 0 {
+        if d.outcome() != Outcome::Allowed || n == 0 || l.params.when_full == WhenFull::EvictStalest {
             return (d, None);
         }
-        // The stamp the admission stored: `until_full` is exactly `stamp − floor`.
-        let stored = KeyedLimiter::<K, C>::at(&q, base).floor + d.until_full_units();
-        (d, Some(Receipt::new(q.cost_units(n), stored, q.fill_units())))
+        let at = KeyedLimiter::<K, C>::at(&q, base);
+        (d, Some(Receipt::new(l.id, t.hash, [at.now, q.fill_units(), q.cost_units(n)], n)))
     }
 
-    /// Gives back what is still owed: the floor is the current quota's or the charge's, the
-    /// lower (a tier change between the two cannot make the bound larger).
+    /// Gives back `cost − (floor now − floor at the charge)`, as `AtomicBucket::refund` does,
+    /// with the floor now taken under the smallest fill any tier has had: a decision under
+    /// another tier (an override, `check_n_in`, a changed quota) clamps at its own floor,
+    /// which is never above that one.
     fn refund(&self, r: Receipt) {
         let l = self.limiter;
         let t = l.target(self.key.words(&l.fingerprint));
-        let q = l.params.tiers.get(l.tier_of(t.words, t.hash));
-        let fill = q.fill_units().min(r.units());
-        let floor = || KeyedLimiter::<K, C>::at(&q, l.base(l.clock.now())).now - fill;
-        t.shard.refund(t.words, t.home, r.stored(), r.prior(), floor);
+        let Some(([charged_now, charged_fill, cost], _)) = r.take(l.id, t.hash) else { return };
+        let charged_floor = charged_now - charged_fill;
+        let owed = || {
+            let now = OFFSET + l.base(l.clock.now());
+            if now < charged_now {
+                return 0; // a clock behind the charge's: refund nothing
+            }
+            let floor = now - l.params.tiers.min_fill().min(charged_fill);
+            cost.saturating_sub(floor - charged_floor)
+        };
+        t.shard.refund(t.words, t.home, owed);
     }
 
     fn peek(&self, n: u64) -> Decision {

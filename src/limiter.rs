@@ -38,6 +38,7 @@ pub struct Limiter<C: Clock = DefaultClock> {
     quota: Quota,
     origin: Nanos,
     clock: C,
+    id: u64,
 }
 
 impl Limiter<DefaultClock> {
@@ -54,7 +55,13 @@ impl<C: Clock> Limiter<C> {
         let origin = clock.now();
         let start = quota.now_units(Nanos::ZERO);
         let word = BucketWord::with_tokens(&quota, start, quota.initial());
-        Limiter { bucket: CachePadded::new(AtomicBucket::new(word)), quota, origin, clock }
+        Limiter {
+            bucket: CachePadded::new(AtomicBucket::new(word)),
+            quota,
+            origin,
+            clock,
+            id: crate::sync::next_id(),
+        }
     }
 
     /// The bucket instant of `now`: units since this limiter's creation (see `bucket.rs`).
@@ -93,8 +100,8 @@ impl<C: Clock> Limiter<C> {
         self.bucket.acquire(&self.quota, now, n)
     }
 
-    /// `n` tokens now, and the word stored when they were taken: the receipt of a charge in
-    /// [`check_all`](crate::check_all).
+    /// `n` tokens now, and, when they were taken, the floor of the instant they were taken at:
+    /// the receipt of a charge in [`check_all`](crate::check_all).
     #[inline]
     pub(crate) fn charge_now(&self, n: u64) -> (Decision, Option<u64>) {
         let now = self.instant(self.clock.now());
@@ -102,14 +109,19 @@ impl<C: Clock> Limiter<C> {
             return (self.bucket.load().peek(&self.quota, now, n), None);
         }
         let (d, stored) = self.bucket.charge(&self.quota, now, n);
-        (d, stored.map(BucketWord::raw))
+        (d, stored.map(|_| now.floor))
     }
 
-    /// Gives back `n` tokens of a charge that stored `stored` (see `AtomicBucket::refund`).
+    /// Gives back what is still owed of `n` tokens charged at the floor `floor` (see
+    /// `AtomicBucket::refund`).
     #[inline]
-    pub(crate) fn refund_stored(&self, stored: u64, n: u64) {
-        let stored = BucketWord::from_raw(stored);
-        self.bucket.refund(&self.quota, stored, n, || self.instant(self.clock.now()));
+    pub(crate) fn refund_charge(&self, floor: u64, n: u64) {
+        self.bucket.refund(&self.quota, floor, n, || self.instant(self.clock.now()));
+    }
+
+    /// This limiter's identity, which its multi-limit receipts carry.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// Whether one token was taken now: [`check`](Limiter::check) without the details.

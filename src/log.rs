@@ -123,29 +123,34 @@ impl SlidingLog {
         (decision, Some(expiry))
     }
 
-    /// Takes back up to `n` units stored with `expiry` at `at` (ns since the origin): removes
-    /// them from the log and refills its oldest end with entries expiring at `at`.
-    ///
-    /// The charge overwrote the `n` oldest entries, all expired by `at`; the refill expires no
-    /// earlier than any of them and no later than `at`, so from `at` on the log answers exactly
-    /// as if the charge had not happened, and at an earlier instant (a clock that steps back)
-    /// it admits no more. Units overwritten since by newer ones are gone already.
-    fn refund(ring: &mut [u64], head: usize, expiry: u64, at: u64, n: u64) {
+    /// Takes back the `n` units a charge at `at` (ns since the origin) stored with `expiry`,
+    /// if nothing has been admitted on the log since (the caller checks that its count of
+    /// admitted units, less what refunds gave back, still equals the count the charge left): then the log's newest `n` entries are those units (or, after a refund of an
+    /// older charge at the same instant, units with the same expiry, which count the same).
+    /// They leave, and entries expiring at `at` take the place of the ones the charge
+    /// overwrote: those had expired by `at`, so from `at` on the log answers exactly as if the
+    /// charge had not happened, and before it (a clock that steps back) it admits no more.
+    /// Otherwise nothing is given back: the units stay spent, which errs toward refusal.
+    fn refund(ring: &mut [u64], head: usize, at: u64, expiry: u64, n: u64) -> bool {
         let len = ring.len();
+        let Ok(n) = usize::try_from(n) else { return false };
+        if n == 0 || n > len {
+            return false;
+        }
         let idx = |i: usize| (head + i) % len;
-        let start = partition_point(len, |i| ring[idx(i)] < expiry);
-        let end = partition_point(len, |i| ring[idx(i)] <= expiry);
-        let take = (end - start).min(usize::try_from(n).unwrap_or(usize::MAX));
-        // Shift the entries older than the removed ones toward the newer end, then refill the
-        // oldest `take`, capped by the oldest entry left so that the log stays sorted (the
-        // overwritten entries were no newer than it either).
-        for i in (0..end - take).rev() {
-            ring[idx(i + take)] = ring[idx(i)];
+        if (len - n..len).any(|i| ring[idx(i)] != expiry) {
+            return false;
         }
-        let fill = if take < len { at.min(ring[idx(take)]) } else { at };
-        for i in 0..take {
-            ring[idx(i)] = fill;
+        // Drop the newest `n`, then insert `n` entries of `at` at their sorted place among the
+        // older ones (all at most `expiry`, and `at ≤ expiry`).
+        let p = partition_point(len - n, |i| ring[idx(i)] < at);
+        for i in (p..len - n).rev() {
+            ring[idx(i + n)] = ring[idx(i)];
         }
+        for i in p..p + n {
+            ring[idx(i)] = at;
+        }
+        true
     }
 }
 
@@ -164,10 +169,11 @@ fn partition_point(len: usize, pred: impl Fn(usize) -> bool) -> usize {
     lo
 }
 
-/// One log: the ring and the position of its oldest entry.
+/// One log: the ring, the position of its oldest entry, and the units ever admitted.
 struct State {
     ring: Box<[u64]>,
     head: usize,
+    admitted: u64,
 }
 
 /// A direct sliding-log limiter: at most `N` in any window `W`, exactly, for one state.
@@ -192,6 +198,7 @@ pub struct SlidingLogLimiter<C: Clock = DefaultClock> {
     log: SlidingLog,
     origin: Nanos,
     clock: C,
+    id: u64,
 }
 
 impl SlidingLogLimiter<DefaultClock> {
@@ -204,9 +211,15 @@ impl SlidingLogLimiter<DefaultClock> {
 impl<C: Clock> SlidingLogLimiter<C> {
     /// A limiter on `clock`, with an empty log, counting time from the clock's current reading.
     pub fn with_clock(log: SlidingLog, clock: C) -> SlidingLogLimiter<C> {
-        let state = State { ring: vec![0; log.entries()].into_boxed_slice(), head: 0 };
+        let state = State { ring: vec![0; log.entries()].into_boxed_slice(), head: 0, admitted: 0 };
         let origin = clock.now();
-        SlidingLogLimiter { state: CachePadded::new(Mutex::new(state)), log, origin, clock }
+        SlidingLogLimiter {
+            state: CachePadded::new(Mutex::new(state)),
+            log,
+            origin,
+            clock,
+            id: crate::sync::next_id(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -237,15 +250,19 @@ impl<C: Clock> SlidingLogLimiter<C> {
     pub fn check_n_at(&self, now: Nanos, n: u64) -> Decision {
         let e = self.elapsed(now);
         let mut s = self.lock();
-        let State { ring, head } = &mut *s;
-        self.log.decide(ring, head, e, n, true).0
+        let State { ring, head, admitted } = &mut *s;
+        let (d, stored) = self.log.decide(ring, head, e, n, true);
+        if stored.is_some() {
+            *admitted += n;
+        }
+        d
     }
 
     /// What `n` units would get at `now`, taking nothing.
     pub fn peek_n_at(&self, now: Nanos, n: u64) -> Decision {
         let e = self.elapsed(now);
         let mut s = self.lock();
-        let State { ring, head } = &mut *s;
+        let State { ring, head, .. } = &mut *s;
         self.log.decide(ring, head, e, n, false).0
     }
 
@@ -264,17 +281,26 @@ impl<C: Clock> Admit for SlidingLogLimiter<C> {
     fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
         let e = self.elapsed(self.clock.now());
         let mut s = self.lock();
-        let State { ring, head } = &mut *s;
+        let State { ring, head, admitted } = &mut *s;
         let (d, expiry) = self.log.decide(ring, head, e, n, true);
-        (d, expiry.map(|expiry| Receipt::new(e, expiry, n)))
+        let Some(expiry) = expiry else { return (d, None) };
+        *admitted += n;
+        (d, Some(Receipt::new(self.id, 0, [e.min(MAX_ELAPSED), expiry, *admitted], n)))
     }
 
-    /// Exact from the charge's instant on: the units' entries leave the log, and the ones they
-    /// overwrote, expired by then, come back as entries expiring at that instant.
+    /// Exact if nothing was admitted on the log between the charge and the refund; otherwise
+    /// nothing comes back (see `SlidingLog::refund`).
     fn refund(&self, receipt: Receipt) {
+        let Some(([at, expiry, admitted], n)) = receipt.take(self.id, 0) else { return };
         let mut s = self.lock();
-        let head = s.head;
-        SlidingLog::refund(&mut s.ring, head, receipt.stored(), receipt.prior(), receipt.units());
+        if s.admitted == admitted {
+            let head = s.head;
+            if SlidingLog::refund(&mut s.ring, head, at, expiry, n) {
+                // So that an older charge's refund, next in a chain of refunds, finds its own
+                // units the newest again.
+                s.admitted -= n;
+            }
+        }
     }
 
     fn peek(&self, n: u64) -> Decision {

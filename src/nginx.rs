@@ -217,25 +217,15 @@ impl Policy for NginxQuota {
         self.decide_ms(word, (elapsed.as_u64() / 1_000_000).min(MAX_MS), n)
     }
 
-    /// If nothing has changed since, the prior state comes back exactly. Otherwise the excess
-    /// drops by what is left of this decision's share of it: at most `n·1000` and at most the
-    /// excess it stored, less all that could have leaked since (rounded up, so the refund is
-    /// rounded down). Later decisions cannot have removed more of it than leaked, so the state
-    /// never admits more than it would without the refunded decision.
+    /// Exact or nothing: if the word is still the one the decision stored, the prior word
+    /// comes back; otherwise nothing does (the units stay spent, which errs toward refusal).
+    /// nginx's excess is clamped at zero after each arrival and leaks in rounded steps, so
+    /// once another decision has moved the word, how much of this one is left in it cannot be
+    /// bounded from the word alone. (A decision dated more than 60 s before `last` moves `last`
+    /// back, nginx's rule; only such a clock can bring a word back to a value it had.)
     #[inline]
-    fn refund(&self, word: u64, prior: u64, stored: u64, elapsed: Nanos, n: u64) -> Option<u64> {
-        if word == stored {
-            return Some(prior);
-        }
-        if word == 0 || stored == 0 {
-            return None;
-        }
-        let now = (elapsed.as_u64() / 1_000_000).min(MAX_MS).max(unpack_last(word));
-        let ms = now.saturating_sub(unpack_last(stored));
-        let leaked = self.rate.saturating_mul(ms).div_ceil(1000);
-        let owed = (n * 1000).min((stored & EXCESS_MASK).saturating_sub(leaked));
-        let excess = word & EXCESS_MASK;
-        (owed > 0 && excess > 0).then(|| word - owed.min(excess))
+    fn refund(&self, word: u64, prior: u64, stored: u64, _elapsed: Nanos, _n: u64) -> Option<u64> {
+        (word == stored).then_some(prior)
     }
 }
 

@@ -45,6 +45,7 @@ pub struct Direct<P, C: Clock = DefaultClock> {
     policy: P,
     origin: Nanos,
     clock: C,
+    id: u64,
 }
 
 impl<P: Policy> Direct<P, DefaultClock> {
@@ -58,7 +59,13 @@ impl<P: Policy, C: Clock> Direct<P, C> {
     /// A limiter on `clock`, with a fresh state, counting time from the clock's current reading.
     pub fn with_clock(policy: P, clock: C) -> Direct<P, C> {
         let origin = clock.now();
-        Direct { word: CachePadded::new(AtomicU64::new(0)), policy, origin, clock }
+        Direct {
+            word: CachePadded::new(AtomicU64::new(0)),
+            policy,
+            origin,
+            clock,
+            id: crate::sync::next_id(),
+        }
     }
 
     /// One unit now.
@@ -135,6 +142,11 @@ impl<P: Policy, C: Clock> Direct<P, C> {
                 Err(seen) => cur = seen,
             }
         }
+    }
+
+    /// This limiter's identity, which its multi-limit receipts carry.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// What `n` units would get now, taking nothing.

@@ -18,3 +18,11 @@ pub(crate) fn pause() {
     #[cfg(tollgate_loom)]
     loom::thread::yield_now();
 }
+
+/// A number no other call in this process returns: the identity of a limiter, which a
+/// multi-limit receipt carries so that it refunds only the limit that issued it. Not part of
+/// any modelled protocol, so a plain `std` atomic even under loom.
+pub(crate) fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}

@@ -112,6 +112,15 @@ fn specs() -> impl Strategy<Value = Spec> {
     ]
 }
 
+/// One step of a refund script.
+#[derive(Clone, Debug)]
+enum Step {
+    Advance(u64),
+    Check(u64),
+    Charge(u64),
+    Refund(prop::sample::Index),
+}
+
 /// The reference: every limit alone, peeked in order; if all admit, each is checked.
 fn model_all(limits: &[Box<dyn Admit>], n: u64) -> (bool, Vec<Decision>) {
     let peeks: Vec<Decision> = limits.iter().map(|l| l.peek(n)).collect();
@@ -204,6 +213,46 @@ proptest! {
         }
     }
 
+    /// Several charges outstanding at once, refunded in any order, with plain decisions and
+    /// clock advances before, between and after: everything the engine admits on its own, a
+    /// twin that never saw any of the refunded charges admits too (in lockstep, on the same
+    /// clock). This is the case where a refund bound read from the charge's stored word breaks
+    /// (an older charge refunded first moves the newer one down).
+    #[test]
+    fn overlapping_refunds_in_any_order_never_add_capacity(
+        spec in specs(),
+        script in prop::collection::vec(
+            prop_oneof![
+                (0u64..700).prop_map(Step::Advance),
+                (1u64..3).prop_map(Step::Check),
+                (1u64..3).prop_map(Step::Charge),
+                any::<prop::sample::Index>().prop_map(Step::Refund),
+            ],
+            1..40,
+        ),
+    ) {
+        let clock = ManualClock::new();
+        let engine = spec.build(&clock);
+        let twin = spec.build(&clock);
+        let mut receipts: Vec<Receipt> = Vec::new();
+        for step in script {
+            match step {
+                Step::Advance(ms) => clock.advance(Duration::from_millis(ms)),
+                Step::Check(n) => {
+                    if engine.charge(n).0.is_allowed() {
+                        prop_assert!(twin.charge(n).0.is_allowed(), "the twin refuses {} at {:?}", n, clock.now());
+                    }
+                }
+                Step::Charge(n) => receipts.extend(engine.charge(n).1),
+                Step::Refund(i) if !receipts.is_empty() => {
+                    let r = receipts.swap_remove(i.index(receipts.len()));
+                    engine.refund(r);
+                }
+                Step::Refund(_) => {}
+            }
+        }
+    }
+
     /// At the charge's own instant a refund is exact: the limit is exactly its twin again.
     #[test]
     fn immediate_refunds_are_exact(
@@ -274,6 +323,88 @@ fn refusals_report_the_longest_wait() {
     assert_eq!(fast.peek_n(1).outcome(), Outcome::Denied);
     clock.set(Nanos::new(1000 * MS));
     assert!(fast.peek_n(1).is_allowed());
+}
+
+/// The review's trace: two charges on a full bucket, the older refunded first, the clock moves
+/// on by a token's time, two decisions, then the newer refund. A bound read from the newer
+/// charge's stored stamp gave back a token the refill had already absorbed (3 admitted from a
+/// full bucket of 2 at one instant); the elapsed-time bound gives back nothing.
+#[test]
+fn refunds_in_charge_order_after_a_refill_give_back_nothing_absorbed() {
+    let clock = ManualClock::new();
+    let l = Limiter::with_clock(Quota::per_second(1).unwrap().with_burst(2).unwrap(), clock.clone());
+    clock.set(Nanos::new(10_000 * MS));
+    let (_, a) = Admit::charge(&l, 1);
+    let (_, b) = Admit::charge(&l, 1);
+    Admit::refund(&l, a.unwrap());
+    clock.set(Nanos::new(11_000 * MS));
+    assert!(l.check().is_allowed());
+    assert!(l.check().is_allowed());
+    Admit::refund(&l, b.unwrap());
+    assert!(!l.check().is_allowed(), "a third at 11 s from a bucket of 2");
+}
+
+/// A keyed refund after a decision under a tier with a smaller fill: the review's trace.
+#[test]
+fn keyed_refunds_account_for_every_tier() {
+    let clock = ManualClock::new();
+    let l = KeyedBuilder::new(Quota::per_second(1).unwrap().with_burst(10).unwrap())
+        .tier("tight", Quota::per_second(1).unwrap())
+        .capacity(16)
+        .build_with_clock::<u64, _>(clock.clone())
+        .unwrap();
+    let tight = l.tier("tight").unwrap();
+    clock.set(Nanos::new(100_000 * MS));
+    let (_, r) = l.limit(&5).charge(1);
+    assert!(l.check_n_in(&5, tight, 1).is_allowed());
+    l.limit(&5).refund(r.unwrap());
+    assert!(!l.check_n_in(&5, tight, 1).is_allowed(), "two under burst 1 at one instant");
+}
+
+/// Receipts refund only the limit (and key) that issued them; forced-eviction tables issue none.
+#[test]
+fn receipts_belong_to_their_limit() {
+    let clock = ManualClock::new();
+    let a = Limiter::with_clock(Quota::per_second(1).unwrap(), clock.clone());
+    let b = Limiter::with_clock(Quota::per_second(1).unwrap(), clock.clone());
+    let (_, r) = Admit::charge(&a, 1);
+    assert!(b.check().is_allowed());
+    Admit::refund(&b, r.unwrap());
+    assert!(!b.check().is_allowed(), "another limiter's receipt refunded b");
+    let keyed = KeyedBuilder::new(Quota::per_second(1).unwrap())
+        .capacity(16)
+        .build_with_clock::<u64, _>(clock.clone())
+        .unwrap();
+    let (_, r) = keyed.limit(&1).charge(1);
+    assert!(keyed.check(&2).is_allowed());
+    keyed.limit(&2).refund(r.unwrap());
+    assert!(!keyed.check(&2).is_allowed(), "key 1's receipt refunded key 2");
+    let stalest = KeyedBuilder::new(Quota::per_second(1).unwrap())
+        .capacity(16)
+        .when_full(tollgate::WhenFull::EvictStalest)
+        .build_with_clock::<u64, _>(clock)
+        .unwrap();
+    let (d, r) = stalest.limit(&1).charge(1);
+    assert!(d.is_allowed() && r.is_none());
+}
+
+/// The review's sliding-log trace: two charges refunded in charge order, then a check at an
+/// earlier time. The older refund finds a newer admission after it and gives nothing back.
+#[test]
+fn sliding_log_refunds_in_charge_order_stay_within_the_limit() {
+    let clock = ManualClock::new();
+    let l =
+        SlidingLogLimiter::with_clock(SlidingLog::new(2, Duration::from_nanos(10)).unwrap(), clock.clone());
+    assert!(l.check_at(Nanos::new(0)).is_allowed());
+    assert!(l.check_at(Nanos::new(5)).is_allowed());
+    clock.set(Nanos::new(10));
+    let (_, c1) = Admit::charge(&l, 1);
+    clock.set(Nanos::new(15));
+    let (_, c2) = Admit::charge(&l, 1);
+    Admit::refund(&l, c1.unwrap());
+    Admit::refund(&l, c2.unwrap());
+    // In [5, 15): the unit at 5 and, since the first refund gave nothing back, the one at 10.
+    assert!(!l.check_n_at(Nanos::new(12), 2).is_allowed());
 }
 
 #[test]

@@ -62,22 +62,34 @@ impl AtomicBucket {
         }
     }
 
-    /// Gives back the `n` tokens of a [`charge`](AtomicBucket::charge) that stored `stored`,
-    /// as far as they are still owed at the instant `at()` (read after each load of the word).
+    /// Gives back what is still owed of a charge of `n` tokens made at the instant whose floor
+    /// was `charged_floor`: `n·t − (at().floor − charged_floor)`, or nothing once that is not
+    /// positive or if the clock reads earlier than the charge. `at()` is read after each load
+    /// of the word.
     ///
-    /// The charge moved the stamp up by `n·t`; other decisions may have stacked on top, and the
-    /// cap at full may since have absorbed part of it. Any decision since then clamped at a
-    /// floor `f ≤ at().floor` (its clock was read before its CAS, which this load saw), and a
-    /// clamp at `f` can absorb only what of the charge lies below `f`, so at least
-    /// `min(n·t, stored − at().floor)` of it is still in the stamp: taking that much off admits
-    /// nothing that the state without the charge would not. At a frozen clock, or at the
-    /// charge's own instant, that is all `n·t`: the refund is exact.
+    /// Why this never hands out capacity the bucket no longer owes, whatever else happened in
+    /// between (other charges, other refunds in any order, plain decisions): compare the bucket
+    /// with a twin that never saw the refunded charges but made every other admitted decision.
+    /// The charge opens a gap of `n·t` between the two stamps. A decision maps a stamp `x` to
+    /// `max(x, f) + cost`, which never widens a gap, and narrows it only when the twin is
+    /// clamped at its floor (full); the twin's stamp is at least the floor of its last
+    /// decision, so all clamps together narrow the gaps by at most how far the floor moved
+    /// while some refunded charge was outstanding. A charge's share of that is at most the
+    /// floor's advance between it and its refund (every decision the refund's load saw read its
+    /// clock no later than the refund does). So at least `n·t − (f_refund − f_charge)` of this
+    /// charge is still in the stamp, and taking that off leaves the bucket no fuller than the
+    /// twin. At the charge's instant it is the whole charge: exact. `docs/design/admission.md`
+    /// has the argument in full.
     #[inline]
-    pub(crate) fn refund(&self, q: &Quota, stored: BucketWord, n: u64, at: impl Fn() -> At) {
+    pub(crate) fn refund(&self, q: &Quota, charged_floor: u64, n: u64, at: impl Fn() -> At) {
         let cost = q.cost_units(n);
         let mut cur = self.load();
         loop {
-            let owed = cost.min(stored.raw().saturating_sub(at().floor));
+            let floor = at().floor;
+            if floor < charged_floor {
+                return; // a clock behind the charge's: refund nothing
+            }
+            let owed = cost.saturating_sub(floor - charged_floor);
             if owed == 0 {
                 return;
             }

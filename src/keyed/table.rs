@@ -609,18 +609,17 @@ impl<'a, W: Words> Shard<'a, W> {
         }
     }
 
-    /// Gives back up to `cost` units of a charge that stored `stored` in the key's bucket, as
-    /// far as they are still owed: `min(cost, stored − floor())`, with `floor()` read after each
-    /// load of the word (see `AtomicBucket::refund` for why that never hands out capacity the
-    /// bucket no longer owes). Nothing if the key is no longer tracked: it was evicted full, so
-    /// the charge was absorbed.
+    /// Takes `owed()` units off the key's stamp (a refund; `owed` reads the clock and is
+    /// called after each load of the word). Nothing if the key is no longer tracked: it was
+    /// evicted full, which means the charge was absorbed.
     ///
-    /// The stamp moves back, which the reclamation argument (stamps only grow) allows here: it
-    /// never goes below the stamp the key had before the refunded charge, which is above every
-    /// value the slot held for an earlier key, so a stale reader of another key still fails its
-    /// CAS; and a reader of this key that sees an old value again decides on the state that
-    /// value stands for.
-    pub(crate) fn refund(&self, words: W, home: usize, stored: u64, cost: u64, floor: impl Fn() -> u64) {
+    /// The stamp moves back, which the reclamation argument (stamps only grow) allows: a refund
+    /// never leaves the bucket fuller than a twin that never saw the charge (see
+    /// `AtomicBucket::refund`), and the twin's stamp is at or above the key's first stamp in
+    /// this slot, which is above every value the slot held for an earlier key. So a stale
+    /// reader of another key still fails its CAS, and a reader of this key that sees an old
+    /// value again decides on the state that value stands for.
+    pub(crate) fn refund(&self, words: W, home: usize, owed: impl Fn() -> u64) {
         let found = loop {
             // Acquire: as in `find`.
             let h = self.header(home).load(Acquire);
@@ -633,7 +632,7 @@ impl<'a, W: Words> Shard<'a, W> {
             if w & STATE != LIVE {
                 return;
             }
-            let owed = cost.min(stored.saturating_sub(floor()));
+            let owed = owed();
             if owed == 0 {
                 return;
             }

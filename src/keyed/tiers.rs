@@ -117,6 +117,9 @@ pub(crate) struct Tiers {
     /// The largest fill, in units, any tier may have, fixed at construction: a stamp more
     /// than this below now is a full bucket in every tier, whatever the tiers change to.
     max_fill: u64,
+    /// The smallest fill, in units, any tier has ever had: it only goes down (a refund's bound,
+    /// see `KeyedLimit::refund`). Written under `writer`.
+    min_fill: AtomicU64,
     m: u64,
     lifetime: u64,
     writer: Mutex<()>,
@@ -154,12 +157,14 @@ impl Tiers {
         }
         #[expect(clippy::cast_possible_truncation, reason = "at most fill_limit")]
         let max_fill = built.iter().map(Quota::fill_units).max().unwrap_or(0).max(headroom as u64);
+        let min_fill = built.iter().map(Quota::fill_units).min().unwrap_or(0);
         Ok(Tiers {
             names: tiers.iter().map(|(n, _)| *n).collect(),
             cells: built.iter().map(Cell::new).collect(),
             built,
             changed: AtomicU64::new(0),
             max_fill,
+            min_fill: AtomicU64::new(min_fill),
             m,
             lifetime,
             writer: Mutex::new(()),
@@ -191,9 +196,21 @@ impl Tiers {
     pub(crate) fn set(&self, tier: usize, quota: Quota) -> Result<(), ConfigError> {
         let q = quota.in_units(self.m, self.max_fill, self.lifetime)?;
         let _guard = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Relaxed: read approximately by refunds, which only need it never to have been
+        // larger than a fill a decision used; it is lowered before the cell is published.
+        if q.fill_units() < self.min_fill.load(Relaxed) {
+            self.min_fill.store(q.fill_units(), Relaxed);
+        }
         self.cells[tier].store(&q);
         self.changed.store(1, Release);
         Ok(())
+    }
+
+    /// The smallest fill any tier has had, in units.
+    pub(crate) fn min_fill(&self) -> u64 {
+        // Relaxed: see `set`. A decision under a newly lowered fill reads the cell after the
+        // Release store of `changed`, which follows the store of `min_fill` in the writer.
+        self.min_fill.load(Relaxed)
     }
 
     /// The largest fill any tier may have, in units.

@@ -65,8 +65,8 @@ impl KeyedSlidingLogBuilder {
         self.build_with_clock(DefaultClock::new())
     }
 
-    /// Builds the table on `clock`. Every slot and every log entry is allocated here (zeroed:
-    /// the pages are committed as keys first touch them).
+    /// Builds the table on `clock`. Every slot and every log entry is allocated and written
+    /// here: the table's memory is all resident from the start and never grows.
     pub fn build_with_clock<K: Key + ?Sized, C: Clock>(
         self,
         clock: C,
@@ -78,12 +78,15 @@ impl KeyedSlidingLogBuilder {
                 max: 1,
             });
         }
-        let capacity = self.capacity as u64;
-        if capacity == 0 || capacity.saturating_mul(self.log.limit) > MAX_ENTRIES {
+        // Slots are `capacity·8/7` rounded up to a power of two (at least 32); their logs must
+        // total at most 2^34 entries.
+        let most_slots = 1u64 << (63 - (MAX_ENTRIES / self.log.limit).leading_zeros());
+        let max_capacity = most_slots / 8 * 7;
+        if self.capacity == 0 || self.capacity as u64 > max_capacity {
             return Err(ConfigError::OutOfRange {
-                what: "keyed sliding-log capacity (keys × limit ≤ 2^34)",
-                value: capacity,
-                max: MAX_ENTRIES / self.log.limit,
+                what: "keyed sliding-log capacity (slots × limit ≤ 2^34)",
+                value: self.capacity as u64,
+                max: max_capacity,
             });
         }
         let shards = crate::keyed::shard_count(self.shards)?;
@@ -225,6 +228,11 @@ impl<K: Key + ?Sized, C: Clock> KeyedSlidingLog<K, C> {
     }
 
     /// `n` units for `key` at `now` on this table's clock.
+    ///
+    /// Times must not run behind ones already given to the table: a key whose log had wholly
+    /// expired as of a later time may have lost its slot to another key, and is then judged
+    /// at the earlier time with an empty log. (`check` and `check_n` read the clock under the
+    /// shard's lock, so they never do this.)
     pub fn check_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
         self.decide(key, || now, n, true)
     }
@@ -244,12 +252,15 @@ impl<K: Key + ?Sized, C: Clock> KeyedSlidingLog<K, C> {
         let entries = self.log.entries();
         let mask = self.per_shard - 1;
         let home = low & mask;
-        // Start both cache misses (the home slot and its log) before the lock and the clock.
+        // Start both cache misses (the home slot and its log) before the lock.
         let (slots_at, rings_at) = self.bases[shard_index];
         crate::keyed::prefetch_line((slots_at + home * core::mem::size_of::<Slot<K::Words>>()) as *const u8);
         crate::keyed::prefetch_line((rings_at + home * entries * 8) as *const u8);
-        let e = now().saturating_sub(self.origin).as_u64();
         let mut shard = self.lock(shard_index);
+        // The clock is read under the lock, so that decisions on a shard see times in the order
+        // they take effect: a key whose log expired as of one decision is never judged at an
+        // earlier time by the next (see `check_n_at`).
+        let e = now().saturating_sub(self.origin).as_u64();
         let Shard { slots, rings, live } = &mut *shard;
         let mut free = None;
         let mut found = None;
