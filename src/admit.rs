@@ -60,10 +60,11 @@ pub trait Admit {
     /// charge not happened; at the charge's own instant it gives back everything (where a
     /// limit cannot tell, it gives back nothing: see each implementation).
     ///
-    /// The limit's clock must not run behind the one the charge read: refunds assume a clock
-    /// that is monotone and shared by the threads that decide on the limit (the TSC, the
-    /// coarse clock and `StdClock` are). A `ManualClock` set back between a charge and its
-    /// refund can refund units that later decisions have already been told were spent.
+    /// Refunds assume a clock that is monotone and shared by the threads that decide on the
+    /// limit (the TSC, the coarse clock and `StdClock` are): no decision the refund could
+    /// overwrite may be dated after the refund's own clock reading. A `ManualClock` set back
+    /// between a charge and its refund, or a `*_at` decision dated in the future, can let a
+    /// token bucket refund units that later decisions were already told were spent.
     fn refund(&self, receipt: Receipt);
 
     /// What `n` units would get now, taking nothing.

@@ -277,13 +277,19 @@ impl<K: Key + ?Sized, C: Clock> Admit for KeyedLimit<'_, K, C> {
     /// Gives back `cost − (floor now − floor at the charge)`, as `AtomicBucket::refund` does,
     /// with the floor now taken under the smallest fill any tier has had: a decision under
     /// another tier (an override, `check_n_in`, a changed quota) clamps at its own floor,
-    /// which is never above that one.
+    /// which is never above that one. So in a table whose tiers have different fill times, a
+    /// key of a tier with a longer fill gets back `cost − (its fill − the smallest fill)`, often
+    /// nothing: exact refunds need the key's tier to have the smallest fill (one tier, say).
+    /// The decision that lowered the smallest fill happens-before any refund that sees its
+    /// word (the decisions' CAS is `Release`, the refund's load `Acquire`).
     fn refund(&self, r: Receipt) {
         let l = self.limiter;
         let t = l.target(self.key.words(&l.fingerprint));
         let Some(([charged_now, charged_fill, cost], _)) = r.take(l.id, t.hash) else { return };
         let charged_floor = charged_now - charged_fill;
         let owed = || {
+            // After the word's Acquire load (in `Shard::refund`): see `AtomicBucket::refund`.
+            crate::sync::clock_after_loads();
             let now = OFFSET + l.base(l.clock.now());
             if now < charged_now {
                 return 0; // a clock behind the charge's: refund nothing

@@ -26,3 +26,17 @@ pub(crate) fn next_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
+
+/// Orders a clock read after the loads before it: a refund reads the clock after loading the
+/// word, and needs the reading no earlier than any decision that load saw (`AtomicBucket::refund`).
+/// On x86_64 a TSC read may otherwise run ahead of an earlier load, so an `lfence` (which waits
+/// for earlier instructions to complete) goes between them. Under loom, the `Acquire` load that
+/// saw the decision's `Release` CAS orders the (atomic) manual clock read already.
+#[inline]
+pub(crate) fn clock_after_loads() {
+    #[cfg(all(target_arch = "x86_64", not(tollgate_loom)))]
+    // SAFETY: `lfence` has no operands and no effect on memory; SSE2 is baseline on x86_64.
+    unsafe {
+        core::arch::x86_64::_mm_lfence();
+    }
+}

@@ -135,3 +135,34 @@ fn refund_races_eviction_and_reuse() {
         assert_eq!(l.peek_n_at(&5, late, 0).remaining(), 1);
     });
 }
+
+/// Two refunds of one bucket race while the clock moves on (the second review's trace): a full
+/// bucket of 2 at 100 s, two charges, both refunded; meanwhile the clock moves to 100.5 s and a
+/// plain decision takes a token. Without one-refund-at-a-time, the first refund could load the
+/// word, read 100 s, stall while the second refund lowers the word and the decision raises it
+/// back to the same value, then CAS it down by a token the refill no longer owes, which shows at
+/// 101 s as a second token.
+#[test]
+fn refunds_racing_a_later_decision_never_add_capacity() {
+    model(|| {
+        let clock = ManualClock::new();
+        clock.set(Nanos::new(100_000_000_000));
+        let q = Quota::new(Rate::per_second(1), 2).unwrap();
+        let l = Arc::new(Limiter::with_clock(q, clock.clone()));
+        let (_, a) = l.charge(1);
+        let (_, b) = l.charge(1);
+        let (l1, l2) = (Arc::clone(&l), Arc::clone(&l));
+        let a = a.unwrap();
+        let b = b.unwrap();
+        let t1 = thread::spawn(move || l1.refund(a));
+        let t2 = thread::spawn(move || l2.refund(b));
+        clock.set(Nanos::new(100_500_000_000));
+        let admitted = l.check().is_allowed();
+        t1.join().unwrap();
+        t2.join().unwrap();
+        // At 101 s: a full bucket of 2 at 100 s, at most one token refilled since, less the one
+        // taken at 100.5 s (the cap absorbs the refill before it): at most one left.
+        let left = l.peek_n_at(Nanos::new(101_000_000_000), 0).remaining();
+        assert!(!admitted || left <= 1, "left {left} at 101 s after a decision at 100.5 s");
+    });
+}

@@ -3,27 +3,34 @@
 //!
 //! # Orderings
 //!
-//! Every access is `Relaxed`. The word is self-contained: no other memory is published through
-//! it, and coherence gives all threads one modification order for this single atomic, which is
-//! all the decision needs. A decision takes effect at its successful CAS (its linearization
+//! Decisions need nothing but `Relaxed`: the word is self-contained, no other memory is
+//! published through it, and coherence gives all threads one modification order for this
+//! single atomic. A successful decision's CAS is `Release` all the same, for refunds
+//! ([`AtomicBucket::refund`]), which load `Acquire` and must then read a clock no earlier than
+//! the decisions they saw; on x86 that costs nothing. A decision takes effect at its successful CAS (its linearization
 //! point); a denial or a peek takes effect at the load it decided on. Checked by
 //! `loom-tests/tests/bucket.rs`.
 
 use super::{BucketWord, Verdict};
 use crate::decision::Decision;
 use crate::quota::At;
-use crate::sync::{AtomicU64, Ordering::Relaxed};
+use crate::sync::{
+    AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use crate::Quota;
 
 /// One bucket's state word.
 #[derive(Debug)]
 pub(crate) struct AtomicBucket {
     word: AtomicU64,
+    /// 1 while a refund runs (see `refund`). Decisions never touch it.
+    refunding: AtomicU64,
 }
 
 impl AtomicBucket {
     pub(crate) fn new(word: BucketWord) -> AtomicBucket {
-        AtomicBucket { word: AtomicU64::new(word.raw()) }
+        AtomicBucket { word: AtomicU64::new(word.raw()), refunding: AtomicU64::new(0) }
     }
 
     /// Reads the word. Relaxed: see the module docs.
@@ -52,10 +59,12 @@ impl AtomicBucket {
                 Verdict::Take { next } => next,
                 Verdict::Final(denied) => return (denied, None),
             };
-            // Relaxed (load, success, failure): the word is self-contained, and the failure
-            // value feeds the same decision as the first load. Checked by
-            // loom-tests/tests/bucket.rs.
-            match self.word.compare_exchange_weak(cur.raw(), next.raw(), Relaxed, Relaxed) {
+            // Load and failure Relaxed: the word is self-contained, and the failure value feeds
+            // the same decision as the first load. Success Release, for refunds only: a refund
+            // that loads this value (Acquire) then reads a clock no earlier than the one this
+            // decision used (`refund`). Free on x86, where every locked RMW is a full barrier.
+            // Checked by loom-tests/tests/bucket.rs and admit.rs.
+            match self.word.compare_exchange_weak(cur.raw(), next.raw(), Release, Relaxed) {
                 Ok(_) => return (next.taken(q, at), Some(next)),
                 Err(seen) => cur = BucketWord::from_raw(seen), // lost a race: re-decide
             }
@@ -80,26 +89,48 @@ impl AtomicBucket {
     /// charge is still in the stamp, and taking that off leaves the bucket no fuller than the
     /// twin. At the charge's instant it is the whole charge: exact. `docs/design/admission.md`
     /// has the argument in full.
+    ///
+    /// **One refund at a time.** The bound needs every decision the CAS could overwrite to have
+    /// read its clock before this refund did. Decisions only raise the word, so if the word
+    /// still holds the value loaded before the clock read, no decision came in between, unless
+    /// another refund lowered the word and a decision raised it back to the same value (with a
+    /// later clock). So refunds of one bucket are serialized by a flag, and a refund that finds
+    /// another in progress gives nothing back (it never waits: lock-free, erring toward
+    /// refusal). The new stamp is never below the refund's own floor, which limits the damage
+    /// of a decision dated after the refund's clock (which the contract excludes).
     #[inline]
     pub(crate) fn refund(&self, q: &Quota, charged_floor: u64, n: u64, at: impl Fn() -> At) {
+        // Acquire, paired with the Release below: a refund starts after the previous one's CAS
+        // in the word's modification order. Checked by loom-tests/tests/admit.rs.
+        if self.refunding.compare_exchange(0, 1, Acquire, Relaxed).is_err() {
+            return;
+        }
         let cost = q.cost_units(n);
-        let mut cur = self.load();
+        // Acquire (and on failure below): pairs with the decisions' Release CAS, so that the
+        // clock read after it is no earlier than theirs.
+        let mut cur = BucketWord::from_raw(self.word.load(Acquire));
         loop {
+            crate::sync::clock_after_loads();
             let floor = at().floor;
             if floor < charged_floor {
-                return; // a clock behind the charge's: refund nothing
+                break; // a clock behind the charge's: refund nothing
             }
             let owed = cost.saturating_sub(floor - charged_floor);
             if owed == 0 {
-                return;
+                break;
             }
-            let next = cur.raw().saturating_sub(owed);
-            // Relaxed (load, success, failure): as in `charge`; the word is self-contained.
-            // Checked by loom-tests/tests/admit.rs.
-            match self.word.compare_exchange_weak(cur.raw(), next, Relaxed, Relaxed) {
-                Ok(_) => return,
+            let next = cur.raw().saturating_sub(owed).max(floor);
+            if next >= cur.raw() {
+                break;
+            }
+            // Success Relaxed: nothing is published through a refund. Failure Acquire: as the
+            // load above. Checked by loom-tests/tests/admit.rs.
+            match self.word.compare_exchange_weak(cur.raw(), next, Relaxed, Acquire) {
+                Ok(_) => break,
                 Err(seen) => cur = BucketWord::from_raw(seen),
             }
         }
+        // Release: see the Acquire above.
+        self.refunding.store(0, Release);
     }
 }

@@ -196,6 +196,8 @@ struct Group<W: Words> {
 /// Counters of one shard. All `Relaxed`: statistics, read approximately.
 #[derive(Debug, Default)]
 struct Counters {
+    /// 1 while a refund runs on this shard (see `Shard::refund`). Not a counter.
+    refunding: AtomicU64,
     /// Live keys, as a wrapping count (an eviction may be counted before its insert).
     live: AtomicU64,
     inserts: AtomicU64,
@@ -620,6 +622,19 @@ impl<'a, W: Words> Shard<'a, W> {
     /// reader of another key still fails its CAS, and a reader of this key that sees an old
     /// value again decides on the state that value stands for.
     pub(crate) fn refund(&self, words: W, home: usize, owed: impl Fn() -> u64) {
+        // One refund per shard at a time, as in `AtomicBucket::refund` (a refund that lowers a
+        // word while another refund of the same slot is between its clock read and its CAS
+        // would let that CAS succeed on a value a later decision rebuilt). Busy: nothing.
+        // Acquire/Release: the next refund starts after this one's CAS.
+        let flag = &self.c().refunding;
+        if flag.compare_exchange(0, 1, Acquire, Relaxed).is_err() {
+            return;
+        }
+        self.refund_one(words, home, owed);
+        flag.store(0, Release);
+    }
+
+    fn refund_one(&self, words: W, home: usize, owed: impl Fn() -> u64) {
         let found = loop {
             // Acquire: as in `find`.
             let h = self.header(home).load(Acquire);
@@ -720,11 +735,12 @@ fn decide_on<W: Words>(slot: &Slot<W>, mut w: u64, words: W, now: &Now<'_>, n: u
                 continue;
             }
         };
-        // Success Relaxed: the bucket word is self-contained, as in `bucket/atomic.rs`, and the
-        // key words stay published by the release sequence this RMW continues. Failure
-        // Acquire: the new value may be a new key's, so the key is checked again after it.
-        // Fails whenever the slot changed: stamps only grow (module docs).
-        match slot.word.compare_exchange_weak(w, next.raw(), Relaxed, Acquire) {
+        // Success Release: the key words stay published by the release sequence this RMW
+        // continues, and a refund that loads this value (Acquire) reads a clock no earlier than
+        // this decision's (`Shard::refund`; free on x86). Failure Acquire: the new value may be
+        // a new key's, so the key is checked again after it. Fails whenever the slot changed:
+        // stamps only grow (module docs).
+        match slot.word.compare_exchange_weak(w, next.raw(), Release, Acquire) {
             Ok(_) => return Some(next.taken(now.q, now.at)),
             Err(seen) => {
                 if W::load(&slot.key, Relaxed) != words {
