@@ -63,8 +63,13 @@ pub trait Admit {
     /// Refunds assume a clock that is monotone and shared by the threads that decide on the
     /// limit (the TSC, the coarse clock and `StdClock` are): no decision the refund could
     /// overwrite may be dated after the refund's own clock reading. A `ManualClock` set back
-    /// between a charge and its refund, or a `*_at` decision dated in the future, can let a
-    /// token bucket refund units that later decisions were already told were spent.
+    /// between a charge and its refund, a `*_at` decision dated in the future, or TSCs that are
+    /// not synchronized across cores (a skew δ), can let a token bucket refund up to that much
+    /// time's worth of units that later decisions were already told were spent.
+    ///
+    /// Refunds of one token bucket (one shard of a keyed table) run one at a time; a refund
+    /// that finds another in progress gives nothing back rather than wait, so under heavy
+    /// refusal on one bucket some refused requests keep their charge (an error toward refusal).
     fn refund(&self, receipt: Receipt);
 
     /// What `n` units would get now, taking nothing.

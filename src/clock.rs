@@ -18,7 +18,9 @@
 //!   whose stamp is ahead of `now` simply has no tokens yet: there is no underflow, no reset and
 //!   no extra grant. A core that runs behind sees fewer tokens (until its clock catches up); a
 //!   core that runs ahead by δ can take tokens up to δ early, so over a span the bound becomes
-//!   `burst + rate·(span + δ)`. Where TSCs are not synchronized, use [`StdClock`].
+//!   `burst + rate·(span + δ)`. Where TSCs are not synchronized, use [`StdClock`]. Refunds in
+//!   multi-limit admission ([`check_all`](crate::check_all)) need synchronized clocks too: a
+//!   refund on a core behind a decision's core by δ can give back up to δ·rate too much.
 //! * **Suspend.** quanta follows the OS monotonic clock, which stops during suspend on Linux
 //!   (quanta#58). A bucket therefore refills nothing for the time a machine was asleep: it
 //!   under-admits after resume, never over-admits.

@@ -292,10 +292,10 @@ impl<K: Key + ?Sized, C: Clock> Admit for KeyedLimit<'_, K, C> {
             crate::sync::clock_after_loads();
             let now = OFFSET + l.base(l.clock.now());
             if now < charged_now {
-                return 0; // a clock behind the charge's: refund nothing
+                return (0, 0); // a clock behind the charge's: refund nothing
             }
             let floor = now - l.params.tiers.min_fill().min(charged_fill);
-            cost.saturating_sub(floor - charged_floor)
+            (cost.saturating_sub(floor - charged_floor), evictable(&l.params, now))
         };
         t.shard.refund(t.words, t.home, owed);
     }

@@ -29,14 +29,31 @@ pub(crate) fn next_id() -> u64 {
 
 /// Orders a clock read after the loads before it: a refund reads the clock after loading the
 /// word, and needs the reading no earlier than any decision that load saw (`AtomicBucket::refund`).
-/// On x86_64 a TSC read may otherwise run ahead of an earlier load, so an `lfence` (which waits
-/// for earlier instructions to complete) goes between them. Under loom, the `Acquire` load that
-/// saw the decision's `Release` CAS orders the (atomic) manual clock read already.
+/// A hardware counter read may otherwise run ahead of an earlier load: on x86_64 an `lfence`
+/// (which waits for earlier instructions to complete) goes between them, on aarch64 an `isb`
+/// (as Linux does before reading `cntvct_el0`). Under loom, the `Acquire` load that saw the
+/// decision's `Release` CAS orders the (atomic) manual clock read already. A custom `Clock`
+/// that reads a raw counter on another architecture must order itself after earlier loads.
 #[inline]
 pub(crate) fn clock_after_loads() {
     #[cfg(all(target_arch = "x86_64", not(tollgate_loom)))]
     // SAFETY: `lfence` has no operands and no effect on memory; SSE2 is baseline on x86_64.
     unsafe {
         core::arch::x86_64::_mm_lfence();
+    }
+    #[cfg(all(target_arch = "aarch64", not(tollgate_loom)))]
+    // SAFETY: `isb` flushes the pipeline; it reads and writes no memory, registers or flags.
+    unsafe {
+        core::arch::asm!("isb", options(nostack, preserves_flags));
+    }
+}
+
+/// Clears a flag word (stores 0, `Release`) when dropped: a refund's one-at-a-time flag is
+/// released even if the clock it reads panics.
+pub(crate) struct ClearOnDrop<'a>(pub(crate) &'a AtomicU64);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(0, Ordering::Release);
     }
 }

@@ -1,8 +1,9 @@
-//! Multi-limit admission (`src/admit.rs`): charges in order, refunds on a refusal. Every CAS is
-//! `Relaxed` (the charge's in `src/bucket/atomic.rs` and `src/policy.rs`, the refunds beside
-//! them). At a frozen clock a refund is exact, so every limit ends having spent exactly one
-//! unit per admitted request, whatever the interleaving: nothing refused is ever charged, and
-//! nothing admitted is ever refunded.
+//! Multi-limit admission (`src/admit.rs`): charges in order, refunds on a refusal. A decision's
+//! successful CAS is `Release` and a refund's load `Acquire` (so that the refund's clock is no
+//! earlier than the decisions it saw); refunds of one bucket (one keyed shard) run one at a
+//! time. At a frozen clock a refund is exact, so every limit ends having spent exactly one unit
+//! per admitted request, whatever the interleaving; with the clock moving, a refund never gives
+//! back what the refill has absorbed.
 
 #![cfg(tollgate_loom)]
 
@@ -163,6 +164,34 @@ fn refunds_racing_a_later_decision_never_add_capacity() {
         // At 101 s: a full bucket of 2 at 100 s, at most one token refilled since, less the one
         // taken at 100.5 s (the cap absorbs the refill before it): at most one left.
         let left = l.peek_n_at(Nanos::new(101_000_000_000), 0).remaining();
+        assert!(!admitted || left <= 1, "left {left} at 101 s after a decision at 100.5 s");
+    });
+}
+
+/// The keyed analogue: key 7 of a one-shard table (burst 2 at 1/s, full at 100 s) is charged
+/// twice, both charges are refunded on two threads, and meanwhile the clock moves to 100.5 s
+/// and a decision on key 7 takes a token. Covers the shard's refund flag and the `Release` of
+/// `decide_on`: at 101 s at most one token may be left.
+#[test]
+fn keyed_refunds_racing_a_later_decision_never_add_capacity() {
+    model(|| {
+        let clock = ManualClock::new();
+        clock.set(Nanos::new(100_000_000_000));
+        let q = Quota::new(Rate::per_second(1), 2).unwrap();
+        let l: Arc<KeyedLimiter<u64, ManualClock>> = Arc::new(
+            KeyedBuilder::new(q).capacity(3).shards(1).seeds([1; 8]).build_with_clock(clock.clone()).unwrap(),
+        );
+        let (_, a) = l.limit(&7).charge(1);
+        let (_, b) = l.limit(&7).charge(1);
+        let (a, b) = (a.unwrap(), b.unwrap());
+        let (l1, l2) = (Arc::clone(&l), Arc::clone(&l));
+        let t1 = thread::spawn(move || l1.limit(&7).refund(a));
+        let t2 = thread::spawn(move || l2.limit(&7).refund(b));
+        clock.set(Nanos::new(100_500_000_000));
+        let admitted = l.check(&7).is_allowed();
+        t1.join().unwrap();
+        t2.join().unwrap();
+        let left = l.peek_n_at(&7, Nanos::new(101_000_000_000), 0).remaining();
         assert!(!admitted || left <= 1, "left {left} at 101 s after a decision at 100.5 s");
     });
 }

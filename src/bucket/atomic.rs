@@ -18,6 +18,7 @@ use crate::sync::{
     AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
 };
+
 use crate::Quota;
 
 /// One bucket's state word.
@@ -105,6 +106,8 @@ impl AtomicBucket {
         if self.refunding.compare_exchange(0, 1, Acquire, Relaxed).is_err() {
             return;
         }
+        // Release (on drop, even if the clock panics): see the Acquire above.
+        let _clear = crate::sync::ClearOnDrop(&self.refunding);
         let cost = q.cost_units(n);
         // Acquire (and on failure below): pairs with the decisions' Release CAS, so that the
         // clock read after it is no earlier than theirs.
@@ -130,7 +133,5 @@ impl AtomicBucket {
                 Err(seen) => cur = BucketWord::from_raw(seen),
             }
         }
-        // Release: see the Acquire above.
-        self.refunding.store(0, Release);
     }
 }

@@ -621,7 +621,11 @@ impl<'a, W: Words> Shard<'a, W> {
     /// this slot, which is above every value the slot held for an earlier key. So a stale
     /// reader of another key still fails its CAS, and a reader of this key that sees an old
     /// value again decides on the state that value stands for.
-    pub(crate) fn refund(&self, words: W, home: usize, owed: impl Fn() -> u64) {
+    ///
+    /// `owed()` returns the units owed and the lowest stamp the refund may leave (the
+    /// evictable line, `now − max_fill`: a bucket full in every tier, at or above the slot's
+    /// high-water mark under a consistent clock).
+    pub(crate) fn refund(&self, words: W, home: usize, owed: impl Fn() -> (u64, u64)) {
         // One refund per shard at a time, as in `AtomicBucket::refund` (a refund that lowers a
         // word while another refund of the same slot is between its clock read and its CAS
         // would let that CAS succeed on a value a later decision rebuilt). Busy: nothing.
@@ -630,11 +634,11 @@ impl<'a, W: Words> Shard<'a, W> {
         if flag.compare_exchange(0, 1, Acquire, Relaxed).is_err() {
             return;
         }
+        let _clear = crate::sync::ClearOnDrop(flag);
         self.refund_one(words, home, owed);
-        flag.store(0, Release);
     }
 
-    fn refund_one(&self, words: W, home: usize, owed: impl Fn() -> u64) {
+    fn refund_one(&self, words: W, home: usize, owed: impl Fn() -> (u64, u64)) {
         let found = loop {
             // Acquire: as in `find`.
             let h = self.header(home).load(Acquire);
@@ -647,14 +651,15 @@ impl<'a, W: Words> Shard<'a, W> {
             if w & STATE != LIVE {
                 return;
             }
-            let owed = owed();
-            if owed == 0 {
+            let (owed, lowest) = owed();
+            let next = w.saturating_sub(owed).max(lowest);
+            if owed == 0 || next >= w {
                 return;
             }
             // Success Relaxed, failure Acquire: as in `decide_on`. The key is checked again
             // after a failure, which may show a new key's word. Checked by
             // loom-tests/tests/admit.rs.
-            match slot.word.compare_exchange_weak(w, w.saturating_sub(owed), Relaxed, Acquire) {
+            match slot.word.compare_exchange_weak(w, next, Relaxed, Acquire) {
                 Ok(_) => return,
                 Err(seen) => {
                     if W::load(&slot.key, Relaxed) != words {
