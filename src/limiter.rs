@@ -92,24 +92,27 @@ impl<C: Clock> Limiter<C> {
     /// [`check_n`](Limiter::check_n) at a caller-supplied `now`.
     #[inline]
     pub fn check_n_at(&self, now: Nanos, n: u64) -> Decision {
+        self.charge_at(now, n).0
+    }
+
+    /// [`check_n_at`](Limiter::check_n_at), also returning, when tokens were taken, the floor
+    /// of the instant they were taken at (a multi-limit receipt's).
+    #[inline(always)]
+    fn charge_at(&self, now: Nanos, n: u64) -> (Decision, Option<u64>) {
         let now = self.instant(now);
         // One comparison for both `n == 0` and `n > burst`: neither touches the word.
         if n.wrapping_sub(1) >= self.quota.burst() {
-            return self.bucket.load().peek(&self.quota, now, n);
+            return (self.bucket.load().peek(&self.quota, now, n), None);
         }
-        self.bucket.acquire(&self.quota, now, n)
+        let (d, stored) = self.bucket.charge(&self.quota, now, n);
+        (d, stored.map(|_| now.floor))
     }
 
     /// `n` tokens now, and, when they were taken, the floor of the instant they were taken at:
     /// the receipt of a charge in [`check_all`](crate::check_all).
     #[inline]
     pub(crate) fn charge_now(&self, n: u64) -> (Decision, Option<u64>) {
-        let now = self.instant(self.clock.now());
-        if n.wrapping_sub(1) >= self.quota.burst() {
-            return (self.bucket.load().peek(&self.quota, now, n), None);
-        }
-        let (d, stored) = self.bucket.charge(&self.quota, now, n);
-        (d, stored.map(|_| now.floor))
+        self.charge_at(self.clock.now(), n)
     }
 
     /// Gives back what is still owed of `n` tokens charged at the floor `floor` (see

@@ -40,18 +40,12 @@ impl AtomicBucket {
         BucketWord::from_raw(self.word.load(Relaxed))
     }
 
-    /// Takes `n` tokens (`1 ≤ n ≤ burst`) at the bucket instant `at`, or denies.
+    /// Takes `n` tokens (`1 ≤ n ≤ burst`) at the bucket instant `at`, or denies; when it took
+    /// them, also returns the word it stored (a multi-limit receipt's, see `refund`).
     ///
     /// Never blocks, allocates or panics. Retries only when another thread changed the word
     /// between our load and our CAS, which means that thread's decision took effect: the loop
     /// is lock-free.
-    #[inline]
-    pub(crate) fn acquire(&self, q: &Quota, at: At, n: u64) -> Decision {
-        self.charge(q, at, n).0
-    }
-
-    /// [`acquire`](AtomicBucket::acquire), also returning the word it stored when it took the
-    /// tokens: the receipt [`refund`](AtomicBucket::refund) needs.
     #[inline]
     pub(crate) fn charge(&self, q: &Quota, at: At, n: u64) -> (Decision, Option<BucketWord>) {
         let mut cur = self.load();
