@@ -37,6 +37,7 @@ r = json.loads((d / "report.json").read_text())
 workloads = {c["workload"] for c in r["cells"]}
 assert len(workloads) == 7, workloads
 assert all(c["decisions"] > 0 for c in r["cells"])
+assert all(c["call"]["p50"] > 0 and c["call"]["p999"] >= c["call"]["p50"] for c in r["cells"])
 assert r["memory"] and r["targets"]
 assert "<!-- results:end -->" in (d / "report.md").read_text()
 for chart in ("throughput.svg", "latency.svg"):

@@ -1,5 +1,5 @@
-//! SVG charts: throughput against threads, and the latency distribution, one panel per
-//! workload, one line per subject.
+//! SVG charts: throughput against threads, and the latency distribution of single calls, one
+//! panel per workload, one line per subject.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -166,7 +166,7 @@ fn latency(path: &Path, panels: &[(&str, Vec<&Cell>)], palette: &[&str]) -> Draw
             QUANTILES
                 .iter()
                 .enumerate()
-                .map(|(i, &(q, _))| (i as f64, (c.hist.value_at_quantile(q) as f64 / 1000.0).max(0.1)))
+                .map(|(i, &(q, _))| (i as f64, (c.calls.value_at_quantile(q) as f64 / 1000.0).max(0.1)))
                 .collect()
         };
         let lo = cells.iter().flat_map(|c| curve(c)).map(|p| p.1).fold(f64::INFINITY, f64::min);
@@ -195,7 +195,7 @@ fn latency(path: &Path, panels: &[(&str, Vec<&Cell>)], palette: &[&str]) -> Draw
                     String::new()
                 }
             })
-            .y_desc("ns per decision (timed batches of ~2 µs)")
+            .y_desc("ns per decision (single calls)")
             .y_label_formatter(&|y| format!("{y:.0}"))
             .draw()?;
         for c in &cells {

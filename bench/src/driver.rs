@@ -1,5 +1,7 @@
-//! The measuring loop: every thread decides batches of keys, reads the TSC once between
-//! batches, and records each batch's time per decision in its own histogram.
+//! The measuring loop. Every thread decides batches of keys and reads the TSC once between
+//! batches (throughput, and each batch's time per decision in a histogram); then it times
+//! single calls, each between two fenced TSC reads, with the timer's own cost measured on an
+//! empty call and taken out (latency per call).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Barrier;
@@ -40,6 +42,22 @@ pub trait Subject: Sync {
     /// Restores a bounded state between repetitions, outside the timing (peers whose maps grow
     /// with every new key).
     fn reset(&self) {}
+
+    /// Keys per call of the subject's own API: [`BATCH`] for `check_batch`, 1 for the rest.
+    /// The latency pass times one call of this many keys.
+    fn unit(&self) -> usize {
+        1
+    }
+}
+
+/// Does nothing: the latency pass times it to learn what the timer and the call cost.
+struct Empty;
+
+impl Subject for Empty {
+    #[inline(never)]
+    fn run(&self, keys: &[u64]) {
+        std::hint::black_box(keys);
+    }
 }
 
 /// Where a thread's keys come from.
@@ -56,6 +74,7 @@ struct Span {
     ops: u64,
     nanos: u64,
     hist: Histogram<u64>,
+    calls: Histogram<u64>,
     batch: usize,
 }
 
@@ -70,6 +89,8 @@ pub struct Sample {
     pub ops_per_sec: f64,
     /// Time per decision in picoseconds, one record per batch, all threads.
     pub hist: Histogram<u64>,
+    /// Time per call in picoseconds, less the timer's, one record per decision, all threads.
+    pub calls: Histogram<u64>,
     /// Decisions per timed batch (the first thread's).
     pub batch: usize,
 }
@@ -90,6 +111,8 @@ pub struct Timing {
     pub pin: bool,
     /// The length of a timed batch, ns.
     pub batch_nanos: f64,
+    /// Timed one call at a time, after `duration`.
+    pub latency: Duration,
 }
 
 /// Runs `subject` on `threads` threads: a warm-up, then the timed part. Fresh keys are drawn
@@ -101,7 +124,7 @@ pub fn measure<S: Subject + ?Sized>(
     timing: Timing,
     fresh: &AtomicU64,
 ) -> Sample {
-    let Timing { warmup, duration, pin, batch_nanos } = timing;
+    let Timing { warmup, duration, pin, batch_nanos, latency } = timing;
     let clock = quanta::Clock::new();
     let barrier = Barrier::new(threads);
     let spans: Vec<Span> = std::thread::scope(|s| {
@@ -122,20 +145,23 @@ pub fn measure<S: Subject + ?Sized>(
                     barrier.wait();
                     let mut hist = histogram();
                     let (ops, nanos) = run_for(subject, &mut source, clock, duration, batch, Some(&mut hist));
-                    Span { ops, nanos, hist, batch }
+                    barrier.wait();
+                    let calls = time_calls(subject, &mut source, clock, latency);
+                    Span { ops, nanos, hist, calls, batch }
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().expect("a bench thread panicked")).collect()
     });
-    let mut hist = histogram();
+    let (mut hist, mut calls) = (histogram(), histogram());
     for span in &spans {
         hist.add(&span.hist).expect("same bounds");
+        calls.add(&span.calls).expect("same bounds");
     }
     let ops = spans.iter().map(|s| s.ops).sum();
     let ns_per_op = spans.iter().map(|s| s.nanos as f64 / s.ops as f64).sum::<f64>() / spans.len() as f64;
     let ops_per_sec = spans.iter().map(|s| s.ops as f64 * 1e9 / s.nanos as f64).sum();
-    Sample { ops, ns_per_op, ops_per_sec, hist, batch: spans[0].batch }
+    Sample { ops, ns_per_op, ops_per_sec, hist, calls, batch: spans[0].batch }
 }
 
 /// Decides batches until `duration` has passed; returns the decisions and the nanoseconds.
@@ -167,6 +193,78 @@ fn run_for<S: Subject + ?Sized>(
         if spent >= limit {
             return (ops, spent.max(1));
         }
+    }
+}
+
+/// Times single calls of `subject` for `duration`, each between two fenced TSC reads, and
+/// returns their latency per decision in picoseconds. What the same reads cost around an empty
+/// call (its median, measured first on this thread) is subtracted, so the histogram holds the
+/// subject's time and not the timer's; a call faster than the timer records 1 ps.
+///
+/// This is how single requests see the limiter: a platform interruption lands on the one call
+/// it hits, where a timed batch spreads it over every decision of the batch.
+#[inline(never)]
+fn time_calls<S: Subject + ?Sized>(
+    subject: &S,
+    source: &mut Source<'_>,
+    clock: &quanta::Clock,
+    duration: Duration,
+) -> Histogram<u64> {
+    let mut empty = histogram();
+    let calibrate = Duration::from_millis(2).min(duration);
+    timed_calls(&Empty as &dyn Subject, source, clock, calibrate, 1, 0, &mut empty);
+    let overhead = empty.value_at_quantile(0.5);
+    let mut hist = histogram();
+    timed_calls(subject, source, clock, duration, subject.unit(), overhead, &mut hist);
+    hist
+}
+
+/// Records each call's picoseconds per decision, less `overhead` ps per call, in `hist`.
+fn timed_calls<S: Subject + ?Sized>(
+    subject: &S,
+    source: &mut Source<'_>,
+    clock: &quanta::Clock,
+    duration: Duration,
+    unit: usize,
+    overhead: u64,
+    hist: &mut Histogram<u64>,
+) {
+    let limit = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+    let start = clock.raw();
+    let mut n = 0u32;
+    loop {
+        let keys = source.next(unit);
+        let before = fenced(clock);
+        subject.run(keys);
+        let after = fenced(clock);
+        let ps = clock.delta_as_nanos(before, after) * 1000;
+        let per = ps.saturating_sub(overhead) / keys.len() as u64;
+        hist.saturating_record_n(per.max(1), keys.len() as u64);
+        n = n.wrapping_add(1);
+        if n % 64 == 0 && clock.delta_as_nanos(start, after) >= limit {
+            return;
+        }
+    }
+}
+
+/// A TSC read that waits for every earlier instruction and holds back every later one
+/// (`lfence` on both sides on x86_64), so the timed call starts and ends between the reads.
+#[inline(always)]
+fn fenced(clock: &quanta::Clock) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `lfence` has no operands and needs only SSE2, which x86_64 always has.
+    unsafe {
+        std::arch::x86_64::_mm_lfence();
+        let t = clock.raw();
+        std::arch::x86_64::_mm_lfence();
+        t
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        let t = clock.raw();
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        t
     }
 }
 
@@ -271,10 +369,10 @@ mod tests {
         let c = Count(AtomicU64::new(0));
         let keys = Keys::Streams(vec![vec![1; 256], vec![2; 256]]);
         let ms = Duration::from_millis(5);
-        let timing = Timing { warmup: ms, duration: ms, pin: false, batch_nanos: BATCH_NANOS };
+        let timing = Timing { warmup: ms, duration: ms, pin: false, batch_nanos: BATCH_NANOS, latency: ms };
         let s = measure(&c, &keys, 2, timing, &AtomicU64::new(0));
         assert!(s.ops > 0 && s.ops <= c.0.load(Relaxed));
-        assert!(!s.hist.is_empty());
+        assert!(!s.hist.is_empty() && !s.calls.is_empty());
         assert!(s.ns_per_op > 0.0 && s.ops_per_sec > 0.0);
     }
 }

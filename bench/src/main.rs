@@ -37,7 +37,8 @@ use workloads::{key, ranks, Dist};
 #[derive(Parser, Debug)]
 #[command(name = "tollgate-bench", version, about = "tollgate against its floors and peers, side by side")]
 struct Args {
-    /// Timed milliseconds per cell and repetition (each after a quarter as much warm-up).
+    /// Timed milliseconds per cell and repetition (each after a quarter as much warm-up, and
+    /// followed by half as much timing single calls).
     #[arg(long, default_value_t = 50, value_name = "MS")]
     duration: u64,
     /// Repetitions of every cell; figures are medians over them.
@@ -66,8 +67,9 @@ struct Args {
     /// Where the SVG charts go [default: `benchmarks/` beside the Markdown report].
     #[arg(long, value_name = "DIR")]
     charts: Option<PathBuf>,
-    /// How long a timed batch of decisions lasts, in µs: latency percentiles are of the time
-    /// per decision averaged over one batch (see BENCHMARKS.md).
+    /// How long a timed batch of decisions lasts, in µs: the p50..max columns are of the time
+    /// per decision averaged over one batch; the `call` columns time single calls (see
+    /// BENCHMARKS.md).
     #[arg(long, default_value_t = driver::BATCH_NANOS / 1e3, value_name = "US")]
     batch_us: f64,
     /// Leave thread placement to the scheduler instead of pinning thread i to CPU i.
@@ -273,6 +275,7 @@ fn main() {
         duration,
         pin: !args.no_pin,
         batch_nanos: args.batch_us.max(0.01) * 1e3,
+        latency: duration / 2,
     };
 
     // The plan: (workload, load, subject) cells that pass the filter.

@@ -288,6 +288,10 @@ struct KeyedBatch {
 }
 
 impl Subject for KeyedBatch {
+    fn unit(&self) -> usize {
+        BATCH
+    }
+
     fn run(&self, keys: &[u64]) {
         let mut items = [(0u64, 1u64); BATCH];
         let mut out = [self.blank; BATCH];
