@@ -1,6 +1,7 @@
 //! `KeyedLimiter`: a token bucket per key, in a fixed-size lock-free table.
 
 mod key;
+mod policy;
 pub(crate) mod table;
 mod tiers;
 
@@ -10,7 +11,9 @@ use core::marker::PhantomData;
 use core::time::Duration;
 
 pub use key::{Hashed, Key, Words};
-use table::{evictable, Now, Params, Shard, Table, TableStats, MAX_UNITS, WINDOW};
+pub(crate) use policy::sealed;
+pub use policy::{Keyed, KeyedFixedWindow, KeyedNginx, KeyedPolicy, KeyedPolicyBuilder, KeyedSlidingWindow};
+use table::{evictable, Now, Params, Rule, Shard, Table, TableStats, MAX_UNITS, WINDOW};
 pub use tiers::Tier;
 use tiers::{Overrides, Tiers};
 
@@ -141,18 +144,7 @@ impl KeyedBuilder {
         self,
         clock: C,
     ) -> Result<KeyedLimiter<K, C>, ConfigError> {
-        if self.capacity == 0 || self.capacity > MAX_CAPACITY {
-            return Err(ConfigError::OutOfRange {
-                what: "keyed capacity",
-                value: self.capacity as u64,
-                max: MAX_CAPACITY as u64,
-            });
-        }
-        let shards = shard_count(self.shards)?;
-        let slots = (self.capacity + self.capacity.div_ceil(7)).next_power_of_two();
-        // Every shard holds at least one window; small tables get fewer shards.
-        let shards = shards.min((slots / WINDOW).max(1));
-        let slots = slots.max(shards * WINDOW);
+        let (slots, shards) = table_slots(self.capacity, shard_count(self.shards)?)?;
         let tiers = Tiers::new(&self.tiers, self.fill_headroom, OFFSET, MAX_UNITS - OFFSET)?;
         if self.max_overrides > MAX_CAPACITY {
             return Err(ConfigError::OutOfRange {
@@ -174,6 +166,22 @@ impl KeyedBuilder {
             _key: PhantomData,
         })
     }
+}
+
+/// The slots and shards of a table for `capacity` keys on up to `shards` shards: the next power
+/// of two at or above `capacity × 8/7`, at least one window per shard (small tables get fewer
+/// shards).
+pub(crate) fn table_slots(capacity: usize, shards: usize) -> Result<(usize, usize), ConfigError> {
+    if capacity == 0 || capacity > MAX_CAPACITY {
+        return Err(ConfigError::OutOfRange {
+            what: "keyed capacity",
+            value: capacity as u64,
+            max: MAX_CAPACITY as u64,
+        });
+    }
+    let slots = (capacity + capacity.div_ceil(7)).next_power_of_two();
+    let shards = shards.min((slots / WINDOW).max(1));
+    Ok((slots.max(shards * WINDOW), shards))
 }
 
 /// The number of shards asked for (a power of two up to 64), or 4 per available core.
@@ -472,8 +480,7 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     /// [`target`](KeyedLimiter::target) for a key already hashed.
     #[inline]
     fn locate(&self, words: K::Words, hash: u64) -> Target<'_, K::Words> {
-        let shard = self.table.shard(hash);
-        Target { words, hash, shard, home: shard.home_of(hash) }
+        Target::new(&self.table, words, hash)
     }
 
     #[inline]
@@ -618,26 +625,17 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
         items: &[(Q, u64)],
         out: &mut [Decision],
     ) -> usize {
-        // A sliding window: the key `AHEAD` places on is hashed and its group prefetched while
-        // this one is decided, so that misses overlap continuously.
-        const AHEAD: usize = 16;
         let base = self.base(now);
-        let count = items.len().min(out.len());
-        let mut ring = [(<K::Words>::default(), 0u64); AHEAD];
-        for i in 0..count + AHEAD {
-            let at = i % AHEAD;
-            if let Some(j) = i.checked_sub(AHEAD) {
-                let (words, hash) = ring[at];
-                let t = self.locate(words, hash);
-                out[j] = self.decide(&t, self.tier_of(words, hash), base, items[j].1);
-            }
-            if let Some((key, _)) = items[..count].get(i) {
-                let t = self.target(key.borrow().words(&self.fingerprint));
-                prefetch(t.shard.home_ptr(t.home));
-                ring[at] = (t.words, t.hash);
-            }
-        }
-        count
+        batch(
+            &self.table,
+            items,
+            out,
+            |key: &K| {
+                let words = key.words(&self.fingerprint);
+                (words, words.hash_with(&self.params.hasher))
+            },
+            |t, n| self.decide(t, self.tier_of(t.words, t.hash), base, n),
+        )
     }
 
     /// Evicts every bucket that has refilled to full (no decision changes) and returns how many.
@@ -670,24 +668,7 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
 
     /// A snapshot of the table's figures. Walks every slot: time proportional to the capacity.
     pub fn stats(&self) -> KeyedStats {
-        let mut t = TableStats::default();
-        for shard in self.table.shards() {
-            shard.add_stats(&mut t, &self.params.hasher);
-        }
-        KeyedStats {
-            live: t.live,
-            capacity: t.capacity,
-            slots: t.slots,
-            inserts: t.inserts,
-            evictions: t.evictions,
-            forced_evictions: t.forced_evictions,
-            refused: t.refused,
-            #[expect(clippy::cast_precision_loss, reason = "an average")]
-            mean_probe: if t.live == 0 { 0.0 } else { t.total_probe as f64 / t.live as f64 },
-            max_probe: t.max_probe,
-            probe_histogram: t.probe_histogram,
-            memory_bytes: self.memory_bytes() as u64,
-        }
+        stats_of(&self.table, &self.params.hasher, self.memory_bytes())
     }
 
     /// The current time on this limiter's clock, for the `*_at` methods.
@@ -728,6 +709,73 @@ struct Target<'a, W: Words> {
     hash: u64,
     shard: Shard<'a, W>,
     home: usize,
+}
+
+impl<'a, W: Words> Target<'a, W> {
+    #[inline]
+    fn new(table: &'a Table<W>, words: W, hash: u64) -> Target<'a, W> {
+        let shard = table.shard(hash);
+        Target { words, hash, shard, home: shard.home_of(hash) }
+    }
+}
+
+/// Decides `min(items.len(), out.len())` requests in order with `decide`, hashing each key
+/// with `hash` a few keys ahead and prefetching its group, so that misses overlap continuously.
+/// Returns the count.
+#[inline]
+fn batch<'t, K, Q, W>(
+    table: &'t Table<W>,
+    items: &[(Q, u64)],
+    out: &mut [Decision],
+    hash: impl Fn(&K) -> (W, u64),
+    decide: impl Fn(&Target<'t, W>, u64) -> Decision,
+) -> usize
+where
+    K: ?Sized,
+    Q: Borrow<K>,
+    W: Words,
+{
+    // A sliding window: the key `AHEAD` places on is hashed and its group prefetched while
+    // this one is decided.
+    const AHEAD: usize = 16;
+    let count = items.len().min(out.len());
+    let mut ring = [(W::default(), 0u64); AHEAD];
+    for i in 0..count + AHEAD {
+        let at = i % AHEAD;
+        if let Some(j) = i.checked_sub(AHEAD) {
+            let (words, hash) = ring[at];
+            out[j] = decide(&Target::new(table, words, hash), items[j].1);
+        }
+        if let Some((key, _)) = items[..count].get(i) {
+            let (words, h) = hash(key.borrow());
+            let t = Target::new(table, words, h);
+            prefetch(t.shard.home_ptr(t.home));
+            ring[at] = (words, h);
+        }
+    }
+    count
+}
+
+/// A table's figures.
+fn stats_of<W: Words>(table: &Table<W>, hasher: &ahash::RandomState, memory: usize) -> KeyedStats {
+    let mut t = TableStats::default();
+    for shard in table.shards() {
+        shard.add_stats(&mut t, hasher);
+    }
+    KeyedStats {
+        live: t.live,
+        capacity: t.capacity,
+        slots: t.slots,
+        inserts: t.inserts,
+        evictions: t.evictions,
+        forced_evictions: t.forced_evictions,
+        refused: t.refused,
+        #[expect(clippy::cast_precision_loss, reason = "an average")]
+        mean_probe: if t.live == 0 { 0.0 } else { t.total_probe as f64 / t.live as f64 },
+        max_probe: t.max_probe,
+        probe_histogram: t.probe_histogram,
+        memory_bytes: memory as u64,
+    }
 }
 
 /// Starts fetching the cache line at `p` (x86_64; elsewhere nothing). Never faults.

@@ -24,7 +24,10 @@ pub use clock::{CoarseClock, TscClock};
 pub use compat::ClThrottle;
 pub use decision::{Decision, Outcome};
 pub use error::ConfigError;
-pub use keyed::{Hashed, Key, KeyedBuilder, KeyedLimit, KeyedLimiter, KeyedStats, Tier, WhenFull, Words};
+pub use keyed::{
+    Hashed, Key, Keyed, KeyedBuilder, KeyedFixedWindow, KeyedLimit, KeyedLimiter, KeyedNginx, KeyedPolicy,
+    KeyedPolicyBuilder, KeyedSlidingWindow, KeyedStats, Tier, WhenFull, Words,
+};
 pub use limiter::Limiter;
 pub use log::{KeyedSlidingLog, KeyedSlidingLogBuilder, SlidingLog, SlidingLogLimiter};
 pub use nginx::{NginxLimiter, NginxQuota};

@@ -209,6 +209,59 @@ fn unpack_last(word: u64) -> u64 {
     (word >> EXCESS_BITS) - 1
 }
 
+/// A keyed table's millisecond clock starts here, so that a fresh key's word (a node last
+/// seen up to ⌈10⁶ / rate⌉ ≤ 62,500 ms before) exists from the first millisecond.
+const KEYED_START_MS: u64 = 1 << 16;
+/// The largest `last` in a keyed table, whose words keep two bits free.
+const KEYED_MAX_MS: u64 = (1 << (LAST_BITS - 2)) - 3;
+
+/// Keyed words: see `keyed/policy.rs`.
+impl crate::keyed::sealed::KeyedWords for NginxQuota {
+    fn keyed_lifetime(&self) -> Nanos {
+        Nanos::new((KEYED_MAX_MS - KEYED_START_MS) * 1_000_000 + 999_999)
+    }
+
+    #[inline]
+    fn most_at_once(&self) -> u64 {
+        self.burst / 1000 + 1
+    }
+
+    /// A node whose excess is 0 and which leaked 1,000 milli-requests since: its next arrival
+    /// stores what a new node's does, `(n − 1)·1000`, at every later time.
+    #[inline]
+    fn fresh(&self, elapsed: Nanos) -> u64 {
+        let now = keyed_ms(elapsed);
+        pack(now - self.ceil_per_rate(1_000_000), 0)
+    }
+
+    /// Nodes last seen `⌈(burst + 1000)·1000 / rate⌉` ms ago or earlier: they have leaked their
+    /// excess (at most the burst) and 1,000 more. Never above the fresh word (equal to it
+    /// without a burst).
+    #[inline]
+    fn evictable(&self, elapsed: Nanos) -> u64 {
+        let now = keyed_ms(elapsed);
+        let drained = self.ceil_per_rate((self.burst + 1000) * 1000);
+        // `last ≤ now − drained` ⇔ word < pack(now − drained + 1, 0).
+        let below = (now + 1).checked_sub(drained).map_or(0, |last| pack(last, 0));
+        below.min(self.fresh(elapsed))
+    }
+
+    /// nginx's step with the clock held at or after the word's `last`: a stored word then
+    /// always grows (a later `last`, or the same `last` with 1,000·n more excess).
+    #[inline(always)]
+    fn decide_keyed(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
+        let now = keyed_ms(elapsed);
+        let now = if word == 0 { now } else { now.max(unpack_last(word)) };
+        self.decide_ms(word, now, n)
+    }
+}
+
+/// Keyed milliseconds: whole ms since the limiter's creation, from [`KEYED_START_MS`].
+#[inline]
+fn keyed_ms(elapsed: Nanos) -> u64 {
+    (elapsed.as_u64() / 1_000_000 + KEYED_START_MS).min(KEYED_MAX_MS)
+}
+
 impl Policy for NginxQuota {
     /// nginx's clock has millisecond resolution: `elapsed` is truncated to whole milliseconds
     /// (and saturates after 2^40 − 2 ms, 34.8 years).

@@ -211,6 +211,42 @@ impl SlidingWindow {
     }
 }
 
+/// Keyed words: see `keyed/policy.rs`. The stored index `i + 1` stays at or below
+/// `2^(62 − 2c) − 2`, so that every word keeps two bits free.
+impl crate::keyed::sealed::KeyedWords for SlidingWindow {
+    fn keyed_lifetime(&self) -> Nanos {
+        let max_index = (1u64 << (62 - 2 * self.bits)) - 2;
+        Nanos::new(max_index.saturating_mul(self.window).min(MAX_ELAPSED + 1) - 1)
+    }
+
+    #[inline]
+    fn most_at_once(&self) -> u64 {
+        self.limit
+    }
+
+    /// The current window, nothing counted in it or the previous one.
+    #[inline]
+    fn fresh(&self, elapsed: Nanos) -> u64 {
+        (self.per_window.div(elapsed.as_u64().min(MAX_ELAPSED)) + 1) << (2 * self.bits)
+    }
+
+    /// Words of window `i − 2` or before, and of window `i − 1` with nothing counted in it:
+    /// `(i << 2c) | (1 << c)` (window `i − 1` is stored as `i`). Evicted, such a word leaves
+    /// at most this + 1 ≤ the fresh word `(i + 1) << 2c`.
+    #[inline]
+    fn evictable(&self, elapsed: Nanos) -> u64 {
+        let i = self.per_window.div(elapsed.as_u64().min(MAX_ELAPSED));
+        (i << (2 * self.bits)) | (1 << self.bits)
+    }
+
+    /// Stored words only grow: the index never moves back, and within a window only `curr`
+    /// grows (a new window's word has a greater index).
+    #[inline(always)]
+    fn decide_keyed(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
+        self.decide(word, elapsed, n)
+    }
+}
+
 impl Policy for SlidingWindow {
     #[inline]
     fn decide(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {

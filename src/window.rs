@@ -112,6 +112,42 @@ impl Policy for FixedWindow {
     }
 }
 
+/// The largest stored index in a keyed table (`i + 1`), whose words keep two bits free.
+const KEYED_MAX_INDEX: u64 = (1 << (62 - COUNT_BITS)) - 2;
+
+/// Keyed words: see `keyed/policy.rs`.
+impl crate::keyed::sealed::KeyedWords for FixedWindow {
+    fn keyed_lifetime(&self) -> Nanos {
+        // Windows 0 ..= KEYED_MAX_INDEX − 1, so that `i + 1` stays at or below the keyed maximum.
+        Nanos::new(KEYED_MAX_INDEX.saturating_mul(self.window).min(MAX_ELAPSED + 1) - 1)
+    }
+
+    #[inline]
+    fn most_at_once(&self) -> u64 {
+        self.limit
+    }
+
+    /// The current window, nothing counted: what a word of an earlier window decides as.
+    #[inline]
+    fn fresh(&self, elapsed: Nanos) -> u64 {
+        (self.per_window.div(elapsed.as_u64().min(MAX_ELAPSED)) + 1) << COUNT_BITS
+    }
+
+    /// Every word of an earlier window. A word of window `i` is at most `(i + 1)·2^24 − 1`, so
+    /// its evicted value + 1 is at most the fresh word of any later window.
+    #[inline]
+    fn evictable(&self, elapsed: Nanos) -> u64 {
+        self.fresh(elapsed)
+    }
+
+    /// Stored words only grow: the index never moves back, and within a window only the count
+    /// grows.
+    #[inline(always)]
+    fn decide_keyed(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
+        self.decide(word, elapsed, n)
+    }
+}
+
 /// Validates a window limiter's `limit` (1 to `max_limit`) and `window` (1 ns to 2^62 ns, the
 /// divisor's range); returns the window in nanoseconds. `kind` names the limiter in errors.
 pub(crate) fn check_window(

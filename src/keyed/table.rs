@@ -141,7 +141,44 @@ pub(crate) struct Params {
     pub(crate) hasher: ahash::RandomState,
 }
 
-/// What a decision needs to know about time and the quota.
+/// What the table needs from the rule its keys are decided by: a token bucket under a tier's
+/// quota ([`Now`]), or a [`KeyedPolicy`](crate::KeyedPolicy) at one instant
+/// ([`super::policy::PolicyNow`]). One value describes one decision's instant.
+///
+/// The reclamation argument (module docs) asks three things of a rule:
+/// - a word a decision stores is strictly greater than the word it replaces (values only grow);
+/// - every word below [`evictable`](Rule::evictable) decides, now and at every later
+///   instant, exactly as [`fresh`](Rule::fresh) does, so evicting it changes no decision;
+/// - `evictable() ≤ fresh()`, so that a slot's high-water mark (an evicted word + 1) is never
+///   above a later fresh key's first word under a consistent clock;
+///
+/// and every word stays at or below [`MAX_UNITS`].
+pub(crate) trait Rule {
+    /// What an admission carries from its CAS to its decision.
+    type Taken;
+    /// Whether forced evictions leave ghosts ([`WhenFull::EvictStalest`]); rules without them
+    /// never evict a word above `evictable`.
+    const GHOSTS: bool;
+
+    /// A new key's first word.
+    fn fresh(&self) -> u64;
+
+    /// Words strictly below this are the same as a fresh key's.
+    fn evictable(&self) -> u64;
+
+    /// Decides `n` on the live word `w`: the word to store (greater than `w`) and what makes
+    /// the decision once stored, or the final decision with nothing to store.
+    fn decide(&self, w: u64, n: u64) -> Result<(u64, Self::Taken), Decision>;
+
+    /// The decision of an admission whose word was stored.
+    fn taken(&self, t: Self::Taken) -> Decision;
+
+    fn hasher(&self) -> &ahash::RandomState;
+
+    fn when_full(&self) -> WhenFull;
+}
+
+/// What a bucket decision needs to know about time and the quota.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Now<'a> {
     pub(crate) p: &'a Params,
@@ -150,10 +187,13 @@ pub(crate) struct Now<'a> {
     pub(crate) at: At,
 }
 
-impl Now<'_> {
+impl Rule for Now<'_> {
+    type Taken = BucketWord;
+    const GHOSTS: bool = true;
+
     /// A new key's first stamp: its quota's initial level at `at`.
     #[inline]
-    pub(crate) fn fresh(&self) -> u64 {
+    fn fresh(&self) -> u64 {
         self.at.now - self.q.cost_units(self.q.initial())
     }
 
@@ -161,8 +201,31 @@ impl Now<'_> {
     /// one leaves a high-water mark (`w + 1`) at or below it, so the slot's next key still
     /// starts full.
     #[inline]
-    pub(crate) fn evictable(&self) -> u64 {
+    fn evictable(&self) -> u64 {
         evictable(self.p, self.at.now)
+    }
+
+    #[inline(always)]
+    fn decide(&self, w: u64, n: u64) -> Result<(u64, BucketWord), Decision> {
+        match BucketWord::from_raw(w).decide(self.q, self.at, n) {
+            Verdict::Take { next } => Ok((next.raw(), next)),
+            Verdict::Final(d) => Err(d),
+        }
+    }
+
+    #[inline(always)]
+    fn taken(&self, t: BucketWord) -> Decision {
+        t.taken(self.q, self.at)
+    }
+
+    #[inline]
+    fn hasher(&self) -> &ahash::RandomState {
+        &self.p.hasher
+    }
+
+    #[inline]
+    fn when_full(&self) -> WhenFull {
+        self.p.when_full
     }
 }
 
@@ -304,12 +367,12 @@ impl<'a, W: Words> Shard<'a, W> {
     /// Takes `n` tokens (`1 ≤ n ≤ burst`) from the key's bucket, inserting the key if it is not
     /// tracked. `None` when the key is new and there is no room for it.
     #[inline(always)]
-    pub(crate) fn acquire(
+    pub(crate) fn acquire<R: Rule>(
         &self,
         words: W,
         hash: u64,
         home: usize,
-        now: &Now<'_>,
+        now: &R,
         n: u64,
     ) -> Option<Decision> {
         // The home group first, without the header: a live slot holding the key is the key's
@@ -339,7 +402,7 @@ impl<'a, W: Words> Shard<'a, W> {
     }
 
     #[inline(never)]
-    fn acquire_slow(&self, words: W, hash: u64, home: usize, now: &Now<'_>, n: u64) -> Option<Decision> {
+    fn acquire_slow<R: Rule>(&self, words: W, hash: u64, home: usize, now: &R, n: u64) -> Option<Decision> {
         let header = self.header(home);
         // A slot we claimed and wrote our key into, kept across failed commits: (position, the
         // CLAIMED value it holds, whether it is already counted live).
@@ -365,7 +428,7 @@ impl<'a, W: Words> Shard<'a, W> {
                 continue;
             }
             // The key is absent as of `h`: claim room, or reuse our claim.
-            let first = now.fresh().max(self.ghost_for(home, hash));
+            let first = if R::GHOSTS { now.fresh().max(self.ghost_for(home, hash)) } else { now.fresh() };
             let (pos, claimed, counted) = match claim {
                 Some(c) => c,
                 None => {
@@ -403,9 +466,9 @@ impl<'a, W: Words> Shard<'a, W> {
                     self.c().inserts.fetch_add(1, Relaxed);
                     // Make the slot live with this decision already applied: one CAS for both.
                     let first = want & VALUE;
-                    let (live, decision) = match BucketWord::from_raw(first).decide(now.q, now.at, n) {
-                        Verdict::Take { next } => (next.raw(), next.taken(now.q, now.at)),
-                        Verdict::Final(denied) => (first, denied),
+                    let (live, decision) = match now.decide(first, n) {
+                        Ok((next, taken)) => (next, now.taken(taken)),
+                        Err(denied) => (first, denied),
                     };
                     // Release: pairs with `Slot::load_for`'s Acquire, publishing the key words.
                     // Fails if a helper made the slot live first; then decide as on any key.
@@ -477,7 +540,7 @@ impl<'a, W: Words> Shard<'a, W> {
 
     /// Finds room for a new key in its window: the first vacant slot (below capacity), the first
     /// full bucket (evicted), or, with [`WhenFull::EvictStalest`], the stalest bucket.
-    fn room(&self, home: usize, now: &Now<'_>) -> Room {
+    fn room<R: Rule>(&self, home: usize, now: &R) -> Room {
         // Vacant slots first, while below capacity: evicting a full bucket costs a header CAS,
         // and under a quota that refills within nanoseconds every bucket is full, so evicting
         // first would make keys evict each other for nothing.
@@ -497,14 +560,14 @@ impl<'a, W: Words> Shard<'a, W> {
             let slot = self.slot(home, pos);
             let w = slot.word.load(Relaxed);
             if w & STATE == LIVE && w < now.evictable() {
-                if let Some(hwm) = self.evict(slot, w, CLAIMED, &now.p.hasher) {
+                if let Some(hwm) = self.evict(slot, w, CLAIMED, now.hasher()) {
                     return Room::Claimed(pos, hwm, true);
                 }
             }
         }
-        match now.p.when_full {
-            WhenFull::Deny | WhenFull::Allow => Room::Full,
-            WhenFull::EvictStalest => self.force(home, now),
+        match now.when_full() {
+            WhenFull::EvictStalest if R::GHOSTS => self.force(home, now),
+            _ => Room::Full,
         }
     }
 
@@ -531,7 +594,7 @@ impl<'a, W: Words> Shard<'a, W> {
     /// bucket. A ghost is only overwritten once its stamp is full in every quota, so no ghost is
     /// lost while it matters; if the victim's home has an unexpired ghost of another key,
     /// nothing is evicted and the new key is refused.
-    fn force(&self, home: usize, now: &Now<'_>) -> Room {
+    fn force<R: Rule>(&self, home: usize, now: &R) -> Room {
         for _ in 0..4 {
             let Some((pos, _)) = (0..WINDOW)
                 .map(|pos| (pos, self.slot(home, pos).word.load(Relaxed)))
@@ -549,7 +612,7 @@ impl<'a, W: Words> Shard<'a, W> {
             if w & STATE != LIVE || slot.word.load(Acquire) != w {
                 continue;
             }
-            let hash = words.hash_with(&now.p.hasher);
+            let hash = words.hash_with(now.hasher());
             let victim_home = self.home_of(hash);
             if !self.leave_ghost(victim_home, ghost_tag(hash), w, now.evictable()) {
                 return Room::Full;
@@ -715,14 +778,14 @@ impl<'a, W: Words> Shard<'a, W> {
 /// Decides on the key's live word `w` (read with Acquire, the key checked after), retrying the
 /// CAS while the slot still holds the key. `None` if the key left the slot.
 #[inline]
-fn decide_on<W: Words>(slot: &Slot<W>, mut w: u64, words: W, now: &Now<'_>, n: u64) -> Option<Decision> {
+fn decide_on<W: Words, R: Rule>(slot: &Slot<W>, mut w: u64, words: W, now: &R, n: u64) -> Option<Decision> {
     loop {
         if w & STATE != LIVE {
             return None;
         }
-        let next = match BucketWord::from_raw(w).decide(now.q, now.at, n) {
-            Verdict::Take { next } => next,
-            Verdict::Final(d) => {
+        let (next, taken) = match now.decide(w, n) {
+            Ok(step) => step,
+            Err(d) => {
                 // A denial has no CAS to fail if the slot moved on between the word read and
                 // the key check (the key read may even be torn across a new claimant's words),
                 // so confirm the word. The Acquire fence pairs with the Release stores of a
@@ -745,8 +808,8 @@ fn decide_on<W: Words>(slot: &Slot<W>, mut w: u64, words: W, now: &Now<'_>, n: u
         // this decision's (`Shard::refund`; free on x86). Failure Acquire: the new value may be
         // a new key's, so the key is checked again after it. Fails whenever the slot changed:
         // stamps only grow (module docs).
-        match slot.word.compare_exchange_weak(w, next.raw(), Release, Acquire) {
-            Ok(_) => return Some(next.taken(now.q, now.at)),
+        match slot.word.compare_exchange_weak(w, next, Release, Acquire) {
+            Ok(_) => return Some(now.taken(taken)),
             Err(seen) => {
                 if W::load(&slot.key, Relaxed) != words {
                     return None;

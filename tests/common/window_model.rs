@@ -29,6 +29,13 @@ impl FixedWindowModel {
         FixedWindowModel { limit: i128::from(limit), window: i128::from(window_ns), state: None }
     }
 
+    /// Whether the state decides as a fresh key's at `elapsed_ns` and later: it is of an
+    /// earlier window (the keyed table's eviction line).
+    pub fn evictable(&self, elapsed_ns: u64) -> bool {
+        let now_index = i128::from(elapsed_ns) / self.window + 1;
+        self.state.map_or(true, |(s, _)| s < now_index)
+    }
+
     pub fn check_n(&mut self, elapsed_ns: u64, n: u64) -> WindowAnswer {
         const MAX_INDEX: i128 = (1 << 40) - 1;
         let e = i128::from(elapsed_ns.min((1 << 63) - 1));
@@ -71,6 +78,13 @@ pub struct SlidingWindowModel {
 impl SlidingWindowModel {
     pub fn new(limit: u64, window_ns: u64) -> SlidingWindowModel {
         SlidingWindowModel { limit: i128::from(limit), window: i128::from(window_ns), state: None }
+    }
+
+    /// Whether the state decides as a fresh key's at `elapsed_ns` and later: it is two windows
+    /// old, or one window old with nothing counted in it (the keyed table's eviction line).
+    pub fn evictable(&self, elapsed_ns: u64) -> bool {
+        let i = i128::from(elapsed_ns) / self.window;
+        self.state.map_or(true, |(s, _, c)| s < i || (s == i && c == 0))
     }
 
     /// (index, prev, curr, δ, ahead) as seen at `e`.

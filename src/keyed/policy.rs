@@ -1,0 +1,423 @@
+//! `Keyed<P, K>`: any single-word [`KeyedPolicy`] per key (nginx's `limit_req`, the fixed
+//! window, the sliding-window counter), in the same lock-free table as the token bucket.
+//!
+//! The table reuses a slot only when no thread can still commit on the old key, because a
+//! slot's values only grow (see `table.rs`). A policy makes that hold by three promises (the
+//! [`Rule`] contract): every word it stores is greater than the one it replaces; every word
+//! below its *evictable* line decides exactly as a fresh key would, now and later; and that
+//! line is never above a fresh key's first word. Each policy meets them as follows.
+//!
+//! - **Fixed window** (`index + 1 | count`): the index never moves back and counts only grow
+//!   within a window. A word of an earlier window is a fresh key's; a fresh key's word is the
+//!   current window with a count of 0.
+//! - **Sliding-window counter** (`index + 1 | curr | prev`): as the fixed window. A word two
+//!   windows old, or one window old with nothing counted in it, weighs nothing.
+//! - **nginx** (`last + 1 | excess`): a new node's first request always passes with excess 0;
+//!   so does a node whose excess has leaked away with 1,000 milli-requests to spare. A fresh
+//!   key's word is such a node, last seen `D = ⌈10⁶ / rate⌉` ms ago (on a clock that starts
+//!   2^16 ms in, so that the word exists from the start); a word is evictable once its last
+//!   request is more than `⌈(burst + 1000)·1000 / rate⌉` ms old. A time before a word's `last`
+//!   counts as `last` (nginx's rule for a clock running back by more than 60 s would move
+//!   `last` back, which the table cannot allow); keyed times must not run back anyway.
+//!
+//! Two bits of every word are the table's, so a keyed limiter's clock stops at
+//! [`Keyed::lifetime`], a quarter of the direct limiter's: 8.7 years for nginx; 2^38 − 2
+//! windows for the fixed window; `2^(62 − 2c) − 2` windows for the sliding window, where `c`
+//! is the bits of its limit (at least 25 years, as construction of the direct one demands 100).
+//! Past it, no window ends and nothing leaks: the limiter only denies.
+
+use core::borrow::Borrow;
+use core::fmt;
+use core::marker::PhantomData;
+
+use super::key::{Key, Words};
+use super::table::{Rule, Table};
+use super::{
+    hashers, prefetch, shard_count, stats_of, table_slots, KeyedStats, Target, WhenFull,
+};
+use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome, Policy};
+
+pub(crate) mod sealed {
+    use crate::{Decision, Nanos};
+
+    /// What a policy must provide to live in a keyed table (see the module docs). Sealed: the
+    /// table's safety rests on these answers.
+    pub trait KeyedWords {
+        /// Elapsed time is clamped here, so that every word stays below 2^62 − 1.
+        fn keyed_lifetime(&self) -> Nanos;
+        /// The most units one decision can admit (a larger `n` is never admitted).
+        fn most_at_once(&self) -> u64;
+        /// The first word of a key never seen, at `elapsed`.
+        fn fresh(&self, elapsed: Nanos) -> u64;
+        /// Words strictly below this decide as `fresh(elapsed)` does, at `elapsed` and later.
+        fn evictable(&self, elapsed: Nanos) -> u64;
+        /// [`Policy::decide`](crate::Policy::decide) on a keyed word: every stored word is
+        /// greater than `word`.
+        fn decide_keyed(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision);
+    }
+}
+
+/// A [`Policy`] that a keyed table can hold: [`NginxQuota`](crate::NginxQuota),
+/// [`FixedWindow`](crate::FixedWindow) and [`SlidingWindow`](crate::SlidingWindow). See
+/// [`Keyed`].
+pub trait KeyedPolicy: Policy + sealed::KeyedWords {}
+
+impl<P: Policy + sealed::KeyedWords> KeyedPolicy for P {}
+
+/// One decision's instant, for the table.
+pub(crate) struct PolicyNow<'a, P> {
+    policy: &'a P,
+    elapsed: Nanos,
+    hasher: &'a ahash::RandomState,
+    when_full: WhenFull,
+}
+
+impl<P: KeyedPolicy> Rule for PolicyNow<'_, P> {
+    type Taken = Decision;
+    const GHOSTS: bool = false;
+
+    #[inline]
+    fn fresh(&self) -> u64 {
+        self.policy.fresh(self.elapsed)
+    }
+
+    #[inline]
+    fn evictable(&self) -> u64 {
+        self.policy.evictable(self.elapsed)
+    }
+
+    #[inline(always)]
+    fn decide(&self, w: u64, n: u64) -> Result<(u64, Decision), Decision> {
+        match self.policy.decide_keyed(w, self.elapsed, n) {
+            (Some(next), d) => {
+                debug_assert!(next > w && next <= super::table::MAX_UNITS, "{w} → {next}");
+                Ok((next, d))
+            }
+            (None, d) => Err(d),
+        }
+    }
+
+    #[inline(always)]
+    fn taken(&self, d: Decision) -> Decision {
+        d
+    }
+
+    #[inline]
+    fn hasher(&self) -> &ahash::RandomState {
+        self.hasher
+    }
+
+    #[inline]
+    fn when_full(&self) -> WhenFull {
+        self.when_full
+    }
+}
+
+/// How to build a [`Keyed`] limiter.
+#[derive(Clone, Debug)]
+pub struct KeyedPolicyBuilder<P> {
+    policy: P,
+    capacity: usize,
+    shards: Option<usize>,
+    when_full: WhenFull,
+    seeds: Option<[u64; 8]>,
+}
+
+impl<P: KeyedPolicy> KeyedPolicyBuilder<P> {
+    /// Room for at least `keys` keys (default 65,536), as
+    /// [`KeyedBuilder::capacity`](crate::KeyedBuilder::capacity).
+    pub fn capacity(mut self, keys: usize) -> Self {
+        self.capacity = keys;
+        self
+    }
+
+    /// The number of shards: a power of two up to 64 (default: 4 per available core).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// The table-full policy: [`WhenFull::Deny`] (the default) or [`WhenFull::Allow`].
+    /// [`WhenFull::EvictStalest`] is refused at [`build`](Self::build): its ghosts summarize a
+    /// token bucket, and these states have no such summary.
+    pub fn when_full(mut self, policy: WhenFull) -> Self {
+        self.when_full = policy;
+        self
+    }
+
+    /// Fixed hash seeds, as [`KeyedBuilder::seeds`](crate::KeyedBuilder::seeds).
+    pub fn seeds(mut self, seeds: [u64; 8]) -> Self {
+        self.seeds = Some(seeds);
+        self
+    }
+
+    /// A limiter on the default clock.
+    pub fn build<K: Key + ?Sized>(self) -> Result<Keyed<P, K, DefaultClock>, ConfigError> {
+        self.build_with_clock(DefaultClock::new())
+    }
+
+    /// A limiter on `clock`.
+    pub fn build_with_clock<K: Key + ?Sized, C: Clock>(
+        self,
+        clock: C,
+    ) -> Result<Keyed<P, K, C>, ConfigError> {
+        if self.when_full == WhenFull::EvictStalest {
+            return Err(ConfigError::OutOfRange {
+                what: "keyed policy table-full policy (Deny or Allow)",
+                value: 2,
+                max: 1,
+            });
+        }
+        let (slots, shards) = table_slots(self.capacity, shard_count(self.shards)?)?;
+        let (place, fingerprint) = hashers(self.seeds);
+        let origin = clock.now();
+        Ok(Keyed {
+            table: Table::new(slots, shards),
+            lifetime: self.policy.keyed_lifetime(),
+            policy: self.policy,
+            when_full: self.when_full,
+            hasher: place,
+            fingerprint,
+            origin,
+            clock,
+            _key: PhantomData,
+        })
+    }
+}
+
+/// A [`KeyedPolicy`] per key — nginx's `limit_req`, a fixed window or a sliding-window counter
+/// — for any number of keys, in memory fixed at construction: [`KeyedLimiter`]'s table and
+/// protocol with another word in its slots.
+///
+/// A decision on a tracked key is one clock read, one hash, a probe of the key's home group
+/// and one CAS; new keys are inserted lock-free, and a key whose state has become a fresh
+/// key's (its window is over, its excess has leaked away) is evicted whenever the room is
+/// needed, or by [`sweep`](Keyed::sweep): no decision changes. Per key: 16 bytes per slot for
+/// one-word keys (20.6 per `u64` key at the maximum load), as for the bucket.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{FixedWindow, Keyed, KeyedNginx, ManualClock, Nanos, NginxQuota, Outcome};
+///
+/// // nginx: `limit_req zone=per_ip rate=1r/s burst=2 nodelay;`, per client address.
+/// let q = NginxQuota::per_second(1)?.burst(2)?.nodelay();
+/// let per_ip: KeyedNginx<std::net::IpAddr, ManualClock> =
+///     Keyed::builder(q).capacity(100_000).build_with_clock(ManualClock::new())?;
+/// let alice = "192.0.2.1".parse().unwrap();
+/// let outcomes: Vec<_> = (0..4).map(|_| per_ip.check_at(&alice, Nanos::ZERO).outcome()).collect();
+/// assert_eq!(outcomes, [Outcome::Allowed, Outcome::Allowed, Outcome::Allowed, Outcome::Denied]);
+/// assert!(per_ip.check_at(&"192.0.2.2".parse().unwrap(), Nanos::ZERO).is_allowed());
+///
+/// // 100 per minute per tenant, in fixed windows.
+/// let per_tenant = Keyed::builder(FixedWindow::new(100, Duration::from_secs(60))?).build::<str>()?;
+/// assert!(per_tenant.check("tenant-a").is_allowed());
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+///
+/// [`KeyedLimiter`]: crate::KeyedLimiter
+pub struct Keyed<P: KeyedPolicy, K: Key + ?Sized, C: Clock = DefaultClock> {
+    table: Table<K::Words>,
+    policy: P,
+    lifetime: Nanos,
+    when_full: WhenFull,
+    hasher: ahash::RandomState,
+    fingerprint: ahash::RandomState,
+    origin: Nanos,
+    clock: C,
+    _key: PhantomData<fn(&K)>,
+}
+
+/// nginx's `limit_req` per key.
+pub type KeyedNginx<K, C = DefaultClock> = Keyed<crate::NginxQuota, K, C>;
+/// A fixed window per key.
+pub type KeyedFixedWindow<K, C = DefaultClock> = Keyed<crate::FixedWindow, K, C>;
+/// A sliding-window counter per key.
+pub type KeyedSlidingWindow<K, C = DefaultClock> = Keyed<crate::SlidingWindow, K, C>;
+
+impl<P: KeyedPolicy> Keyed<P, u64> {
+    /// A builder for a table of `policy` per key; the key type is chosen at
+    /// [`build`](KeyedPolicyBuilder::build).
+    pub fn builder(policy: P) -> KeyedPolicyBuilder<P> {
+        KeyedPolicyBuilder { policy, capacity: 1 << 16, shards: None, when_full: WhenFull::Deny, seeds: None }
+    }
+}
+
+impl<P: KeyedPolicy, K: Key + ?Sized> Keyed<P, K, DefaultClock> {
+    /// Room for `capacity` keys under `policy`, on the default clock, refusing new keys when
+    /// full.
+    pub fn new(policy: P, capacity: usize) -> Result<Keyed<P, K, DefaultClock>, ConfigError> {
+        Keyed::builder(policy).capacity(capacity).build()
+    }
+}
+
+impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
+    /// Time since creation, stopped at the lifetime.
+    #[inline]
+    fn elapsed(&self, now: Nanos) -> Nanos {
+        now.saturating_sub(self.origin).min(self.lifetime)
+    }
+
+    #[inline]
+    fn rule(&self, elapsed: Nanos) -> PolicyNow<'_, P> {
+        PolicyNow { policy: &self.policy, elapsed, hasher: &self.hasher, when_full: self.when_full }
+    }
+
+    #[inline]
+    fn target(&self, words: K::Words) -> Target<'_, K::Words> {
+        Target::new(&self.table, words, words.hash_with(&self.hasher))
+    }
+
+    /// One unit for `key` now.
+    #[inline]
+    pub fn check(&self, key: &K) -> Decision {
+        self.check_n(key, 1)
+    }
+
+    /// `n` units for `key` now, all or none, with the policy's answer for `n = 0` and for
+    /// more than it can ever admit (neither inserts the key).
+    #[inline]
+    pub fn check_n(&self, key: &K, n: u64) -> Decision {
+        // Hash and start fetching the key's group before reading the clock, as the bucket does.
+        let t = self.target(key.words(&self.fingerprint));
+        prefetch(t.shard.home_ptr(t.home));
+        self.decide(&t, self.elapsed(self.clock.now()), n)
+    }
+
+    /// [`check`](Keyed::check) at a caller-supplied `now` ([`now`](Keyed::now)).
+    #[inline]
+    pub fn check_at(&self, key: &K, now: Nanos) -> Decision {
+        self.check_n_at(key, now, 1)
+    }
+
+    /// [`check_n`](Keyed::check_n) at a caller-supplied `now`. Times must not run ahead of
+    /// the ones later decisions use: a key evicted as fresh at a later time is fresh at an
+    /// earlier one too.
+    #[inline]
+    pub fn check_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
+        let t = self.target(key.words(&self.fingerprint));
+        self.decide(&t, self.elapsed(now), n)
+    }
+
+    #[inline(always)]
+    fn decide(&self, t: &Target<'_, K::Words>, elapsed: Nanos, n: u64) -> Decision {
+        // `n = 0` reports and an `n` the policy can never admit is refused: neither inserts
+        // the key.
+        if n.wrapping_sub(1) >= self.policy.most_at_once() {
+            return self.peek_target(t, elapsed, n);
+        }
+        match t.shard.acquire(t.words, t.hash, t.home, &self.rule(elapsed), n) {
+            Some(d) => d,
+            None => self.refused(),
+        }
+    }
+
+    #[cold]
+    fn refused(&self) -> Decision {
+        let outcome = match self.when_full {
+            WhenFull::Allow => Outcome::Untracked,
+            WhenFull::Deny | WhenFull::EvictStalest => Outcome::TableFull,
+        };
+        Decision::from_nanos(outcome, 0, Nanos::ZERO, Nanos::ZERO)
+    }
+
+    /// What [`check`](Keyed::check) would answer now, without counting anything or inserting
+    /// the key.
+    #[inline]
+    pub fn peek(&self, key: &K) -> Decision {
+        self.peek_n_at(key, self.clock.now(), 1)
+    }
+
+    /// What [`check_n`](Keyed::check_n) would answer at `now`, without counting anything.
+    pub fn peek_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
+        let t = self.target(key.words(&self.fingerprint));
+        self.peek_target(&t, self.elapsed(now), n)
+    }
+
+    fn peek_target(&self, t: &Target<'_, K::Words>, elapsed: Nanos, n: u64) -> Decision {
+        let word = t.shard.find(t.words, t.home).unwrap_or_else(|| self.policy.fresh(elapsed));
+        self.policy.decide_keyed(word, elapsed, n).1
+    }
+
+    /// Decides a batch of `(key, cost)` requests with one clock read, as
+    /// [`KeyedLimiter::check_batch`](crate::KeyedLimiter::check_batch).
+    pub fn check_batch<Q: Borrow<K>>(&self, items: &[(Q, u64)], out: &mut [Decision]) -> usize {
+        self.check_batch_at(self.clock.now(), items, out)
+    }
+
+    /// [`check_batch`](Keyed::check_batch) at a caller-supplied `now`.
+    pub fn check_batch_at<Q: Borrow<K>>(&self, now: Nanos, items: &[(Q, u64)], out: &mut [Decision]) -> usize {
+        let elapsed = self.elapsed(now);
+        super::batch(
+            &self.table,
+            items,
+            out,
+            |key: &K| {
+                let words = key.words(&self.fingerprint);
+                (words, words.hash_with(&self.hasher))
+            },
+            |t, n| self.decide(t, elapsed, n),
+        )
+    }
+
+    /// Evicts every key whose state is a fresh key's, and returns how many.
+    pub fn sweep(&self) -> usize {
+        let below = self.policy.evictable(self.elapsed(self.clock.now()));
+        self.table.shards().map(|s| s.sweep(below, &self.hasher)).sum()
+    }
+
+    /// Keys tracked now, approximately under concurrent inserts.
+    pub fn len(&self) -> u64 {
+        self.table.shards().map(|s| s.len()).sum()
+    }
+
+    /// Whether no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The most keys the table holds (7/8 of its slots).
+    pub fn capacity(&self) -> u64 {
+        self.table.shards().map(|s| s.capacity()).sum()
+    }
+
+    /// Bytes the table owns.
+    pub fn memory_bytes(&self) -> usize {
+        self.table.memory()
+    }
+
+    /// A snapshot of the table's figures (`forced_evictions` is always 0). Walks every slot.
+    pub fn stats(&self) -> KeyedStats {
+        stats_of(&self.table, &self.hasher, self.memory_bytes())
+    }
+
+    /// The current time on this limiter's clock, for the `*_at` methods.
+    #[inline]
+    pub fn now(&self) -> Nanos {
+        self.clock.now()
+    }
+
+    /// How long after its creation this limiter's clock runs (see the module docs).
+    pub fn lifetime(&self) -> Nanos {
+        self.lifetime
+    }
+
+    /// The policy every key is decided by.
+    pub fn policy(&self) -> &P {
+        &self.policy
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+}
+
+impl<P: KeyedPolicy + fmt::Debug, K: Key + ?Sized, C: Clock> fmt::Debug for Keyed<P, K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keyed")
+            .field("policy", &self.policy)
+            .field("capacity", &self.capacity())
+            .field("when_full", &self.when_full)
+            .finish_non_exhaustive()
+    }
+}
