@@ -1,0 +1,137 @@
+//! The keyed table's protocols with policy words (`src/keyed/policy.rs`): a fixed window's,
+//! a sliding window's and nginx's words in place of the bucket's stamp. Under loom a shard is 4
+//! slots in 2 groups of 2 and every key's window is the whole shard. Each model checks that no
+//! key's count leaks into another's and that every key's count is conserved.
+
+#![cfg(tollgate_loom)]
+
+use std::time::Duration;
+
+use loom::sync::Arc;
+use loom::thread;
+use loom_tests::model;
+use tollgate::{FixedWindow, Keyed, KeyedPolicy, ManualClock, Nanos, NginxQuota, Outcome, SlidingWindow};
+
+fn table<P: KeyedPolicy>(p: P) -> Arc<Keyed<P, u64, ManualClock>> {
+    let l = Keyed::builder(p)
+        .capacity(3)
+        .shards(1)
+        .seeds([1, 2, 3, 4, 5, 6, 7, 8])
+        .build_with_clock(ManualClock::new())
+        .unwrap();
+    Arc::new(l)
+}
+
+fn spawn_check<P: KeyedPolicy + Send + Sync + 'static>(
+    l: &Arc<Keyed<P, u64, ManualClock>>,
+    key: u64,
+    at: u64,
+) -> thread::JoinHandle<Outcome> {
+    let l = Arc::clone(l);
+    thread::spawn(move || l.check_at(&key, Nanos::new(at)).outcome())
+}
+
+/// Two threads insert the same new key under a fixed window of limit 1: exactly one is
+/// admitted (two slots for one key would admit both).
+#[test]
+fn fixed_window_same_key_inserts_share_one_count() {
+    model(|| {
+        let l = table(FixedWindow::new(1, Duration::from_nanos(1_000)).unwrap());
+        let a = spawn_check(&l, 7, 0);
+        let b = spawn_check(&l, 7, 0);
+        let allowed =
+            [a.join().unwrap(), b.join().unwrap()].iter().filter(|o| **o == Outcome::Allowed).count();
+        assert_eq!(allowed, 1);
+        assert_eq!(l.len(), 1);
+        assert_eq!(l.peek_n_at(&7, Nanos::ZERO, 0).remaining(), 0);
+    });
+}
+
+/// A fixed window's slot is evicted and reused for another key while a stale reader is
+/// mid-decision on the old key. Limit 2 per 1,000 ns: key 4 counts one at 0 ns (window 0),
+/// keys 1, 2, 3 one each at 1,000 ns (window 1), so at 1,200 ns key 4's word alone is of an
+/// earlier window, and inserting key 9 must evict it, while another thread decides on key 4.
+/// Exactly one of the two gets the slot; the other finds the table full. The winner has one
+/// left, the loser none counted, and keys 1 to 3 are undisturbed.
+#[test]
+fn fixed_window_reuse_under_a_stale_reader() {
+    model(|| {
+        let l = table(FixedWindow::new(2, Duration::from_nanos(1_000)).unwrap());
+        assert!(l.check_at(&4, Nanos::ZERO).is_allowed());
+        for k in 1..=3 {
+            assert!(l.check_at(&k, Nanos::new(1_000)).is_allowed());
+        }
+        assert_eq!(l.len(), 4);
+        let stale = spawn_check(&l, 4, 1_200);
+        let reuse = spawn_check(&l, 9, 1_200);
+        let (four, nine) = (stale.join().unwrap(), reuse.join().unwrap());
+        let left = |k: u64| l.peek_n_at(&k, Nanos::new(1_200), 0).remaining();
+        let (winner, loser) = match (four, nine) {
+            (Outcome::Allowed, Outcome::TableFull) => (4, 9),
+            (Outcome::TableFull, Outcome::Allowed) => (9, 4),
+            other => panic!("unexpected {other:?}"),
+        };
+        assert_eq!((left(winner), left(loser)), (1, 2));
+        for k in 1..=3 {
+            assert_eq!(left(k), 1, "key {k} was disturbed");
+        }
+        assert_eq!(l.len(), 4);
+    });
+}
+
+/// A sliding-window decision races a sweep of the same key. Limit 2 per 1,000 ns: the key
+/// counts one at 0 ns; at 2,000 ns its word is two windows old, so evictable. Either the sweep
+/// wins and the decision inserts the key afresh, or the decision wins and the sweep leaves it:
+/// either way the key ends with exactly one counted.
+#[test]
+fn sliding_window_decision_races_a_sweep() {
+    model(|| {
+        let l = table(SlidingWindow::new(2, Duration::from_nanos(1_000)).unwrap());
+        assert!(l.check_at(&7, Nanos::ZERO).is_allowed());
+        l.clock().set(Nanos::new(2_000));
+        let a = spawn_check(&l, 7, 2_000);
+        let sweeper = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.sweep())
+        };
+        assert_eq!(a.join().unwrap(), Outcome::Allowed);
+        assert!(sweeper.join().unwrap() <= 1);
+        assert_eq!(l.peek_n_at(&7, Nanos::new(2_000), 0).remaining(), 1);
+        assert_eq!(l.len(), 1);
+    });
+}
+
+/// nginx: a node's slot is reused for another key while a stale reader decides on the old
+/// key. `rate=1r/s burst=1 nodelay`: key 4 spends its burst at 0 ms; keys 1, 2, 3 at 1,500 ms;
+/// at 2,000 ms key 4 has leaked its excess and one request more (its line), the others have
+/// not. Key 9's insert must evict key 4 while another thread decides on it: one of them gets
+/// the slot, the other finds the table full, and the others' excess is untouched.
+#[test]
+fn nginx_reuse_under_a_stale_reader() {
+    model(|| {
+        let q = NginxQuota::per_second(1).unwrap().burst(1).unwrap().nodelay();
+        let l = table(q);
+        const MS: u64 = 1_000_000;
+        assert!(l.check_n_at(&4, Nanos::ZERO, 2).is_allowed());
+        for k in 1..=3 {
+            assert!(l.check_n_at(&k, Nanos::new(1_500 * MS), 2).is_allowed());
+        }
+        let stale = spawn_check(&l, 4, 2_000 * MS);
+        let reuse = spawn_check(&l, 9, 2_000 * MS);
+        let (four, nine) = (stale.join().unwrap(), reuse.join().unwrap());
+        let left = |k: u64| l.peek_n_at(&k, Nanos::new(2_000 * MS), 0).remaining();
+        let (winner, loser) = match (four, nine) {
+            (Outcome::Allowed, Outcome::TableFull) => (4, 9),
+            (Outcome::TableFull, Outcome::Allowed) => (9, 4),
+            other => panic!("unexpected {other:?}"),
+        };
+        // A new node's first request stores excess 0: the whole burst is left.
+        assert_eq!((left(winner), left(loser)), (1, 1));
+        assert_eq!(l.check_n_at(&winner, Nanos::new(2_000 * MS), 2).outcome(), Outcome::Denied);
+        for k in 1..=3 {
+            // Excess 1,000 leaked 500 by 2,000 ms: 500 left, no whole request free.
+            assert_eq!(left(k), 0, "key {k} was disturbed");
+        }
+        assert_eq!(l.len(), 4);
+    });
+}
