@@ -396,20 +396,23 @@ fn key_flood_keeps_memory_flat_and_limits_intact() {
 fn lifetime_saturation() {
     let clock = ManualClock::new();
     let p = FixedWindow::new(1, Duration::from_nanos(1)).unwrap();
-    let l: KeyedFixedWindow<u64, ManualClock> = Keyed::builder(p).capacity(10).build_with_clock(clock.clone()).unwrap();
+    let l: KeyedFixedWindow<u64, ManualClock> =
+        Keyed::builder(p).capacity(10).build_with_clock(clock.clone()).unwrap();
     assert_eq!(l.lifetime(), Nanos::new((1 << 38) - 3));
     let end = Nanos::new(u64::MAX);
     assert!(l.check_at(&1, end).is_allowed());
     assert_eq!(l.check_at(&1, end).outcome(), Outcome::Denied);
 
     let (q, _) = nginx_quota(1, false, 0, None);
-    let n: KeyedNginx<u64, ManualClock> = Keyed::builder(q).capacity(10).build_with_clock(clock.clone()).unwrap();
+    let n: KeyedNginx<u64, ManualClock> =
+        Keyed::builder(q).capacity(10).build_with_clock(clock.clone()).unwrap();
     assert!(n.lifetime().as_u64() / (365 * 86_400 * 1_000_000_000) >= 8);
     assert!(n.check_at(&1, end).is_allowed());
     assert_eq!(n.check_at(&1, end).outcome(), Outcome::Denied);
 
     let s = SlidingWindow::new(1, Duration::from_secs(1)).unwrap();
-    let s: KeyedSlidingWindow<u64, ManualClock> = Keyed::builder(s).capacity(10).build_with_clock(clock).unwrap();
+    let s: KeyedSlidingWindow<u64, ManualClock> =
+        Keyed::builder(s).capacity(10).build_with_clock(clock).unwrap();
     assert!(s.check_at(&1, end).is_allowed());
     assert_eq!(s.check_at(&1, end).outcome(), Outcome::Denied);
 }
@@ -419,7 +422,9 @@ fn lifetime_saturation() {
 /// burst, one more), and its decisions match the model's on both sides of the line.
 #[test]
 fn nginx_eviction_line_is_exact() {
-    for (rate, per_minute, burst) in [(1, false, 0), (1, false, 5), (3, false, 2), (7, true, 4), (1000, false, 9), (17, false, 0)] {
+    for (rate, per_minute, burst) in
+        [(1, false, 0), (1, false, 5), (3, false, 2), (7, true, 4), (1000, false, 9), (17, false, 0)]
+    {
         let (q, mut model) = nginx_quota(rate, per_minute, burst, None);
         let milli = if per_minute { rate * 1000 / 60 } else { rate * 1000 };
         let line = ((burst * 1000 + 1000) * 1000).div_ceil(milli).max(1_000_000u64.div_ceil(milli) + 1);

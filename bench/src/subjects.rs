@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tollgate::{
-    Clock, CoarseClock, Decision, FixedWindow, FixedWindowLimiter, KeyedBuilder, KeyedLimiter,
+    Clock, CoarseClock, Decision, FixedWindow, FixedWindowLimiter, KeyedBuilder, KeyedLimiter, KeyedPolicy,
     KeyedSlidingLog, Limiter, NginxLimiter, NginxQuota, Quota, Rate, SlidingLog, SlidingLogLimiter,
     SlidingWindow, SlidingWindowLimiter, TscClock, WhenFull,
 };
@@ -190,37 +190,17 @@ pub fn direct_subjects() -> Vec<(&'static str, Maker)> {
             })))
         }),
         ("tollgate-nginx", |s| {
-            let q = match s.load {
-                // nginx `limit_req` at a rate it never reaches (1e9 r/s, burst 16,777, nodelay).
-                Load::Allow | Load::Refill => NginxQuota::per_second(1_000_000_000)
-                    .and_then(|q| q.burst(16_777))
-                    .map(NginxQuota::nodelay),
-                Load::Deny => NginxQuota::per_minute(1),
-            };
-            Box::new(Nginx(spend(s.load, NginxLimiter::new(q.expect("valid")), |l| {
+            Box::new(Nginx(spend(s.load, NginxLimiter::new(nginx_for(s.load)), |l| {
                 l.check();
             })))
         }),
         ("tollgate-fixed-window", |s| {
-            let q = match s.load {
-                // The largest limit per 100 ms: 167M/s, never reached.
-                Load::Allow | Load::Refill => {
-                    FixedWindow::new(FixedWindow::MAX_LIMIT, Duration::from_millis(100))
-                }
-                Load::Deny => FixedWindow::new(1, Duration::from_secs(3600)),
-            };
-            Box::new(Fixed(spend(s.load, FixedWindowLimiter::new(q.expect("valid")), |l| {
+            Box::new(Fixed(spend(s.load, FixedWindowLimiter::new(fixed_for(s.load)), |l| {
                 l.check();
             })))
         }),
         ("tollgate-sliding-window", |s| {
-            let q = match s.load {
-                // 31 per 200 ns (155M/s, never reached). A limit is only as large as the lifetime
-                // allows: the largest, 2^20 − 1, needs windows of 188 s or more, and is reached.
-                Load::Allow | Load::Refill => SlidingWindow::new(31, Duration::from_nanos(200)),
-                Load::Deny => SlidingWindow::new(1, Duration::from_secs(3600)),
-            };
-            Box::new(Sliding(spend(s.load, SlidingWindowLimiter::new(q.expect("valid")), |l| {
+            Box::new(Sliding(spend(s.load, SlidingWindowLimiter::new(sliding_for(s.load)), |l| {
                 l.check();
             })))
         }),
@@ -269,6 +249,60 @@ impl<C: Clock + Sync> Subject for Keyed<C> {
             black_box(self.0.check(k));
         }
     }
+}
+
+/// nginx, a fixed window or a sliding window per key: `Keyed<P, u64>`.
+struct KeyedPol<P: KeyedPolicy>(tollgate::Keyed<P, u64, TscClock>);
+
+impl<P: KeyedPolicy + Sync> Subject for KeyedPol<P> {
+    fn run(&self, keys: &[u64]) {
+        for k in keys {
+            black_box(self.0.check(k));
+        }
+    }
+}
+
+fn keyed_policy<P: KeyedPolicy + Sync + 'static>(s: Setup, p: P) -> Box<dyn Subject> {
+    let l = tollgate::Keyed::builder(p)
+        .capacity(s.capacity)
+        .build_with_clock::<u64, _>(TscClock::new())
+        .expect("valid keyed configuration");
+    Box::new(KeyedPol(l))
+}
+
+/// nginx `limit_req` per load: a rate never reached (1e9 r/s, burst 16,777, nodelay); one per
+/// minute; or 1e9 r/s without a burst, whose nodes drain within 1 ms (evictable soon after).
+fn nginx_for(load: Load) -> NginxQuota {
+    match load {
+        Load::Allow => {
+            NginxQuota::per_second(1_000_000_000).and_then(|q| q.burst(16_777)).map(NginxQuota::nodelay)
+        }
+        Load::Deny => NginxQuota::per_minute(1),
+        Load::Refill => NginxQuota::per_second(1_000_000_000),
+    }
+    .expect("valid")
+}
+
+/// A fixed window per load: the largest limit per 100 ms (167M/s, never reached); one per hour;
+/// or one per 100 ns, so that a key's word is of a past window (evictable) 100 ns later.
+fn fixed_for(load: Load) -> FixedWindow {
+    match load {
+        Load::Allow => FixedWindow::new(FixedWindow::MAX_LIMIT, Duration::from_millis(100)),
+        Load::Deny => FixedWindow::new(1, Duration::from_secs(3600)),
+        Load::Refill => FixedWindow::new(1, Duration::from_nanos(100)),
+    }
+    .expect("valid")
+}
+
+/// A sliding window per load: 31 per 200 ns (155M/s, never reached; a limit is only as large
+/// as the lifetime allows: the largest, 2^20 − 1, needs windows of 188 s or more, and is
+/// reached); one per hour; or 31 per 200 ns, evictable two windows on.
+fn sliding_for(load: Load) -> SlidingWindow {
+    match load {
+        Load::Allow | Load::Refill => SlidingWindow::new(31, Duration::from_nanos(200)),
+        Load::Deny => SlidingWindow::new(1, Duration::from_secs(3600)),
+    }
+    .expect("valid")
 }
 
 struct KeyedLog(KeyedSlidingLog<u64, TscClock>);
@@ -400,6 +434,9 @@ pub fn keyed_subject(name: &str) -> Option<Maker> {
             Box::new(KeyedBatch { limiter, blank })
         },
         "tollgate-evict" => |s| Box::new(Keyed(keyed(s, WhenFull::EvictStalest, TscClock::new()))),
+        "tollgate-nginx" => |s| keyed_policy(s, nginx_for(s.load)),
+        "tollgate-fixed-window" => |s| keyed_policy(s, fixed_for(s.load)),
+        "tollgate-sliding-window" => |s| keyed_policy(s, sliding_for(s.load)),
         "tollgate-sliding-log" => |s| {
             // A log of 4 per key: 4 per ns (never reached), or one per hour.
             let log = match s.load {

@@ -32,9 +32,7 @@ use core::marker::PhantomData;
 
 use super::key::{Key, Words};
 use super::table::{Rule, Table};
-use super::{
-    hashers, prefetch, shard_count, stats_of, table_slots, KeyedStats, Target, WhenFull,
-};
+use super::{hashers, prefetch, shard_count, stats_of, table_slots, KeyedStats, Target, WhenFull};
 use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome, Policy};
 
 pub(crate) mod sealed {
@@ -345,7 +343,12 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
     }
 
     /// [`check_batch`](Keyed::check_batch) at a caller-supplied `now`.
-    pub fn check_batch_at<Q: Borrow<K>>(&self, now: Nanos, items: &[(Q, u64)], out: &mut [Decision]) -> usize {
+    pub fn check_batch_at<Q: Borrow<K>>(
+        &self,
+        now: Nanos,
+        items: &[(Q, u64)],
+        out: &mut [Decision],
+    ) -> usize {
         let elapsed = self.elapsed(now);
         super::batch(
             &self.table,
