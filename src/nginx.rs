@@ -110,7 +110,7 @@ impl NginxQuota {
     /// millisecond, all or none: exactly what `n` single requests in a row would do (the
     /// first leaks, then each adds 1000), and a new node's first request is free. `n = 0` reports the state and stores nothing; more than `burst + 1` at once can
     /// never pass ([`Outcome::Insufficient`]).
-    #[inline]
+    #[inline(always)]
     fn decide_ms(&self, word: u64, now: u64, n: u64) -> (Option<u64>, Decision) {
         let max_n = self.burst / 1000 + 1;
         if n > max_n {
@@ -265,7 +265,7 @@ fn keyed_ms(elapsed: Nanos) -> u64 {
 impl Policy for NginxQuota {
     /// nginx's clock has millisecond resolution: `elapsed` is truncated to whole milliseconds
     /// (and saturates after 2^40 − 2 ms, 34.8 years).
-    #[inline]
+    #[inline(always)]
     fn decide(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
         self.decide_ms(word, (elapsed.as_u64() / 1_000_000).min(MAX_MS), n)
     }

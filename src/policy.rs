@@ -94,10 +94,24 @@ impl<P: Policy, C: Clock> Direct<P, C> {
         // Relaxed (load, success, failure): the word is self-contained, as the token bucket's in
         // `bucket/atomic.rs`; a failed CAS hands back the value the next decision is made on.
         // Checked by loom-tests/tests/nginx.rs.
-        let mut cur = self.word.load(Relaxed);
+        let cur = self.word.load(Relaxed);
+        let (next, decision) = self.policy.decide(cur, elapsed, n);
+        let Some(next) = next else { return decision };
+        match self.word.compare_exchange_weak(cur, next, Relaxed, Relaxed) {
+            Ok(_) => decision,
+            Err(seen) => self.retry(seen, elapsed, n),
+        }
+    }
+
+    /// The CAS loop after a first attempt failed: out of line, so that the first attempt is
+    /// straight-line code with nothing hoisted for a loop.
+    #[cold]
+    #[inline(never)]
+    fn retry(&self, mut cur: u64, elapsed: Nanos, n: u64) -> Decision {
         loop {
             let (next, decision) = self.policy.decide(cur, elapsed, n);
             let Some(next) = next else { return decision };
+            // Relaxed: as in `check_n_at`.
             match self.word.compare_exchange_weak(cur, next, Relaxed, Relaxed) {
                 Ok(_) => return decision,
                 Err(seen) => cur = seen,

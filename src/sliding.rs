@@ -44,6 +44,8 @@ pub struct SlidingWindow {
     per_window: Divisor,
     /// Bits per count.
     bits: u32,
+    /// `2^bits − 1`.
+    mask: u64,
     /// The largest stored index (`i + 1`).
     max_index: u64,
     /// `3·limit·window < 2^64`: the admission test fits in `u64` (every window under 97 days
@@ -71,7 +73,15 @@ impl SlidingWindow {
             });
         }
         let small = u128::from(limit) * u128::from(w) * 3 < 1 << 64;
-        Ok(SlidingWindow { limit, window: w, per_window: Divisor::new(w), bits, max_index, small })
+        Ok(SlidingWindow {
+            limit,
+            window: w,
+            per_window: Divisor::new(w),
+            bits,
+            mask: (1 << bits) - 1,
+            max_index,
+            small,
+        })
     }
 
     /// The limit per window.
@@ -132,10 +142,12 @@ impl SlidingWindow {
         to_next + w
     }
 
-    /// Every other case: a new or older window, the lifetime's end, `n = 0` or `n > limit`.
-    #[inline]
+    /// Every other case: an older window, a clock behind the stored window, the lifetime's end,
+    /// `n = 0` or `n > limit`. Out of line: rare, and it would crowd the common path's registers.
+    #[cold]
+    #[inline(never)]
     fn decide_general(&self, word: u64, e: u64, i: u64, n: u64) -> (Option<u64>, Decision) {
-        let (c, mask) = (self.bits, (1u64 << self.bits) - 1);
+        let (c, mask) = (self.bits, self.mask);
         let now_index = (i + 1).min(self.max_index);
         let stored = word >> (2 * c);
         let (s_curr, s_prev) = ((word >> c) & mask, word & mask);
@@ -248,21 +260,60 @@ impl crate::keyed::sealed::KeyedWords for SlidingWindow {
 }
 
 impl Policy for SlidingWindow {
-    #[inline]
+    #[inline(always)]
     fn decide(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
-        let (c, mask) = (self.bits, (1u64 << self.bits) - 1);
+        let (c, mask) = (self.bits, self.mask);
         let e = elapsed.as_u64().min(MAX_ELAPSED);
-        let i = self.per_window.div(e);
-        // The common case first: the stored window is the current one, short of the lifetime's
-        // end, and 1 ≤ n ≤ limit. The general path below gives the same answers.
-        if word >> (2 * c) == i + 1 && i + 1 < self.max_index && n.wrapping_sub(1) < self.limit {
-            let (curr, prev) = ((word >> c) & mask, word & mask);
-            let delta = e - i * self.window; // i·W ≤ e
-            let w = self.window;
-            if self.fits(prev, curr, delta, n) {
-                let left = self.remaining(prev, curr + n, delta);
-                let d = Decision::from_nanos(Outcome::Allowed, left, Nanos::ZERO, Nanos::new(2 * w - delta));
-                return (Some(word + (n << c)), d);
+        let w = self.window;
+        // The common cases first: the clock is in the stored window or the one after it (whose
+        // `prev` is the stored `curr`), short of the lifetime's end, and 1 ≤ n ≤ limit. Found
+        // without dividing: window `s − 1` (stored as `s`) starts at (s − 1)·W, below 2^63 for
+        // every index a decision stored, and the wrapping difference is below W exactly when
+        // the clock is in it (for the fresh word 0, "window −1" starts at −W). The general path
+        // below gives the same answers.
+        let stored = word >> (2 * c);
+        let delta = e.wrapping_sub(stored.wrapping_sub(1).wrapping_mul(w));
+        let in_range = stored + 1 < self.max_index && n.wrapping_sub(1) < self.limit;
+        if delta < w && (word >> c) & mask >= self.limit && in_range {
+            // The stored window is the current one and alone is full (the common denial):
+            // nothing is left, the counts are gone 2W − δ from now, and `n` fit once
+            // `curr·(W − δ') ≤ (N − n)·W` in the next window, `q = ⌊(N − n)·W / curr⌋ ≤ W`
+            // before that (what `wait_for` finds).
+            let q = if self.limit > n { mul_div(self.limit - n, w, (word >> c) & mask) } else { 0 };
+            let reset = 2 * w - delta;
+            return (
+                None,
+                Decision::from_nanos(Outcome::Denied, 0, Nanos::new(reset - q), Nanos::new(reset)),
+            );
+        }
+        if delta < 2 * w && in_range {
+            let (now_index, curr, prev, delta) = if delta < w {
+                (stored, (word >> c) & mask, word & mask, delta)
+            } else {
+                (stored + 1, 0, (word >> c) & mask, delta - w)
+            };
+            if curr + n <= self.limit {
+                // prev·(W − δ) ≤ (N − curr − n)·W, and what is left is the difference over W.
+                if self.small {
+                    // One multiplication each side and one reciprocal, every term below 2^63.
+                    let (weighted, room) = (prev * (w - delta), (self.limit - curr - n) * w);
+                    if weighted <= room {
+                        #[expect(clippy::cast_possible_truncation, reason = "at most the limit, below 2^20")]
+                        let left = self.per_window.div(room - weighted) as u32;
+                        let d = Decision::from_nanos(
+                            Outcome::Allowed,
+                            left,
+                            Nanos::ZERO,
+                            Nanos::new(2 * w - delta),
+                        );
+                        return (Some((now_index << (2 * c)) | ((curr + n) << c) | prev), d);
+                    }
+                } else if self.fits(prev, curr, delta, n) {
+                    let left = self.remaining(prev, curr + n, delta);
+                    let d =
+                        Decision::from_nanos(Outcome::Allowed, left, Nanos::ZERO, Nanos::new(2 * w - delta));
+                    return (Some((now_index << (2 * c)) | ((curr + n) << c) | prev), d);
+                }
             }
             let reset = if curr > 0 {
                 2 * w - delta
@@ -275,6 +326,7 @@ impl Policy for SlidingWindow {
             let left = self.remaining(prev, curr, delta);
             return (None, Decision::from_nanos(Outcome::Denied, left, retry, Nanos::new(reset)));
         }
+        let i = self.per_window.div(e);
         self.decide_general(word, e, i, n)
     }
 
@@ -283,7 +335,7 @@ impl Policy for SlidingWindow {
     /// there; after that it no longer counts and nothing is owed.
     #[inline]
     fn refund(&self, word: u64, _prior: u64, stored: u64, _elapsed: Nanos, n: u64) -> Option<u64> {
-        let (c, mask) = (self.bits, (1u64 << self.bits) - 1);
+        let (c, mask) = (self.bits, self.mask);
         let (at, now) = (stored >> (2 * c), word >> (2 * c));
         if n == 0 {
             None

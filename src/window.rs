@@ -60,9 +60,35 @@ impl FixedWindow {
 }
 
 impl Policy for FixedWindow {
-    #[inline]
+    #[inline(always)]
     fn decide(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
         let e = elapsed.as_u64().min(MAX_ELAPSED);
+        // The common case first, without dividing: the clock is in the stored window `s − 1`
+        // (stored as `s`, short of the lifetime's end), which starts at (s − 1)·W, below 2^63
+        // for every index a decision stored; the wrapping difference is below W exactly when
+        // the clock is in it. The general path below gives the same answers.
+        let stored = word >> COUNT_BITS;
+        let delta = e.wrapping_sub(stored.wrapping_sub(1).wrapping_mul(self.window));
+        if delta < self.window && stored < MAX_INDEX && n.wrapping_sub(1) < self.limit {
+            let count = word & COUNT_MASK;
+            let until_end = self.window - delta;
+            #[expect(clippy::cast_possible_truncation, reason = "at most the limit, below 2^24")]
+            let remaining = |c: u64| (self.limit - c) as u32;
+            if count + n <= self.limit {
+                let d = Decision::from_nanos(
+                    Outcome::Allowed,
+                    remaining(count + n),
+                    Nanos::ZERO,
+                    Nanos::new(until_end),
+                );
+                return (Some(word + n), d);
+            }
+            let reset = Nanos::new(if count == 0 { 0 } else { until_end });
+            return (
+                None,
+                Decision::from_nanos(Outcome::Denied, remaining(count), Nanos::new(until_end), reset),
+            );
+        }
         let i = self.per_window.div(e);
         let now_index = (i + 1).min(MAX_INDEX);
         // The window index never moves back: a thread whose clock reads an earlier window than
