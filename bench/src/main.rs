@@ -39,7 +39,7 @@ use workloads::{key, ranks, Dist};
 struct Args {
     /// Timed milliseconds per cell and repetition (each after a quarter as much warm-up, and
     /// followed by half as much timing single calls).
-    #[arg(long, default_value_t = 50, value_name = "MS")]
+    #[arg(long, default_value_t = 25, value_name = "MS")]
     duration: u64,
     /// Repetitions of every cell; figures are medians over them.
     #[arg(long, default_value_t = 5)]
@@ -389,6 +389,7 @@ fn main() {
     if !args.no_memory {
         for (w, name) in [
             ("1M-keys", "tollgate"),
+            ("1M-keys", "tollgate-nginx"),
             ("1M-keys", "tollgate-sliding-log"),
             ("1M-keys", "governor"),
             ("1M-keys", "governor-ahash"),

@@ -239,6 +239,32 @@ impl Report {
                 met: true,
             });
         }
+        // The algorithms issue: every single-word algorithm's direct decision within 1.5× the
+        // token bucket's, allow- and deny-heavy.
+        for l in [Load::Allow, Load::Deny] {
+            let Some(bucket) = ns("direct", l, "tollgate", 1) else { continue };
+            let algs: Vec<(&str, f64)> =
+                ["tollgate-nginx", "tollgate-fixed-window", "tollgate-sliding-window"]
+                    .into_iter()
+                    .filter_map(|s| Some((s.strip_prefix("tollgate-").unwrap_or(s), ns("direct", l, s, 1)?)))
+                    .collect();
+            if algs.is_empty() {
+                continue;
+            }
+            let worst = algs.iter().map(|&(_, t)| t / bucket).fold(0.0, f64::max);
+            out.push(Target {
+                what: format!("direct single-word algorithms, 1 thread, {}", l.name()),
+                goal: "≤ 1.5× the token bucket".into(),
+                measured: format!(
+                    "bucket {bucket:.1} ns; {}",
+                    algs.iter()
+                        .map(|(a, t)| format!("{a} {t:.1} ({:.2}×)", t / bucket))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                met: worst <= 1.5,
+            });
+        }
         // The keyed issue.
         for w in ["1K-keys", "1M-keys"] {
             if let (Some(t), Some(f), Some(g)) =
