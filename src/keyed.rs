@@ -12,7 +12,10 @@ use core::time::Duration;
 
 pub use key::{Hashed, Key, Words};
 pub(crate) use policy::sealed;
-pub use policy::{Keyed, KeyedFixedWindow, KeyedNginx, KeyedPolicy, KeyedPolicyBuilder, KeyedSlidingWindow};
+pub use policy::{
+    Keyed, KeyedFixedWindow, KeyedNginx, KeyedPolicy, KeyedPolicyBuilder, KeyedPolicyLimit,
+    KeyedSlidingWindow,
+};
 use table::{evictable, Now, Params, Rule, Shard, Table, TableStats, MAX_UNITS, WINDOW};
 pub use tiers::Tier;
 use tiers::{Overrides, Tiers};
@@ -295,17 +298,19 @@ impl<K: Key + ?Sized, C: Clock> Admit for KeyedLimit<'_, K, C> {
         let t = l.target(self.key.words(&l.fingerprint));
         let Some(([charged_now, charged_fill, cost], _)) = r.take(l.id, t.hash) else { return };
         let charged_floor = charged_now - charged_fill;
-        let owed = || {
+        let step = |w: u64| {
             // After the word's Acquire load (in `Shard::refund`): see `AtomicBucket::refund`.
             crate::sync::clock_after_loads();
             let now = OFFSET + l.base(l.clock.now());
             if now < charged_now {
-                return (0, 0); // a clock behind the charge's: refund nothing
+                return None; // a clock behind the charge's: refund nothing
             }
             let floor = now - l.params.tiers.min_fill().min(charged_fill);
-            (cost.saturating_sub(floor - charged_floor), evictable(&l.params, now))
+            let owed = cost.saturating_sub(floor - charged_floor);
+            // Never below the evictable line: a bucket full in every tier.
+            (owed > 0).then(|| w.saturating_sub(owed).max(evictable(&l.params, now)))
         };
-        t.shard.refund(t.words, t.home, owed);
+        t.shard.refund(t.words, t.home, step);
     }
 
     fn peek(&self, n: u64) -> Decision {

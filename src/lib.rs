@@ -26,7 +26,7 @@ pub use decision::{Decision, Outcome};
 pub use error::ConfigError;
 pub use keyed::{
     Hashed, Key, Keyed, KeyedBuilder, KeyedFixedWindow, KeyedLimit, KeyedLimiter, KeyedNginx, KeyedPolicy,
-    KeyedPolicyBuilder, KeyedSlidingWindow, KeyedStats, Tier, WhenFull, Words,
+    KeyedPolicyBuilder, KeyedPolicyLimit, KeyedSlidingWindow, KeyedStats, Tier, WhenFull, Words,
 };
 pub use limiter::Limiter;
 pub use log::{KeyedSlidingLog, KeyedSlidingLogBuilder, SlidingLog, SlidingLogLimiter};

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::{
-    check_all, Admit, Clock, Decision, FixedWindow, FixedWindowLimiter, KeyedBuilder, KeyedLimiter, Limiter,
-    ManualClock, Nanos, NginxLimiter, NginxQuota, Outcome, Quota, Rate, Receipt, SlidingLog,
-    SlidingLogLimiter, SlidingWindow, SlidingWindowLimiter,
+    check_all, Admit, Clock, Decision, FixedWindow, FixedWindowLimiter, Keyed, KeyedBuilder, KeyedLimiter,
+    KeyedPolicy, Limiter, ManualClock, Nanos, NginxLimiter, NginxQuota, Outcome, Quota, Rate, Receipt,
+    SlidingLog, SlidingLogLimiter, SlidingWindow, SlidingWindowLimiter,
 };
 
 const MS: u64 = 1_000_000;
@@ -43,6 +43,9 @@ enum Spec {
         per_sec: u64,
         burst: u64,
     },
+    /// One key of a keyed table of another policy (`Keyed<P, u64>`): a fixed window, a sliding
+    /// window or nginx, as the direct specs above.
+    KeyedPolicy(Box<Spec>),
 }
 
 /// A keyed limiter and the key this limit stands for.
@@ -65,6 +68,32 @@ impl Admit for OneKey {
     fn peek(&self, n: u64) -> Decision {
         self.limiter.limit(&self.key).peek(n)
     }
+}
+
+/// One key of a `Keyed<P, u64>`, with another key's decision before each charge.
+struct OnePolicyKey<P: KeyedPolicy> {
+    limiter: Keyed<P, u64, ManualClock>,
+    key: u64,
+}
+
+impl<P: KeyedPolicy> Admit for OnePolicyKey<P> {
+    fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
+        self.limiter.check(&(self.key + 1));
+        self.limiter.limit(&self.key).charge(n)
+    }
+
+    fn refund(&self, r: Receipt) {
+        self.limiter.limit(&self.key).refund(r);
+    }
+
+    fn peek(&self, n: u64) -> Decision {
+        self.limiter.limit(&self.key).peek(n)
+    }
+}
+
+fn one_policy_key<P: KeyedPolicy + 'static>(p: P, clock: ManualClock) -> Box<dyn Admit> {
+    let limiter = Keyed::builder(p).capacity(64).seeds([5; 8]).build_with_clock(clock).unwrap();
+    Box::new(OnePolicyKey { limiter, key: 42 })
 }
 
 impl Spec {
@@ -96,17 +125,37 @@ impl Spec {
                 let limiter = KeyedBuilder::new(q).capacity(64).seeds([3; 8]).build_with_clock(c).unwrap();
                 Box::new(OneKey { limiter, key: 42 })
             }
+            Spec::KeyedPolicy(ref inner) => match **inner {
+                Spec::Fixed { limit, window_ms } => {
+                    one_policy_key(FixedWindow::new(limit, Duration::from_millis(window_ms)).unwrap(), c)
+                }
+                Spec::Sliding { limit, window_ms } => {
+                    one_policy_key(SlidingWindow::new(limit, Duration::from_millis(window_ms)).unwrap(), c)
+                }
+                Spec::Nginx { per_sec, burst, nodelay, delay } => {
+                    let q = NginxQuota::per_second(per_sec).unwrap().burst(burst).unwrap();
+                    one_policy_key(if nodelay { q.nodelay() } else { q.delay(delay) }, c)
+                }
+                _ => unreachable!("keyed policies are nginx and the window counters"),
+            },
         }
     }
+}
+
+fn word_specs() -> impl Strategy<Value = Spec> {
+    prop_oneof![
+        (1u64..6, 50u64..2000).prop_map(|(limit, window_ms)| Spec::Fixed { limit, window_ms }),
+        (1u64..6, 1000u64..5000).prop_map(|(limit, window_ms)| Spec::Sliding { limit, window_ms }),
+        (1u64..20, 0u64..6, any::<bool>(), 0u64..4)
+            .prop_map(|(per_sec, burst, nodelay, delay)| Spec::Nginx { per_sec, burst, nodelay, delay }),
+    ]
 }
 
 fn specs() -> impl Strategy<Value = Spec> {
     prop_oneof![
         (1u64..20, 1u64..6).prop_map(|(per_sec, burst)| Spec::Bucket { per_sec, burst }),
-        (1u64..6, 50u64..2000).prop_map(|(limit, window_ms)| Spec::Fixed { limit, window_ms }),
-        (1u64..6, 1000u64..5000).prop_map(|(limit, window_ms)| Spec::Sliding { limit, window_ms }),
-        (1u64..20, 0u64..6, any::<bool>(), 0u64..4)
-            .prop_map(|(per_sec, burst, nodelay, delay)| Spec::Nginx { per_sec, burst, nodelay, delay }),
+        word_specs(),
+        word_specs().prop_map(|s| Spec::KeyedPolicy(Box::new(s))),
         (1u64..6, 50u64..2000).prop_map(|(limit, window_ms)| Spec::Log { limit, window_ms }),
         (1u64..20, 1u64..6).prop_map(|(per_sec, burst)| Spec::Keyed { per_sec, burst }),
     ]

@@ -135,3 +135,38 @@ fn nginx_reuse_under_a_stale_reader() {
         assert_eq!(l.len(), 4);
     });
 }
+
+/// A keyed fixed window's refund races the eviction of its key and the reuse of its slot: the
+/// policy analogue of `admit.rs`'s bucket model. Limit 2 per 1,000 ns; key 1 is charged at
+/// 0 ns (window 0); at 10,000 ns keys 2, 3 and 5 count one each and key 4 arrives, evicting key
+/// 1 (its word is of an old window). The refund of key 1 (`Shard::refund`, through
+/// `FixedWindow::refund`) either lands on key 1 before the eviction (which then fails its CAS
+/// and refuses key 4), or finds key 1 gone, or fails its CAS on key 4's word and sees key 4's
+/// key: it never lands on key 4, which ends with exactly one counted.
+#[test]
+fn fixed_window_refund_races_eviction_and_reuse() {
+    use tollgate::Admit;
+    model(|| {
+        let l = table(FixedWindow::new(2, Duration::from_nanos(1_000)).unwrap());
+        let (_, receipt) = l.limit(&1).charge(1);
+        let receipt = receipt.unwrap();
+        let late = Nanos::new(10_000);
+        for k in [2, 3, 5] {
+            assert!(l.check_at(&k, late).is_allowed());
+        }
+        let four = spawn_check(&l, 4, 10_000);
+        l.limit(&1).refund(receipt);
+        match four.join().unwrap() {
+            Outcome::Allowed => {
+                assert_eq!(l.peek_n_at(&4, late, 0).remaining(), 1);
+                assert_eq!(l.stats().evictions, 1, "4 took 1's slot");
+            }
+            Outcome::TableFull => assert_eq!(l.stats().evictions, 0),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(l.peek_n_at(&1, late, 0).remaining(), 2, "1 is fresh again either way");
+        for k in [2, 3, 5] {
+            assert_eq!(l.peek_n_at(&k, late, 0).remaining(), 1, "key {k} was disturbed");
+        }
+    });
+}

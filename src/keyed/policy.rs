@@ -27,12 +27,14 @@
 //! Past it, no window ends and nothing leaks: the limiter only denies.
 
 use core::borrow::Borrow;
+use core::cell::Cell;
 use core::fmt;
 use core::marker::PhantomData;
 
 use super::key::{Key, Words};
 use super::table::{Rule, Table};
 use super::{hashers, prefetch, shard_count, stats_of, table_slots, KeyedStats, Target, WhenFull};
+use crate::admit::{Admit, Receipt};
 use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome, Policy};
 
 pub(crate) mod sealed {
@@ -111,6 +113,103 @@ impl<P: KeyedPolicy> Rule for PolicyNow<'_, P> {
     }
 }
 
+/// [`PolicyNow`] for a charge: also keeps the words its admission stored (the value it
+/// replaced and its own), for the receipt. The table calls `taken` once per admission it
+/// commits, last for the one it returns.
+struct ChargeNow<'a, P> {
+    rule: PolicyNow<'a, P>,
+    stored: Cell<Option<(u64, u64)>>,
+}
+
+impl<P: KeyedPolicy> Rule for ChargeNow<'_, P> {
+    type Taken = (Decision, u64, u64);
+    const GHOSTS: bool = false;
+
+    #[inline]
+    fn fresh(&self) -> u64 {
+        self.rule.fresh()
+    }
+
+    #[inline]
+    fn evictable(&self) -> u64 {
+        self.rule.evictable()
+    }
+
+    #[inline]
+    fn decide(&self, w: u64, n: u64) -> Result<(u64, (Decision, u64, u64)), Decision> {
+        self.rule.decide(w, n).map(|(next, d)| (next, (d, w, next)))
+    }
+
+    #[inline]
+    fn taken(&self, (d, prior, stored): (Decision, u64, u64)) -> Decision {
+        self.stored.set(Some((prior, stored)));
+        d
+    }
+
+    fn hasher(&self) -> &ahash::RandomState {
+        self.rule.hasher
+    }
+
+    fn when_full(&self) -> WhenFull {
+        self.rule.when_full
+    }
+}
+
+/// One key of a [`Keyed`] limiter, as a limit of [`check_all`](crate::check_all): from
+/// [`Keyed::limit`].
+pub struct KeyedPolicyLimit<'a, P: KeyedPolicy, K: Key + ?Sized, C: Clock> {
+    limiter: &'a Keyed<P, K, C>,
+    key: &'a K,
+}
+
+impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Admit for KeyedPolicyLimit<'_, P, K, C> {
+    fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
+        let l = self.limiter;
+        let t = l.target(self.key.words(&l.fingerprint));
+        prefetch(t.shard.home_ptr(t.home));
+        let elapsed = l.elapsed(l.clock.now());
+        if n.wrapping_sub(1) >= l.policy.most_at_once() {
+            return (l.peek_target(&t, elapsed, n), None);
+        }
+        let rule = ChargeNow { rule: l.rule(elapsed), stored: Cell::new(None) };
+        let Some(d) = t.shard.acquire(t.words, t.hash, t.home, &rule, n) else { return (l.refused(), None) };
+        let receipt = match rule.stored.get() {
+            Some((prior, stored)) if d.is_allowed() => {
+                Some(Receipt::new(l.id, t.hash, [prior, stored, 0], n))
+            }
+            _ => None,
+        };
+        (d, receipt)
+    }
+
+    /// Through the policy's [`Policy::refund`], as the direct limiter's (windows exactly while
+    /// the window still counts; nginx exactly if nothing changed the key since), on the key's
+    /// slot, one refund per shard at a time, never below the evictable line. Nothing if the key
+    /// was evicted meanwhile (its state had become a fresh key's: the charge was absorbed).
+    fn refund(&self, r: Receipt) {
+        let l = self.limiter;
+        let t = l.target(self.key.words(&l.fingerprint));
+        let Some(([prior, stored, _], n)) = r.take(l.id, t.hash) else { return };
+        let step = |w: u64| {
+            let elapsed = l.elapsed(l.clock.now());
+            let next = l.policy.refund(w, prior, stored, elapsed, n)?;
+            Some(next.max(l.policy.evictable(elapsed)))
+        };
+        t.shard.refund(t.words, t.home, step);
+    }
+
+    fn peek(&self, n: u64) -> Decision {
+        let l = self.limiter;
+        l.peek_n_at(self.key, l.clock.now(), n)
+    }
+}
+
+impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> fmt::Debug for KeyedPolicyLimit<'_, P, K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedPolicyLimit").finish_non_exhaustive()
+    }
+}
+
 /// How to build a [`Keyed`] limiter.
 #[derive(Clone, Debug)]
 pub struct KeyedPolicyBuilder<P> {
@@ -178,6 +277,7 @@ impl<P: KeyedPolicy> KeyedPolicyBuilder<P> {
             fingerprint,
             origin,
             clock,
+            id: crate::sync::next_id(),
             _key: PhantomData,
         })
     }
@@ -222,6 +322,8 @@ pub struct Keyed<P: KeyedPolicy, K: Key + ?Sized, C: Clock = DefaultClock> {
     fingerprint: ahash::RandomState,
     origin: Nanos,
     clock: C,
+    /// The identity its receipts carry.
+    id: u64,
     _key: PhantomData<fn(&K)>,
 }
 
@@ -360,6 +462,22 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
             },
             |t, n| self.decide(t, elapsed, n),
         )
+    }
+
+    /// `key` as one limit of a multi-limit admission ([`check_all`](crate::check_all)): several
+    /// nginx `limit_req` zones, per client and per server, in one call.
+    ///
+    /// ```
+    /// use tollgate::{check_all, Admit, Keyed, NginxLimiter, NginxQuota};
+    ///
+    /// let per_ip = Keyed::builder(NginxQuota::per_second(10)?.burst(20)?).build::<std::net::IpAddr>()?;
+    /// let per_server = NginxLimiter::new(NginxQuota::per_second(1000)?.burst(200)?);
+    /// let ip = "192.0.2.7".parse().unwrap();
+    /// assert!(check_all(&[&per_ip.limit(&ip) as &dyn Admit, &per_server], 1).is_allowed());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn limit<'a>(&'a self, key: &'a K) -> KeyedPolicyLimit<'a, P, K, C> {
+        KeyedPolicyLimit { limiter: self, key }
     }
 
     /// Evicts every key whose state is a fresh key's, and returns how many.

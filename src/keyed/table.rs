@@ -674,21 +674,20 @@ impl<'a, W: Words> Shard<'a, W> {
         }
     }
 
-    /// Takes `owed()` units off the key's stamp (a refund; `owed` reads the clock and is
-    /// called after each load of the word). Nothing if the key is no longer tracked: it was
-    /// evicted full, which means the charge was absorbed.
+    /// Moves the key's word back to `step(w)` (a refund; `step` reads the clock if it needs one
+    /// and is called after each load of the word; `None` or a value not below `w` leaves it).
+    /// Nothing if the key is no longer tracked: it was evicted as fresh, which means the charge
+    /// was absorbed.
     ///
-    /// The stamp moves back, which the reclamation argument (stamps only grow) allows: a refund
-    /// never leaves the bucket fuller than a twin that never saw the charge (see
-    /// `AtomicBucket::refund`), and the twin's stamp is at or above the key's first stamp in
-    /// this slot, which is above every value the slot held for an earlier key. So a stale
-    /// reader of another key still fails its CAS, and a reader of this key that sees an old
-    /// value again decides on the state that value stands for.
-    ///
-    /// `owed()` returns the units owed and the lowest stamp the refund may leave (the
-    /// evictable line, `now − max_fill`: a bucket full in every tier, at or above the slot's
-    /// high-water mark under a consistent clock).
-    pub(crate) fn refund(&self, words: W, home: usize, owed: impl Fn() -> (u64, u64)) {
+    /// The word moves back, which the reclamation argument (values only grow) allows: a refund
+    /// never leaves the key's state more permissive than a twin that never saw the charge (see
+    /// `AtomicBucket::refund` and each policy's `refund`), and the twin's word is at or above
+    /// the key's first word in this slot, which is above every value the slot held for an
+    /// earlier key. So a stale reader of another key still fails its CAS, and a reader of this
+    /// key that sees an old value again decides on the state that value stands for. `step`
+    /// clamps its result at the rule's evictable line, at or above the slot's high-water mark
+    /// under a consistent clock.
+    pub(crate) fn refund(&self, words: W, home: usize, step: impl Fn(u64) -> Option<u64>) {
         // One refund per shard at a time, as in `AtomicBucket::refund` (a refund that lowers a
         // word while another refund of the same slot is between its clock read and its CAS
         // would let that CAS succeed on a value a later decision rebuilt). Busy: nothing.
@@ -698,10 +697,10 @@ impl<'a, W: Words> Shard<'a, W> {
             return;
         }
         let _clear = crate::sync::ClearOnDrop(flag);
-        self.refund_one(words, home, owed);
+        self.refund_one(words, home, step);
     }
 
-    fn refund_one(&self, words: W, home: usize, owed: impl Fn() -> (u64, u64)) {
+    fn refund_one(&self, words: W, home: usize, step: impl Fn(u64) -> Option<u64>) {
         let found = loop {
             // Acquire: as in `find`.
             let h = self.header(home).load(Acquire);
@@ -714,11 +713,7 @@ impl<'a, W: Words> Shard<'a, W> {
             if w & STATE != LIVE {
                 return;
             }
-            let (owed, lowest) = owed();
-            let next = w.saturating_sub(owed).max(lowest);
-            if owed == 0 || next >= w {
-                return;
-            }
+            let Some(next) = step(w).filter(|&next| next < w) else { return };
             // Success Relaxed, failure Acquire: as in `decide_on`. The key is checked again
             // after a failure, which may show a new key's word. Checked by
             // loom-tests/tests/admit.rs.
