@@ -5,81 +5,21 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::net::Ipv6Addr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::keyed_models::{self, Op, RefModel};
 use common::nginx_model::NginxModel;
-use common::window_model::{answer, FixedWindowModel, SlidingWindowModel};
+use common::window_model::{FixedWindowModel, SlidingWindowModel};
 use proptest::prelude::*;
 use tollgate::{
-    Clock, ConfigError, Decision, FixedWindow, Keyed, KeyedFixedWindow, KeyedNginx, KeyedPolicy,
-    KeyedSlidingWindow, ManualClock, Nanos, NginxQuota, Outcome, SlidingWindow, WhenFull,
+    Clock, ConfigError, FixedWindow, Keyed, KeyedFixedWindow, KeyedNginx, KeyedPolicy, KeyedSlidingWindow,
+    ManualClock, Nanos, NginxQuota, Outcome, SlidingWindow, WhenFull,
 };
 
 const SEEDS: [u64; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
 const MS: u64 = 1_000_000;
-
-/// (outcome, remaining, wait, reset), in the model's units.
-type Ans = (Outcome, u64, u64, u64);
-
-/// A reference model of one key.
-trait RefModel: Clone {
-    fn check_n(&mut self, now_ns: u64, n: u64) -> Ans;
-    fn evictable(&self, now_ns: u64) -> bool;
-    /// The engine's decision in this model's units.
-    fn answer(d: &Decision) -> Ans;
-}
-
-impl RefModel for NginxModel {
-    fn check_n(&mut self, now_ns: u64, n: u64) -> Ans {
-        NginxModel::check_n(self, now_ns, n)
-    }
-    fn evictable(&self, now_ns: u64) -> bool {
-        NginxModel::evictable(self, now_ns)
-    }
-    fn answer(d: &Decision) -> Ans {
-        let wait = match d.outcome() {
-            Outcome::Denied => d.retry_after().unwrap(),
-            _ => d.delay(),
-        };
-        let ms = |t: Duration| u64::try_from(t.as_millis()).unwrap();
-        (d.outcome(), d.remaining(), ms(wait), ms(d.reset_after()))
-    }
-}
-
-impl RefModel for FixedWindowModel {
-    fn check_n(&mut self, now_ns: u64, n: u64) -> Ans {
-        FixedWindowModel::check_n(self, now_ns, n)
-    }
-    fn evictable(&self, now_ns: u64) -> bool {
-        FixedWindowModel::evictable(self, now_ns)
-    }
-    fn answer(d: &Decision) -> Ans {
-        answer(d)
-    }
-}
-
-impl RefModel for SlidingWindowModel {
-    fn check_n(&mut self, now_ns: u64, n: u64) -> Ans {
-        SlidingWindowModel::check_n(self, now_ns, n)
-    }
-    fn evictable(&self, now_ns: u64) -> bool {
-        SlidingWindowModel::evictable(self, now_ns)
-    }
-    fn answer(d: &Decision) -> Ans {
-        answer(d)
-    }
-}
-
-#[derive(Clone, Debug)]
-enum Op {
-    Advance(u64),
-    Check(u64, u64),
-    Peek(u64, u64),
-    Sweep,
-}
 
 /// Ops over `keys` keys with costs up to `most` (and 0 and `most + 1`), and clock steps of up to
 /// about `span` ns.
@@ -95,22 +35,12 @@ fn ops(most: u64, keys: u64, span: u64) -> impl Strategy<Value = Vec<Op>> {
     prop::collection::vec(op, 1..600)
 }
 
-/// One shard of 64 slots holding at most 56 keys: every key's window is the whole shard, so
-/// the table is full exactly when 56 tracked keys are not evictable, which the models can tell.
+/// The comparison's 56-key table (`common/keyed_models.rs`).
 fn small<P: KeyedPolicy>(p: P, when_full: WhenFull, clock: &ManualClock) -> Keyed<P, u64, ManualClock> {
-    let l = Keyed::builder(p)
-        .capacity(56)
-        .shards(1)
-        .when_full(when_full)
-        .seeds(SEEDS)
-        .build_with_clock(clock.clone())
-        .unwrap();
-    assert_eq!((l.capacity(), l.stats().slots), (56, 64));
-    l
+    keyed_models::small(p, when_full, SEEDS, clock)
 }
 
-/// Every field of every decision equals the model's, and the table refuses a new key exactly
-/// when 56 tracked keys are not evictable.
+/// `keyed_models::compare`, for proptest.
 fn matches_models<P: KeyedPolicy, M: RefModel>(
     p: P,
     fresh: impl Fn() -> M,
@@ -118,41 +48,7 @@ fn matches_models<P: KeyedPolicy, M: RefModel>(
     ops: Vec<Op>,
     fail_open: bool,
 ) -> Result<(), TestCaseError> {
-    let clock = ManualClock::new();
-    let when_full = if fail_open { WhenFull::Allow } else { WhenFull::Deny };
-    let l = small(p, when_full, &clock);
-    let mut models: HashMap<u64, M> = HashMap::new();
-    for op in ops {
-        let now = clock.now().as_u64();
-        match op {
-            Op::Advance(ns) => clock.advance(Duration::from_nanos(ns)),
-            Op::Sweep => {
-                l.sweep();
-            }
-            Op::Peek(k, n) => {
-                let want = models.get(&k).cloned().unwrap_or_else(&fresh).check_n(now, n);
-                prop_assert_eq!(M::answer(&l.peek_n_at(&k, clock.now(), n)), want);
-            }
-            Op::Check(k, n) => {
-                let got = l.check_n(&k, n);
-                models.retain(|_, m| !m.evictable(now));
-                let inserting = n >= 1 && n <= most && !models.contains_key(&k);
-                if inserting && models.len() >= 56 {
-                    let want = if fail_open { Outcome::Untracked } else { Outcome::TableFull };
-                    prop_assert_eq!(got.outcome(), want);
-                    continue;
-                }
-                let want = if inserting || models.contains_key(&k) {
-                    models.entry(k).or_insert_with(&fresh).check_n(now, n)
-                } else {
-                    fresh().check_n(now, n) // n = 0 or never admissible: a peek
-                };
-                prop_assert_eq!(M::answer(&got), want, "key {} cost {} at {}", k, n, now);
-            }
-        }
-        prop_assert!(l.len() <= 56);
-    }
-    Ok(())
+    keyed_models::compare(p, fresh, most, ops, fail_open, SEEDS).map_err(TestCaseError::fail)
 }
 
 fn nginx_quota(rate: u64, per_minute: bool, burst: u64, delay: Option<u64>) -> (NginxQuota, NginxModel) {

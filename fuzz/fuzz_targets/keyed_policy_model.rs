@@ -1,26 +1,25 @@
 //! Op sequences on the keyed policy tables (`Keyed<P, u64>`: nginx, fixed window, sliding
-//! window), compared with a `HashMap` of the exact models (`tests/common/`), as
-//! `tests/keyed_policy.rs` does: one shard of 64 slots whose window is the whole shard, so the
-//! table is full exactly when 56 tracked keys are not evictable (each model states the line).
-//! With `WhenFull::Deny` or `Allow`, every field of every decision must match. Time only moves
-//! forward.
+//! window), compared with a `HashMap` of the exact models by `tests/common/keyed_models.rs`, as
+//! `tests/keyed_policy.rs` does: with `WhenFull::Deny` or `Allow`, every field of every decision
+//! must match, and the table must refuse a key exactly when the models say it is full. Time only
+//! moves forward.
 
 #![no_main]
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tollgate::{
-    Clock, Decision, FixedWindow, Keyed, KeyedPolicy, ManualClock, NginxQuota, Outcome, SlidingWindow, WhenFull,
-};
+use tollgate::{FixedWindow, KeyedPolicy, NginxQuota, SlidingWindow};
 
 #[path = "../../tests/common/nginx_model.rs"]
 mod nginx_model;
 #[path = "../../tests/common/window_model.rs"]
 mod window_model;
+#[path = "../../tests/common/keyed_models.rs"]
+mod keyed_models;
 
+use keyed_models::{compare, RefModel};
 use nginx_model::NginxModel;
 use window_model::{FixedWindowModel, SlidingWindowModel};
 
@@ -47,99 +46,22 @@ struct Input {
     ops: Vec<Op>,
 }
 
-/// (outcome, remaining, wait, reset) in the model's units.
-type Ans = (Outcome, u64, u64, u64);
-
-fn nginx_answer(d: &Decision) -> Ans {
-    let wait = match d.outcome() {
-        Outcome::Denied => d.retry_after().unwrap(),
-        _ => d.delay(),
-    };
-    let ms = |t: Duration| u64::try_from(t.as_millis()).unwrap();
-    (d.outcome(), d.remaining(), ms(wait), ms(d.reset_after()))
-}
-
-trait RefModel {
-    fn check_n(&mut self, now_ns: u64, n: u64) -> Ans;
-    fn evictable(&self, now_ns: u64) -> bool;
-}
-
-impl RefModel for NginxModel {
-    fn check_n(&mut self, now_ns: u64, n: u64) -> Ans {
-        NginxModel::check_n(self, now_ns, n)
+impl Input {
+    /// The input's ops in the comparison's terms: 80 keys, costs up to `most + 1`.
+    fn ops(&self, most: u64) -> impl Iterator<Item = keyed_models::Op> + '_ {
+        self.ops.iter().map(move |op| match *op {
+            Op::Advance(ns) => keyed_models::Op::Advance(ns.into()),
+            Op::AdvanceMs(ms) => keyed_models::Op::Advance(u64::from(ms) * 1_000_000),
+            Op::Check(k, n) => keyed_models::Op::Check(u64::from(k % 80), u64::from(n) % (most + 2)),
+            Op::Peek(k, n) => keyed_models::Op::Peek(u64::from(k % 80), u64::from(n) % (most + 2)),
+            Op::Sweep => keyed_models::Op::Sweep,
+        })
     }
-    fn evictable(&self, now_ns: u64) -> bool {
-        NginxModel::evictable(self, now_ns)
-    }
-}
 
-impl RefModel for FixedWindowModel {
-    fn check_n(&mut self, now_ns: u64, n: u64) -> Ans {
-        FixedWindowModel::check_n(self, now_ns, n)
-    }
-    fn evictable(&self, now_ns: u64) -> bool {
-        FixedWindowModel::evictable(self, now_ns)
-    }
-}
-
-impl RefModel for SlidingWindowModel {
-    fn check_n(&mut self, now_ns: u64, n: u64) -> Ans {
-        SlidingWindowModel::check_n(self, now_ns, n)
-    }
-    fn evictable(&self, now_ns: u64) -> bool {
-        SlidingWindowModel::evictable(self, now_ns)
-    }
-}
-
-fn run<P: KeyedPolicy, M: RefModel + Clone>(
-    p: P,
-    fresh: impl Fn() -> M,
-    answer: fn(&Decision) -> Ans,
-    most: u64,
-    input: &Input,
-) {
-    let clock = ManualClock::new();
-    let when_full = if input.fail_open { WhenFull::Allow } else { WhenFull::Deny };
-    let l = Keyed::builder(p)
-        .capacity(56)
-        .shards(1)
-        .when_full(when_full)
-        .seeds(input.seeds)
-        .build_with_clock::<u64, _>(clock.clone())
-        .unwrap();
-    let mut models: HashMap<u64, M> = HashMap::new();
-    for op in &input.ops {
-        let now = clock.now().as_u64();
-        match *op {
-            Op::Advance(ns) => clock.advance(Duration::from_nanos(ns.into())),
-            Op::AdvanceMs(ms) => clock.advance(Duration::from_millis(ms.into())),
-            Op::Sweep => {
-                l.sweep();
-            }
-            Op::Peek(k, n) => {
-                let (k, n) = (u64::from(k % 80), u64::from(n) % (most + 2));
-                let want = models.get(&k).cloned().unwrap_or_else(&fresh).check_n(now, n);
-                assert_eq!(answer(&l.peek_n_at(&k, clock.now(), n)), want, "peek {k} {n} at {now}");
-            }
-            Op::Check(k, n) => {
-                let (k, n) = (u64::from(k % 80), u64::from(n) % (most + 2));
-                let got = l.check_n(&k, n);
-                models.retain(|_, m| !m.evictable(now));
-                let inserting = n >= 1 && n <= most && !models.contains_key(&k);
-                if inserting && models.len() >= 56 {
-                    let want = if input.fail_open { Outcome::Untracked } else { Outcome::TableFull };
-                    assert_eq!(got.outcome(), want);
-                    continue;
-                }
-                let want = if inserting || models.contains_key(&k) {
-                    models.entry(k).or_insert_with(&fresh).check_n(now, n)
-                } else {
-                    fresh().check_n(now, n)
-                };
-                assert_eq!(answer(&got), want, "key {k} cost {n} at {now}");
-            }
+    fn run<P: KeyedPolicy, M: RefModel>(&self, p: P, fresh: impl Fn() -> M, most: u64) {
+        if let Err(e) = compare(p, fresh, most, self.ops(most), self.fail_open, self.seeds) {
+            panic!("{e}");
         }
-        assert!(l.len() <= 56);
     }
 }
 
@@ -156,21 +78,21 @@ fuzz_target!(|input: Input| {
                 None => q.nodelay(),
             };
             let model = NginxModel::new(rate, if input.d { 60 } else { 1 }, burst, delay);
-            run(q, || model.clone(), nginx_answer, burst + 1, &input);
+            input.run(q, || model.clone(), burst + 1);
         }
         1 => {
             let limit = u64::from(input.a % 12) + 1;
             // At least 1 µs: the keyed lifetime (2^38 − 2 windows) then outlasts any input.
             let window = u64::from(input.window_ns).max(1_000);
             let p = FixedWindow::new(limit, Duration::from_nanos(window)).unwrap();
-            run(p, || FixedWindowModel::new(limit, window), window_model::answer, limit, &input);
+            input.run(p, || FixedWindowModel::new(limit, window), limit);
         }
         _ => {
             let limit = u64::from(input.a % 12) + 1;
             // At least 1 ms: the direct limiter's 100-year lifetime rule.
             let window = u64::from(input.window_ns).max(1_000_000);
             let p = SlidingWindow::new(limit, Duration::from_nanos(window)).unwrap();
-            run(p, || SlidingWindowModel::new(limit, window), window_model::answer, limit, &input);
+            input.run(p, || SlidingWindowModel::new(limit, window), limit);
         }
     }
 });
