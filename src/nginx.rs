@@ -176,7 +176,7 @@ impl NginxQuota {
     #[inline]
     fn passed(&self, excess: u64) -> Decision {
         #[expect(clippy::cast_possible_truncation, reason = "at most MAX_BURST requests")]
-        let remaining = ((self.burst - excess) / 1000) as u32;
+        let remaining = (self.burst.saturating_sub(excess) / 1000) as u32;
         if excess <= self.delay {
             Decision::from_nanos(Outcome::Allowed, remaining, Nanos::ZERO, self.drain_time(excess))
         } else {
@@ -244,6 +244,16 @@ impl crate::keyed::sealed::KeyedWords for NginxQuota {
         // `last ≤ now − drained` ⇔ word < pack(now − drained + 1, 0).
         let below = (now + 1).checked_sub(drained).map_or(0, |last| pack(last, 0));
         below.min(self.fresh(elapsed))
+    }
+
+    /// The mark itself if its excess is 0, else a node with excess 0 last seen a millisecond
+    /// after the mark's `last` (a mark's excess can be one milli-request above the burst).
+    fn above(&self, mark: u64) -> u64 {
+        if mark & EXCESS_MASK == 0 {
+            mark
+        } else {
+            pack(unpack_last(mark) + 1, 0)
+        }
     }
 
     /// nginx's step with the clock held at or after the word's `last`: a stored word then

@@ -227,7 +227,8 @@ impl SlidingWindow {
 /// `2^(62 − 2c) − 2`, so that every word keeps two bits free.
 impl crate::keyed::sealed::KeyedWords for SlidingWindow {
     fn keyed_lifetime(&self) -> Nanos {
-        let max_index = (1u64 << (62 - 2 * self.bits)) - 2;
+        // Two below the most a word with two bits free holds, so that `above` fits.
+        let max_index = (1u64 << (62 - 2 * self.bits)) - 4;
         Nanos::new(max_index.saturating_mul(self.window).min(MAX_ELAPSED + 1) - 1)
     }
 
@@ -249,6 +250,17 @@ impl crate::keyed::sealed::KeyedWords for SlidingWindow {
     fn evictable(&self, elapsed: Nanos) -> u64 {
         let i = self.per_window.div(elapsed.as_u64().min(MAX_ELAPSED));
         (i << (2 * self.bits)) | (1 << self.bits)
+    }
+
+    /// The mark itself if it is a window with nothing counted, else the next window's fresh
+    /// word.
+    fn above(&self, mark: u64) -> u64 {
+        let c2 = 2 * self.bits;
+        if mark & ((1 << c2) - 1) == 0 {
+            mark
+        } else {
+            ((mark >> c2) + 1) << c2
+        }
     }
 
     /// Stored words only grow: the index never moves back, and within a window only `curr`

@@ -73,7 +73,7 @@ impl Policy for FixedWindow {
             let count = word & COUNT_MASK;
             let until_end = self.window - delta;
             #[expect(clippy::cast_possible_truncation, reason = "at most the limit, below 2^24")]
-            let remaining = |c: u64| (self.limit - c) as u32;
+            let remaining = |c: u64| self.limit.saturating_sub(c) as u32;
             if count + n <= self.limit {
                 let d = Decision::from_nanos(
                     Outcome::Allowed,
@@ -101,7 +101,7 @@ impl Policy for FixedWindow {
         let reset = Nanos::new(if count == 0 { 0 } else { until_end });
         let remaining = |c: u64| {
             #[expect(clippy::cast_possible_truncation, reason = "at most the limit, below 2^24")]
-            let r = (self.limit - c) as u32;
+            let r = self.limit.saturating_sub(c) as u32;
             r
         };
         if n > self.limit {
@@ -138,8 +138,9 @@ impl Policy for FixedWindow {
     }
 }
 
-/// The largest stored index in a keyed table (`i + 1`), whose words keep two bits free.
-const KEYED_MAX_INDEX: u64 = (1 << (62 - COUNT_BITS)) - 2;
+/// The largest stored index a keyed clock reaches (`i + 1`): two below the most a word with two
+/// bits free can hold, so that a new key's word above a slot's high-water mark (`above`) fits.
+const KEYED_MAX_INDEX: u64 = (1 << (62 - COUNT_BITS)) - 4;
 
 /// Keyed words: see `keyed/policy.rs`.
 impl crate::keyed::sealed::KeyedWords for FixedWindow {
@@ -164,6 +165,16 @@ impl crate::keyed::sealed::KeyedWords for FixedWindow {
     #[inline]
     fn evictable(&self, elapsed: Nanos) -> u64 {
         self.fresh(elapsed)
+    }
+
+    /// The mark itself if it is a window with nothing counted, else the next window's fresh
+    /// word (a mark `index·2^24 + count + 1` is not a state when the count was the limit).
+    fn above(&self, mark: u64) -> u64 {
+        if mark & COUNT_MASK == 0 {
+            mark
+        } else {
+            ((mark >> COUNT_BITS) + 1) << COUNT_BITS
+        }
     }
 
     /// Stored words only grow: the index never moves back, and within a window only the count

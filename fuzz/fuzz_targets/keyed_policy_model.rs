@@ -82,7 +82,7 @@ fuzz_target!(|input: Input| {
         }
         1 => {
             let limit = u64::from(input.a % 12) + 1;
-            // At least 1 µs: the keyed lifetime (2^38 − 2 windows) then outlasts any input.
+            // At least 1 µs: the keyed lifetime (2^38 − 4 windows) then outlasts any input.
             let window = u64::from(input.window_ns).max(1_000);
             let p = FixedWindow::new(limit, Duration::from_nanos(window)).unwrap();
             input.run(p, || FixedWindowModel::new(limit, window), limit);

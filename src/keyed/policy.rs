@@ -21,8 +21,8 @@
 //!   `last` back, which the table cannot allow); keyed times must not run back anyway.
 //!
 //! Two bits of every word are the table's, so a keyed limiter's clock stops at
-//! [`Keyed::lifetime`], a quarter of the direct limiter's: 8.7 years for nginx; 2^38 − 2
-//! windows for the fixed window; `2^(62 − 2c) − 2` windows for the sliding window, where `c`
+//! [`Keyed::lifetime`], a quarter of the direct limiter's: 8.7 years for nginx; 2^38 − 4
+//! windows for the fixed window; `2^(62 − 2c) − 4` windows for the sliding window, where `c`
 //! is the bits of its limit (at least 25 years, as construction of the direct one demands 100).
 //! Past it, no window ends and nothing leaks: the limiter only denies.
 
@@ -51,6 +51,10 @@ pub(crate) mod sealed {
         fn fresh(&self, elapsed: Nanos) -> u64;
         /// Words strictly below this decide as `fresh(elapsed)` does, at `elapsed` and later.
         fn evictable(&self, elapsed: Nanos) -> u64;
+        /// The least word at or above `mark` (an evicted word + 1, at most one above a word the
+        /// policy stored) that is a state with nothing counted: a slot's next key starts there
+        /// when the mark is above its fresh word. Stays below 2^62 − 1.
+        fn above(&self, mark: u64) -> u64;
         /// [`Policy::decide`](crate::Policy::decide) on a keyed word: every stored word is
         /// greater than `word`.
         fn decide_keyed(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision);
@@ -86,6 +90,15 @@ impl<P: KeyedPolicy> Rule for PolicyNow<'_, P> {
         self.policy.evictable(self.elapsed)
     }
 
+    #[inline]
+    fn start(&self, first: u64, hwm: u64) -> u64 {
+        if hwm <= first {
+            first
+        } else {
+            self.policy.above(hwm)
+        }
+    }
+
     #[inline(always)]
     fn decide(&self, w: u64, n: u64) -> Result<(u64, Decision), Decision> {
         match self.policy.decide_keyed(w, self.elapsed, n) {
@@ -114,8 +127,10 @@ impl<P: KeyedPolicy> Rule for PolicyNow<'_, P> {
 }
 
 /// [`PolicyNow`] for a charge: also keeps the words its admission stored (the value it
-/// replaced and its own), for the receipt. The table calls `taken` once per admission it
-/// commits, last for the one it returns.
+/// replaced and its own), for the receipt. The table calls `taken` for the admission it
+/// returns, last (after its CAS, or, for a new key's first decision, just before the CAS that
+/// makes the slot live; if that CAS fails the key is decided again and `taken` called again,
+/// or the decision is a refusal, which gets no receipt).
 struct ChargeNow<'a, P> {
     rule: PolicyNow<'a, P>,
     stored: Cell<Option<(u64, u64)>>,
@@ -133,6 +148,11 @@ impl<P: KeyedPolicy> Rule for ChargeNow<'_, P> {
     #[inline]
     fn evictable(&self) -> u64 {
         self.rule.evictable()
+    }
+
+    #[inline]
+    fn start(&self, first: u64, hwm: u64) -> u64 {
+        self.rule.start(first, hwm)
     }
 
     #[inline]
@@ -191,6 +211,9 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Admit for KeyedPolicyLimit<'_, P
         let t = l.target(self.key.words(&l.fingerprint));
         let Some(([prior, stored, _], n)) = r.take(l.id, t.hash) else { return };
         let step = |w: u64| {
+            // After the word's Acquire load (in `Shard::refund`), as the bucket's refunds: the
+            // clamp below is then no earlier than the decisions the word reflects.
+            crate::sync::clock_after_loads();
             let elapsed = l.elapsed(l.clock.now());
             let next = l.policy.refund(w, prior, stored, elapsed, n)?;
             Some(next.max(l.policy.evictable(elapsed)))
@@ -389,9 +412,11 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
         self.check_n_at(key, now, 1)
     }
 
-    /// [`check_n`](Keyed::check_n) at a caller-supplied `now`. Times must not run ahead of
-    /// the ones later decisions use: a key evicted as fresh at a later time is fresh at an
-    /// earlier one too.
+    /// [`check_n`](Keyed::check_n) at a caller-supplied `now`. Times must not run back: a key
+    /// is evicted once its state is a fresh key's as of the latest time the table was given,
+    /// and a decision at an earlier time may then find it gone (a new key's state as of that
+    /// later time: never more permissive, as a stored window never moves back, but not what the
+    /// earlier time alone would give).
     #[inline]
     pub fn check_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
         let t = self.target(key.words(&self.fingerprint));

@@ -166,6 +166,16 @@ pub(crate) trait Rule {
     /// Words strictly below this are the same as a fresh key's.
     fn evictable(&self) -> u64;
 
+    /// A new key's first word in a slot whose high-water mark is `hwm`: `first` (from
+    /// [`fresh`](Rule::fresh)) or, when the mark is above it, the least word at or above the
+    /// mark that is a state the rule can hold. A mark is an evicted word + 1, so it can be above
+    /// a fresh word read from an earlier clock (a decision racing a sweep) and need not be a
+    /// state itself (a window's count one above its limit).
+    #[inline]
+    fn start(&self, first: u64, hwm: u64) -> u64 {
+        first.max(hwm)
+    }
+
     /// Decides `n` on the live word `w`: the word to store (greater than `w`) and what makes
     /// the decision once stored, or the final decision with nothing to store.
     fn decide(&self, w: u64, n: u64) -> Result<(u64, Self::Taken), Decision>;
@@ -376,13 +386,22 @@ impl<'a, W: Words> Shard<'a, W> {
         n: u64,
     ) -> Option<Decision> {
         // The home group first, without the header: a live slot holding the key is the key's
-        // only live slot (the header protocol), so deciding on it is always right. The key
-        // words of the group's slots are compared into a mask without branching, so that where the
-        // key sits costs no misprediction (and cache misses of consecutive decisions overlap).
-        // All the group's words are read first (Acquire), then all its keys, so that a key
-        // found equal was read after the word beside it (as `Slot::load_for` does) and the
-        // word is at hand without a second, dependent load.
-        let group = self.group(home);
+        // only live slot (the header protocol), so deciding on it is always right.
+        if let Some(d) = self.probe(home, words, now, n) {
+            return Some(d);
+        }
+        self.acquire_next(words, hash, home, now, n)
+    }
+
+    /// Decides on the key's live slot in group `g` (of its window), if it is there. The key
+    /// words of the group's slots are compared into a mask without branching, so that where the
+    /// key sits costs no misprediction (and cache misses of consecutive decisions overlap). All
+    /// the group's words are read first (Acquire), then all its keys, so that a key found equal
+    /// was read after the word beside it (as `Slot::load_for` does) and the word is at hand
+    /// without a second, dependent load.
+    #[inline(always)]
+    fn probe<R: Rule>(&self, g: usize, words: W, now: &R, n: u64) -> Option<Decision> {
+        let group = self.group(g);
         let mut ws = [0u64; GROUP];
         for (w, slot) in ws.iter_mut().zip(&group.slots) {
             *w = slot.word.load(Acquire);
@@ -397,6 +416,17 @@ impl<'a, W: Words> Shard<'a, W> {
                 return Some(d);
             }
             hits &= hits - 1;
+        }
+        None
+    }
+
+    /// The group after the home, still without the header (the prefetch brought its line with
+    /// the home's for one-word keys): where most keys that overflow their home sit. Then the
+    /// slow path.
+    #[inline(never)]
+    fn acquire_next<R: Rule>(&self, words: W, hash: u64, home: usize, now: &R, n: u64) -> Option<Decision> {
+        if let Some(d) = self.probe(home + 1, words, now, n) {
+            return Some(d);
         }
         self.acquire_slow(words, hash, home, now, n)
     }
@@ -446,8 +476,8 @@ impl<'a, W: Words> Shard<'a, W> {
                 }
             };
             let slot = self.slot(home, pos);
-            // The first stamp: never below the slot's high-water mark (stamps only grow).
-            let want = CLAIMED | first.max(claimed & VALUE);
+            // The first word: never below the slot's high-water mark (values only grow).
+            let want = CLAIMED | now.start(first, claimed & VALUE);
             if want != claimed {
                 // Still private (published by the header CAS below), but Release all the same: a
                 // helper holding a stale header may read this value, and must then see the version
@@ -714,9 +744,10 @@ impl<'a, W: Words> Shard<'a, W> {
                 return;
             }
             let Some(next) = step(w).filter(|&next| next < w) else { return };
-            // Success Relaxed, failure Acquire: as in `decide_on`. The key is checked again
-            // after a failure, which may show a new key's word. Checked by
-            // loom-tests/tests/admit.rs.
+            // Success Relaxed: the refund publishes nothing (its RMW continues the release
+            // sequence of the decision it replaces, and refunds of a shard are serialized by
+            // the flag). Failure Acquire, as in `decide_on`: the key is checked again after a
+            // failure, which may show a new key's word. Checked by loom-tests/tests/admit.rs.
             match slot.word.compare_exchange_weak(w, next, Relaxed, Acquire) {
                 Ok(_) => return,
                 Err(seen) => {
