@@ -297,7 +297,10 @@ fn lifetime_saturation() {
     assert_eq!(l.lifetime(), Nanos::new((1 << 38) - 5));
     let end = Nanos::new(u64::MAX);
     assert!(l.check_at(&1, end).is_allowed());
-    assert_eq!(l.check_at(&1, end).outcome(), Outcome::Denied);
+    let d = l.check_at(&1, end);
+    assert_eq!(d.outcome(), Outcome::Denied);
+    assert_eq!(d.retry_after_nanos(), Some(Nanos::MAX), "no wait helps once the clock has stopped");
+    assert_eq!(l.peek_n_at(&1, end, 1).retry_after_nanos(), Some(Nanos::MAX));
 
     let (q, _) = nginx_quota(1, false, 0, None);
     let n: KeyedNginx<u64, ManualClock> =

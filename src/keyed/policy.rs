@@ -24,7 +24,8 @@
 //! [`Keyed::lifetime`], a quarter of the direct limiter's: 8.7 years for nginx; 2^38 − 4
 //! windows for the fixed window; `2^(62 − 2c) − 4` windows for the sliding window, where `c`
 //! is the bits of its limit (at least 25 years, as construction of the direct one demands 100).
-//! Past it, no window ends and nothing leaks: the limiter only denies.
+//! Past it, no window ends and nothing leaks: the limiter only denies, with `retry_after` and
+//! `reset_after` at their largest (as the direct limiters past theirs).
 
 use core::borrow::Borrow;
 use core::cell::Cell;
@@ -431,9 +432,23 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
             return self.peek_target(t, elapsed, n);
         }
         match t.shard.acquire(t.words, t.hash, t.home, &self.rule(elapsed), n) {
+            Some(d) if d.outcome() == Outcome::Denied && elapsed == self.lifetime => Self::stopped(&d),
             Some(d) => d,
             None => self.refused(),
         }
+    }
+
+    /// A denial once the clock has stopped at the lifetime: no window ends and nothing leaks
+    /// any more, so no wait helps (the policy's own answer would be the wait to a window end
+    /// that never comes).
+    #[cold]
+    fn stopped(d: &Decision) -> Decision {
+        Decision::from_nanos(
+            Outcome::Denied,
+            u32::try_from(d.remaining()).unwrap_or(u32::MAX),
+            Nanos::MAX,
+            Nanos::MAX,
+        )
     }
 
     #[cold]
@@ -460,7 +475,11 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
 
     fn peek_target(&self, t: &Target<'_, K::Words>, elapsed: Nanos, n: u64) -> Decision {
         let word = t.shard.find(t.words, t.home).unwrap_or_else(|| self.policy.fresh(elapsed));
-        self.policy.decide_keyed(word, elapsed, n).1
+        let d = self.policy.decide_keyed(word, elapsed, n).1;
+        if d.outcome() == Outcome::Denied && elapsed == self.lifetime {
+            return Self::stopped(&d);
+        }
+        d
     }
 
     /// Decides a batch of `(key, cost)` requests with one clock read, as
