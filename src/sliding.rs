@@ -339,6 +339,16 @@ impl Policy for SlidingWindow {
             return (None, Decision::from_nanos(Outcome::Denied, left, retry, Nanos::new(reset)));
         }
         let i = self.per_window.div(e);
+        // Both counts aged out (the stored window is two or more before the clock's: a key idle
+        // that long, common in a keyed table), short of the lifetime's end: `n` fits whenever
+        // it is at most the limit.
+        if stored < i && i + 1 < self.max_index && n.wrapping_sub(1) < self.limit {
+            let delta = e - i * w;
+            #[expect(clippy::cast_possible_truncation, reason = "at most the limit, below 2^20")]
+            let left = (self.limit - n) as u32;
+            let d = Decision::from_nanos(Outcome::Allowed, left, Nanos::ZERO, Nanos::new(2 * w - delta));
+            return (Some(((i + 1) << (2 * c)) | (n << c)), d);
+        }
         self.decide_general(word, e, i, n)
     }
 
