@@ -39,7 +39,7 @@ use workloads::{key, ranks, Dist};
 struct Args {
     /// Timed milliseconds per cell and repetition (each after a quarter as much warm-up, and
     /// followed by half as much timing single calls).
-    #[arg(long, default_value_t = 25, value_name = "MS")]
+    #[arg(long, default_value_t = 20, value_name = "MS")]
     duration: u64,
     /// Repetitions of every cell; figures are medians over them.
     #[arg(long, default_value_t = 5)]
@@ -387,7 +387,7 @@ fn main() {
     bar.finish_and_clear();
     let mut memory = Vec::new();
     if !args.no_memory {
-        for (w, name) in [
+        let probes: Vec<(&str, &str)> = [
             ("1M-keys", "tollgate"),
             ("1M-keys", "tollgate-nginx"),
             ("1M-keys", "tollgate-sliding-log"),
@@ -398,15 +398,27 @@ fn main() {
             ("key-flood", "governor"),
             ("key-flood", "governor-ahash"),
             ("key-flood", "mutex"),
-        ] {
-            if selected(&args.filter, &format!("{w}/{name}"))
+        ]
+        .into_iter()
+        .filter(|(w, name)| {
+            selected(&args.filter, &format!("{w}/{name}"))
                 || selected(&args.filter, &format!("{w}/deny-heavy/{name}"))
-            {
-                eprintln!("memory: {w}/{name}");
-                if let Some(m) = run_probe(w, name, args.quick) {
-                    memory.push(m);
-                }
-            }
+        })
+        .collect();
+        // One child process per probe, as many at once as there are cores: each measures only
+        // its own resident set, and nothing is timed any more.
+        for chunk in probes.chunks(cores) {
+            let found: Vec<Option<Memory>> = std::thread::scope(|s| {
+                let handles: Vec<_> = chunk
+                    .iter()
+                    .map(|&(w, name)| {
+                        eprintln!("memory: {w}/{name}");
+                        s.spawn(move || run_probe(w, name, args.quick))
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().ok().flatten()).collect()
+            });
+            memory.extend(found.into_iter().flatten());
         }
     }
     machine.finish(cpu_start);
