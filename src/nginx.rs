@@ -256,6 +256,14 @@ impl crate::keyed::sealed::KeyedWords for NginxQuota {
         }
     }
 
+    /// At the earliest instant the start word (excess 0, `last`) is a fresh node's, `last + D`,
+    /// if the caller's clock is earlier: a new node's first request always passes, whatever
+    /// other key left the slot's mark.
+    fn decide_started(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
+        let now = keyed_ms(elapsed).max(unpack_last(word) + self.ceil_per_rate(1_000_000));
+        self.decide_ms(word, now.min(KEYED_MAX_MS).max(unpack_last(word)), n)
+    }
+
     /// nginx's step with the clock held at or after the word's `last`: a stored word then
     /// always grows (a later `last`, or the same `last` with 1,000·n more excess).
     #[inline(always)]

@@ -59,6 +59,12 @@ pub(crate) mod sealed {
         /// [`Policy::decide`](crate::Policy::decide) on a keyed word: every stored word is
         /// greater than `word`.
         fn decide_keyed(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision);
+        /// A new key's first decision on a start word `above` gave (above its fresh word): as a
+        /// new key's at the earliest instant the start word is a fresh key's, if that is later
+        /// than `elapsed` (it is never later than the clock of the thread that evicted).
+        fn decide_started(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
+            self.decide_keyed(word, elapsed, n)
+        }
     }
 }
 
@@ -102,12 +108,15 @@ impl<P: KeyedPolicy> Rule for PolicyNow<'_, P> {
 
     #[inline(always)]
     fn decide(&self, w: u64, n: u64) -> Result<(u64, Decision), Decision> {
-        match self.policy.decide_keyed(w, self.elapsed, n) {
-            (Some(next), d) => {
-                debug_assert!(next > w && next <= super::table::MAX_UNITS, "{w} → {next}");
-                Ok((next, d))
-            }
-            (None, d) => Err(d),
+        stored(w, self.policy.decide_keyed(w, self.elapsed, n))
+    }
+
+    #[inline]
+    fn decide_first(&self, first: u64, start: u64, n: u64) -> Result<(u64, Decision), Decision> {
+        if start == first {
+            self.decide(start, n)
+        } else {
+            stored(start, self.policy.decide_started(start, self.elapsed, n))
         }
     }
 
@@ -162,6 +171,11 @@ impl<P: KeyedPolicy> Rule for ChargeNow<'_, P> {
     }
 
     #[inline]
+    fn decide_first(&self, first: u64, start: u64, n: u64) -> Result<(u64, (Decision, u64, u64)), Decision> {
+        self.rule.decide_first(first, start, n).map(|(next, d)| (next, (d, start, next)))
+    }
+
+    #[inline]
     fn taken(&self, (d, prior, stored): (Decision, u64, u64)) -> Decision {
         self.stored.set(Some((prior, stored)));
         d
@@ -194,6 +208,9 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Admit for KeyedPolicyLimit<'_, P
         }
         let rule = ChargeNow { rule: l.rule(elapsed), stored: Cell::new(None) };
         let Some(d) = t.shard.acquire(t.words, t.hash, t.home, &rule, n) else { return (l.refused(), None) };
+        if d.outcome() == Outcome::Denied && elapsed == l.lifetime {
+            return (Keyed::<P, K, C>::stopped(&d), None);
+        }
         let receipt = match rule.stored.get() {
             Some((prior, stored)) if d.is_allowed() => {
                 Some(Receipt::new(l.id, t.hash, [prior, stored, 0], n))
@@ -231,6 +248,18 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Admit for KeyedPolicyLimit<'_, P
 impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> fmt::Debug for KeyedPolicyLimit<'_, P, K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedPolicyLimit").finish_non_exhaustive()
+    }
+}
+
+/// A policy's answer on `w` in the table's terms: the word to store, or the final decision.
+#[inline(always)]
+fn stored(w: u64, answer: (Option<u64>, Decision)) -> Result<(u64, Decision), Decision> {
+    match answer {
+        (Some(next), d) => {
+            debug_assert!(next > w && next <= super::table::MAX_UNITS, "{w} → {next}");
+            Ok((next, d))
+        }
+        (None, d) => Err(d),
     }
 }
 

@@ -180,6 +180,14 @@ pub(crate) trait Rule {
     /// the decision once stored, or the final decision with nothing to store.
     fn decide(&self, w: u64, n: u64) -> Result<(u64, Self::Taken), Decision>;
 
+    /// [`decide`](Rule::decide) for a new key's first decision, on its `start` word (from
+    /// [`start`](Rule::start); `first` is what [`fresh`](Rule::fresh) gave).
+    #[inline]
+    fn decide_first(&self, first: u64, start: u64, n: u64) -> Result<(u64, Self::Taken), Decision> {
+        let _ = first;
+        self.decide(start, n)
+    }
+
     /// The decision of an admission whose word was stored.
     fn taken(&self, t: Self::Taken) -> Decision;
 
@@ -459,6 +467,7 @@ impl<'a, W: Words> Shard<'a, W> {
             }
             // The key is absent as of `h`: claim room, or reuse our claim.
             let first = if R::GHOSTS { now.fresh().max(self.ghost_for(home, hash)) } else { now.fresh() };
+            let fresh = first;
             let (pos, claimed, counted) = match claim {
                 Some(c) => c,
                 None => {
@@ -496,7 +505,7 @@ impl<'a, W: Words> Shard<'a, W> {
                     self.c().inserts.fetch_add(1, Relaxed);
                     // Make the slot live with this decision already applied: one CAS for both.
                     let first = want & VALUE;
-                    let (live, decision) = match now.decide(first, n) {
+                    let (live, decision) = match now.decide_first(fresh, first, n) {
                         Ok((next, taken)) => (next, now.taken(taken)),
                         Err(denied) => (first, denied),
                     };
