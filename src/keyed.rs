@@ -187,6 +187,15 @@ pub(crate) fn table_slots(capacity: usize, shards: usize) -> Result<(usize, usiz
     Ok((slots.max(shards * WINDOW), shards))
 }
 
+/// Refuses [`WhenFull::EvictStalest`] for tables whose states a ghost cannot summarize (`what`
+/// names the table in the error).
+pub(crate) fn deny_or_allow(when_full: WhenFull, what: &'static str) -> Result<(), ConfigError> {
+    if when_full == WhenFull::EvictStalest {
+        return Err(ConfigError::OutOfRange { what, value: 2, max: 1 });
+    }
+    Ok(())
+}
+
 /// The number of shards asked for (a power of two up to 64), or 4 per available core.
 pub(crate) fn shard_count(asked: Option<usize>) -> Result<usize, ConfigError> {
     match asked {

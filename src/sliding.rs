@@ -298,58 +298,48 @@ impl Policy for SlidingWindow {
                 Decision::from_nanos(Outcome::Denied, 0, Nanos::new(reset - q), Nanos::new(reset)),
             );
         }
-        if delta < 2 * w && in_range {
-            let (now_index, curr, prev, delta) = if delta < w {
+        // The clock's window, its counts as this decision sees them, and δ: the stored window
+        // or the next (found above), or, both counts aged out (the stored window two or more
+        // before the clock's: a key idle that long, common in a keyed table), the clock's own.
+        let view = if delta < 2 * w && in_range {
+            Some(if delta < w {
                 (stored, (word >> c) & mask, word & mask, delta)
             } else {
                 (stored + 1, 0, (word >> c) & mask, delta - w)
-            };
-            if curr + n <= self.limit {
-                // prev·(W − δ) ≤ (N − curr − n)·W, and what is left is the difference over W.
-                if self.small {
-                    // One multiplication each side and one reciprocal, every term below 2^63.
-                    let (weighted, room) = (prev * (w - delta), (self.limit - curr - n) * w);
-                    if weighted <= room {
-                        #[expect(clippy::cast_possible_truncation, reason = "at most the limit, below 2^20")]
-                        let left = self.per_window.div(room - weighted) as u32;
-                        let d = Decision::from_nanos(
-                            Outcome::Allowed,
-                            left,
-                            Nanos::ZERO,
-                            Nanos::new(2 * w - delta),
-                        );
-                        return (Some((now_index << (2 * c)) | ((curr + n) << c) | prev), d);
-                    }
-                } else if self.fits(prev, curr, delta, n) {
-                    let left = self.remaining(prev, curr + n, delta);
-                    let d =
-                        Decision::from_nanos(Outcome::Allowed, left, Nanos::ZERO, Nanos::new(2 * w - delta));
-                    return (Some((now_index << (2 * c)) | ((curr + n) << c) | prev), d);
-                }
-            }
-            let reset = if curr > 0 {
-                2 * w - delta
-            } else if prev > 0 {
-                w - delta
+            })
+        } else {
+            let i = self.per_window.div(e);
+            (stored < i && i + 1 < self.max_index && n.wrapping_sub(1) < self.limit)
+                .then(|| (i + 1, 0, 0, e - i * w))
+        };
+        let Some((now_index, curr, prev, delta)) = view else {
+            return self.decide_general(word, e, self.per_window.div(e), n);
+        };
+        if curr + n <= self.limit {
+            // prev·(W − δ) ≤ (N − curr − n)·W, and what is left is the difference over W: with
+            // `small`, one multiplication each side and one reciprocal, every term below 2^63.
+            let left = if self.small {
+                let (weighted, room) = (prev * (w - delta), (self.limit - curr - n) * w);
+                #[expect(clippy::cast_possible_truncation, reason = "at most the limit, below 2^20")]
+                (weighted <= room).then(|| self.per_window.div(room - weighted) as u32)
             } else {
-                0
+                self.fits(prev, curr, delta, n).then(|| self.remaining(prev, curr + n, delta))
             };
-            let retry = Nanos::new(self.wait_for(prev, curr, delta, n));
-            let left = self.remaining(prev, curr, delta);
-            return (None, Decision::from_nanos(Outcome::Denied, left, retry, Nanos::new(reset)));
+            if let Some(left) = left {
+                let d = Decision::from_nanos(Outcome::Allowed, left, Nanos::ZERO, Nanos::new(2 * w - delta));
+                return (Some((now_index << (2 * c)) | ((curr + n) << c) | prev), d);
+            }
         }
-        let i = self.per_window.div(e);
-        // Both counts aged out (the stored window is two or more before the clock's: a key idle
-        // that long, common in a keyed table), short of the lifetime's end: `n` fits whenever
-        // it is at most the limit.
-        if stored < i && i + 1 < self.max_index && n.wrapping_sub(1) < self.limit {
-            let delta = e - i * w;
-            #[expect(clippy::cast_possible_truncation, reason = "at most the limit, below 2^20")]
-            let left = (self.limit - n) as u32;
-            let d = Decision::from_nanos(Outcome::Allowed, left, Nanos::ZERO, Nanos::new(2 * w - delta));
-            return (Some(((i + 1) << (2 * c)) | (n << c)), d);
-        }
-        self.decide_general(word, e, i, n)
+        let reset = if curr > 0 {
+            2 * w - delta
+        } else if prev > 0 {
+            w - delta
+        } else {
+            0
+        };
+        let retry = Nanos::new(self.wait_for(prev, curr, delta, n));
+        let left = self.remaining(prev, curr, delta);
+        (None, Decision::from_nanos(Outcome::Denied, left, retry, Nanos::new(reset)))
     }
 
     /// Exact: the units were counted in window `i`. While `i` is stored, its count drops by

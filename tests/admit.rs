@@ -48,37 +48,40 @@ enum Spec {
     KeyedPolicy(Box<Spec>),
 }
 
-/// A keyed limiter and the key this limit stands for.
-struct OneKey {
-    limiter: KeyedLimiter<u64, ManualClock>,
+/// A keyed table, as the tests drive it: one key as a limit, another key's plain decision.
+trait Table {
+    fn limit<'a>(&'a self, key: &'a u64) -> Box<dyn Admit + 'a>;
+    fn check(&self, key: u64);
+}
+
+impl Table for KeyedLimiter<u64, ManualClock> {
+    fn limit<'a>(&'a self, key: &'a u64) -> Box<dyn Admit + 'a> {
+        Box::new(KeyedLimiter::limit(self, key))
+    }
+    fn check(&self, key: u64) {
+        KeyedLimiter::check(self, &key);
+    }
+}
+
+impl<P: KeyedPolicy> Table for Keyed<P, u64, ManualClock> {
+    fn limit<'a>(&'a self, key: &'a u64) -> Box<dyn Admit + 'a> {
+        Box::new(Keyed::limit(self, key))
+    }
+    fn check(&self, key: u64) {
+        Keyed::check(self, &key);
+    }
+}
+
+/// A keyed table and the key this limit stands for, with another key's decision before each
+/// charge, so that the table is not this key's alone.
+struct OneKey<T: Table> {
+    limiter: T,
     key: u64,
 }
 
-impl Admit for OneKey {
+impl<T: Table> Admit for OneKey<T> {
     fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
-        // Another key's decision first, so that the table is not this key's alone.
-        self.limiter.check(&(self.key + 1));
-        self.limiter.limit(&self.key).charge(n)
-    }
-
-    fn refund(&self, r: Receipt) {
-        self.limiter.limit(&self.key).refund(r);
-    }
-
-    fn peek(&self, n: u64) -> Decision {
-        self.limiter.limit(&self.key).peek(n)
-    }
-}
-
-/// One key of a `Keyed<P, u64>`, with another key's decision before each charge.
-struct OnePolicyKey<P: KeyedPolicy> {
-    limiter: Keyed<P, u64, ManualClock>,
-    key: u64,
-}
-
-impl<P: KeyedPolicy> Admit for OnePolicyKey<P> {
-    fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
-        self.limiter.check(&(self.key + 1));
+        self.limiter.check(self.key + 1);
         self.limiter.limit(&self.key).charge(n)
     }
 
@@ -93,7 +96,7 @@ impl<P: KeyedPolicy> Admit for OnePolicyKey<P> {
 
 fn one_policy_key<P: KeyedPolicy + 'static>(p: P, clock: ManualClock) -> Box<dyn Admit> {
     let limiter = Keyed::builder(p).capacity(64).seeds([5; 8]).build_with_clock(clock).unwrap();
-    Box::new(OnePolicyKey { limiter, key: 42 })
+    Box::new(OneKey { limiter, key: 42 })
 }
 
 impl Spec {

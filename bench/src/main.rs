@@ -104,46 +104,31 @@ struct Workload {
     what: &'static str,
     kind: Kind,
     loads: &'static [Load],
-    subjects: &'static [&'static str],
+    subjects: Vec<&'static str>,
     /// The table's capacity (keys).
     capacity: usize,
 }
 
-const KEYED: &[&str] = &[
-    "floor",
-    "tollgate",
-    "tollgate-coarse",
-    "tollgate-batch",
-    "tollgate-nginx",
-    "tollgate-fixed-window",
-    "tollgate-sliding-window",
-    "tollgate-sliding-log",
-    "governor",
-    "governor-ahash",
-    "mutex",
-];
+/// tollgate's algorithms besides the token bucket, each in every workload the bucket runs.
+const ALGORITHMS: &[&str] =
+    &["tollgate-nginx", "tollgate-fixed-window", "tollgate-sliding-window", "tollgate-sliding-log"];
+/// The keyed peers.
+const KEYED_PEERS: &[&str] = &["governor", "governor-ahash", "mutex"];
 const BOTH: &[Load] = &[Load::Allow, Load::Deny];
 
 fn workloads(quick: bool) -> Vec<Workload> {
     let big = if quick { 1 << 16 } else { 1 << 20 };
     let churn = if quick { 1 << 12 } else { 1 << 16 };
+    let keyed =
+        [&["floor", "tollgate", "tollgate-coarse", "tollgate-batch"], ALGORITHMS, KEYED_PEERS].concat();
     vec![
         Workload {
             name: "direct",
             what: "one bucket (direct limiters); with several threads, all on that one bucket",
             kind: Kind::Direct,
             loads: BOTH,
-            subjects: &[
-                "floor",
-                "tollgate",
-                "tollgate-coarse",
-                "tollgate-nginx",
-                "tollgate-fixed-window",
-                "tollgate-sliding-window",
-                "tollgate-sliding-log",
-                "governor",
-                "mutex",
-            ],
+            subjects: [&["floor", "tollgate", "tollgate-coarse"], ALGORITHMS, &["governor", "mutex"]]
+                .concat(),
             capacity: 1,
         },
         Workload {
@@ -151,7 +136,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
             what: "a keyed limiter, one key shared by all threads (contention)",
             kind: Kind::Stream(Dist::One),
             loads: BOTH,
-            subjects: KEYED,
+            subjects: keyed.clone(),
             capacity: 1024,
         },
         Workload {
@@ -159,7 +144,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
             what: "1,000 keys, uniform; each thread on its own share",
             kind: Kind::Stream(Dist::Uniform(1000)),
             loads: BOTH,
-            subjects: KEYED,
+            subjects: keyed.clone(),
             capacity: 1000,
         },
         Workload {
@@ -167,7 +152,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
             what: "2^20 keys, uniform; each thread on its own share",
             kind: Kind::Stream(Dist::Uniform(big)),
             loads: BOTH,
-            subjects: KEYED,
+            subjects: keyed.clone(),
             capacity: big as usize,
         },
         Workload {
@@ -175,7 +160,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
             what: "2^20 keys, Zipf(1.0); each thread on its own share",
             kind: Kind::Stream(Dist::Zipf(big)),
             loads: &[Load::Allow],
-            subjects: KEYED,
+            subjects: keyed.clone(),
             capacity: big as usize,
         },
         Workload {
@@ -184,16 +169,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
                 "every decision on a new key; tollgate's table at capacity (2^16), evicting refilled buckets",
             kind: Kind::Fresh,
             loads: &[Load::Refill],
-            subjects: &[
-                "tollgate",
-                "tollgate-nginx",
-                "tollgate-fixed-window",
-                "tollgate-sliding-window",
-                "tollgate-sliding-log",
-                "governor",
-                "governor-ahash",
-                "mutex",
-            ],
+            subjects: [&["tollgate"], ALGORITHMS, KEYED_PEERS].concat(),
             capacity: churn,
         },
         Workload {
@@ -201,17 +177,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
             what: "every decision on a new key that never refills (a spray); tollgate's table full (2^16)",
             kind: Kind::Fresh,
             loads: &[Load::Deny],
-            subjects: &[
-                "tollgate",
-                "tollgate-evict",
-                "tollgate-nginx",
-                "tollgate-fixed-window",
-                "tollgate-sliding-window",
-                "tollgate-sliding-log",
-                "governor",
-                "governor-ahash",
-                "mutex",
-            ],
+            subjects: [&["tollgate", "tollgate-evict"], ALGORITHMS, KEYED_PEERS].concat(),
             capacity: churn,
         },
     ]

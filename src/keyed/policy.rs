@@ -34,7 +34,9 @@ use core::marker::PhantomData;
 
 use super::key::{Key, Words};
 use super::table::{Rule, Table};
-use super::{hashers, prefetch, shard_count, stats_of, table_slots, KeyedStats, Target, WhenFull};
+use super::{
+    deny_or_allow, hashers, prefetch, shard_count, stats_of, table_slots, KeyedStats, Target, WhenFull,
+};
 use crate::admit::{Admit, Receipt};
 use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome, Policy};
 
@@ -203,14 +205,8 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Admit for KeyedPolicyLimit<'_, P
         let t = l.target(self.key.words(&l.fingerprint));
         prefetch(t.shard.home_ptr(t.home));
         let elapsed = l.elapsed(l.clock.now());
-        if n.wrapping_sub(1) >= l.policy.most_at_once() {
-            return (l.peek_target(&t, elapsed, n), None);
-        }
         let rule = ChargeNow { rule: l.rule(elapsed), stored: Cell::new(None) };
-        let Some(d) = t.shard.acquire(t.words, t.hash, t.home, &rule, n) else { return (l.refused(), None) };
-        if d.outcome() == Outcome::Denied && elapsed == l.lifetime {
-            return (Keyed::<P, K, C>::stopped(&d), None);
-        }
+        let d = l.decide_with(&t, elapsed, n, &rule);
         let receipt = match rule.stored.get() {
             Some((prior, stored)) if d.is_allowed() => {
                 Some(Receipt::new(l.id, t.hash, [prior, stored, 0], n))
@@ -311,13 +307,7 @@ impl<P: KeyedPolicy> KeyedPolicyBuilder<P> {
         self,
         clock: C,
     ) -> Result<Keyed<P, K, C>, ConfigError> {
-        if self.when_full == WhenFull::EvictStalest {
-            return Err(ConfigError::OutOfRange {
-                what: "keyed policy table-full policy (Deny or Allow)",
-                value: 2,
-                max: 1,
-            });
-        }
+        deny_or_allow(self.when_full, "keyed policy table-full policy (Deny or Allow)")?;
         let (slots, shards) = table_slots(self.capacity, shard_count(self.shards)?)?;
         let (place, fingerprint) = hashers(self.seeds);
         let origin = clock.now();
@@ -455,15 +445,31 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
 
     #[inline(always)]
     fn decide(&self, t: &Target<'_, K::Words>, elapsed: Nanos, n: u64) -> Decision {
+        self.decide_with(t, elapsed, n, &self.rule(elapsed))
+    }
+
+    /// A decision through `rule` ([`PolicyNow`], or [`ChargeNow`] for a charge).
+    #[inline(always)]
+    fn decide_with<R: Rule>(&self, t: &Target<'_, K::Words>, elapsed: Nanos, n: u64, rule: &R) -> Decision {
         // `n = 0` reports and an `n` the policy can never admit is refused: neither inserts
         // the key.
         if n.wrapping_sub(1) >= self.policy.most_at_once() {
             return self.peek_target(t, elapsed, n);
         }
-        match t.shard.acquire(t.words, t.hash, t.home, &self.rule(elapsed), n) {
-            Some(d) if d.outcome() == Outcome::Denied && elapsed == self.lifetime => Self::stopped(&d),
-            Some(d) => d,
+        match t.shard.acquire(t.words, t.hash, t.home, rule, n) {
+            Some(d) => self.past_lifetime(d, elapsed),
             None => self.refused(),
+        }
+    }
+
+    /// `d`, or, for a denial once the clock has stopped at the lifetime, the same denial with
+    /// no wait that helps.
+    #[inline(always)]
+    fn past_lifetime(&self, d: Decision, elapsed: Nanos) -> Decision {
+        if d.outcome() == Outcome::Denied && elapsed == self.lifetime {
+            Self::stopped(&d)
+        } else {
+            d
         }
     }
 
@@ -504,11 +510,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
 
     fn peek_target(&self, t: &Target<'_, K::Words>, elapsed: Nanos, n: u64) -> Decision {
         let word = t.shard.find(t.words, t.home).unwrap_or_else(|| self.policy.fresh(elapsed));
-        let d = self.policy.decide_keyed(word, elapsed, n).1;
-        if d.outcome() == Outcome::Denied && elapsed == self.lifetime {
-            return Self::stopped(&d);
-        }
-        d
+        self.past_lifetime(self.policy.decide_keyed(word, elapsed, n).1, elapsed)
     }
 
     /// Decides a batch of `(key, cost)` requests with one clock read, as

@@ -466,8 +466,8 @@ impl<'a, W: Words> Shard<'a, W> {
                 continue;
             }
             // The key is absent as of `h`: claim room, or reuse our claim.
-            let first = if R::GHOSTS { now.fresh().max(self.ghost_for(home, hash)) } else { now.fresh() };
-            let fresh = first;
+            // A new key's first word as of this decision: fresh, or its ghost's if later.
+            let fresh = if R::GHOSTS { now.fresh().max(self.ghost_for(home, hash)) } else { now.fresh() };
             let (pos, claimed, counted) = match claim {
                 Some(c) => c,
                 None => {
@@ -486,7 +486,7 @@ impl<'a, W: Words> Shard<'a, W> {
             };
             let slot = self.slot(home, pos);
             // The first word: never below the slot's high-water mark (values only grow).
-            let want = CLAIMED | now.start(first, claimed & VALUE);
+            let want = CLAIMED | now.start(fresh, claimed & VALUE);
             if want != claimed {
                 // Still private (published by the header CAS below), but Release all the same: a
                 // helper holding a stale header may read this value, and must then see the version

@@ -71,13 +71,7 @@ impl KeyedSlidingLogBuilder {
         self,
         clock: C,
     ) -> Result<KeyedSlidingLog<K, C>, ConfigError> {
-        if self.when_full == WhenFull::EvictStalest {
-            return Err(ConfigError::OutOfRange {
-                what: "sliding-log table-full policy (Deny or Allow)",
-                value: 2,
-                max: 1,
-            });
-        }
+        crate::keyed::deny_or_allow(self.when_full, "sliding-log table-full policy (Deny or Allow)")?;
         // Slots are `capacity·8/7` rounded up to a power of two (at least 32); their logs must
         // total at most 2^34 entries.
         let most_slots = 1u64 << (63 - (MAX_ENTRIES / self.log.limit).leading_zeros());
