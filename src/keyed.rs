@@ -501,37 +501,45 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     fn decide(&self, t: &Target<'_, K::Words>, tier: usize, base: u64, n: u64) -> Decision {
         match self.params.tiers.built(tier) {
             Some(q) => self.decide_in(q, t, base, n),
-            None => self.decide_changed(t, tier, base, n),
+            None => self.decide_changed(t.words, t.hash, tier, base, n),
         }
     }
+
+    // The functions out of line below take the key's words and hash and locate it again,
+    // rather than take the target by reference: a reference would make the common path store
+    // the whole target to memory on every decision for the rare one that calls them.
 
     /// [`decide`](KeyedLimiter::decide) once a tier has been changed: out of line, so that the
     /// common path stays one straight function.
     #[inline(never)]
-    fn decide_changed(&self, t: &Target<'_, K::Words>, tier: usize, base: u64, n: u64) -> Decision {
-        self.decide_in(&self.params.tiers.get(tier), t, base, n)
+    fn decide_changed(&self, words: K::Words, hash: u64, tier: usize, base: u64, n: u64) -> Decision {
+        self.decide_in(&self.params.tiers.get(tier), &self.locate(words, hash), base, n)
     }
 
     #[inline(always)]
     fn decide_in(&self, q: &Quota, t: &Target<'_, K::Words>, base: u64, n: u64) -> Decision {
         let at = Self::at(q, base);
         if n.wrapping_sub(1) >= q.burst() {
-            return self.peek_words(q, t, at, n);
+            return self.peek_located(q, t.words, t.hash, at, n);
         }
         let now = Now { p: &self.params, q, at };
-        match t.shard.acquire(t.words, t.hash, t.home, &now, n) {
+        match t.shard.probe_home(t.words, t.home, &now, n) {
             Some(d) => d,
-            None => self.refused(),
+            None => self.decide_beyond_home(q, t.words, t.hash, base, n),
         }
     }
 
+    /// [`decide_in`](KeyedLimiter::decide_in) for a key not live in its home group.
+    #[inline(never)]
+    fn decide_beyond_home(&self, q: &Quota, words: K::Words, hash: u64, base: u64, n: u64) -> Decision {
+        let t = self.locate(words, hash);
+        t.shard.acquire_next(words, hash, t.home, &Now { p: &self.params, q, at: Self::at(q, base) }, n)
+    }
+
+    /// [`peek_words`](KeyedLimiter::peek_words): `n = 0`, or an `n` above the burst.
     #[cold]
-    fn refused(&self) -> Decision {
-        let outcome = match self.params.when_full {
-            WhenFull::Allow => Outcome::Untracked,
-            WhenFull::Deny | WhenFull::EvictStalest => Outcome::TableFull,
-        };
-        Decision::from_nanos(outcome, 0, Nanos::ZERO, Nanos::ZERO)
+    fn peek_located(&self, q: &Quota, words: K::Words, hash: u64, at: At, n: u64) -> Decision {
+        self.peek_words(q, &self.locate(words, hash), at, n)
     }
 
     /// What [`check`](KeyedLimiter::check) would answer now, without taking anything or

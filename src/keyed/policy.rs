@@ -456,10 +456,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
         if n.wrapping_sub(1) >= self.policy.most_at_once() {
             return self.peek_target(t, elapsed, n);
         }
-        match t.shard.acquire(t.words, t.hash, t.home, rule, n) {
-            Some(d) => self.past_lifetime(d, elapsed),
-            None => self.refused(),
-        }
+        self.past_lifetime(t.shard.acquire(t.words, t.hash, t.home, rule, n), elapsed)
     }
 
     /// `d`, or, for a denial once the clock has stopped at the lifetime, the same denial with
@@ -484,15 +481,6 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
             Nanos::MAX,
             Nanos::MAX,
         )
-    }
-
-    #[cold]
-    fn refused(&self) -> Decision {
-        let outcome = match self.when_full {
-            WhenFull::Allow => Outcome::Untracked,
-            WhenFull::Deny | WhenFull::EvictStalest => Outcome::TableFull,
-        };
-        Decision::from_nanos(outcome, 0, Nanos::ZERO, Nanos::ZERO)
     }
 
     /// What [`check`](Keyed::check) would answer now, without counting anything or inserting

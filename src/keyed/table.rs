@@ -66,7 +66,7 @@ use crate::sync::{
     fence, AtomicU64,
     Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
-use crate::Quota;
+use crate::{Nanos, Outcome, Quota};
 
 /// Slots per group.
 #[cfg(not(tollgate_loom))]
@@ -383,22 +383,26 @@ impl<'a, W: Words> Shard<'a, W> {
     }
 
     /// Takes `n` tokens (`1 ≤ n ≤ burst`) from the key's bucket, inserting the key if it is not
-    /// tracked. `None` when the key is new and there is no room for it.
+    /// tracked; the rule's [`WhenFull`] answer when the key is new and there is no room for it.
+    ///
+    /// A `Decision`, not an `Option`: the home group's decision is built in registers and
+    /// returned as it is, and only the out-of-line path writes one through memory. (With one
+    /// `Option` for both, the inline decision went to the slot the call writes, and was read
+    /// back with wider loads than its stores: a failed store forward on every decision.)
     #[inline(always)]
-    pub(crate) fn acquire<R: Rule>(
-        &self,
-        words: W,
-        hash: u64,
-        home: usize,
-        now: &R,
-        n: u64,
-    ) -> Option<Decision> {
+    pub(crate) fn acquire<R: Rule>(&self, words: W, hash: u64, home: usize, now: &R, n: u64) -> Decision {
         // The home group first, without the header: a live slot holding the key is the key's
         // only live slot (the header protocol), so deciding on it is always right.
-        if let Some(d) = self.probe(home, words, now, n) {
-            return Some(d);
+        if let Some(d) = self.probe_home(words, home, now, n) {
+            return d;
         }
         self.acquire_next(words, hash, home, now, n)
+    }
+
+    /// The common case of [`acquire`](Shard::acquire): the key live in its home group.
+    #[inline(always)]
+    pub(crate) fn probe_home<R: Rule>(&self, words: W, home: usize, now: &R, n: u64) -> Option<Decision> {
+        self.probe(home, words, now, n)
     }
 
     /// Decides on the key's live slot in group `g` (of its window), if it is there. The key
@@ -410,10 +414,7 @@ impl<'a, W: Words> Shard<'a, W> {
     #[inline(always)]
     fn probe<R: Rule>(&self, g: usize, words: W, now: &R, n: u64) -> Option<Decision> {
         let group = self.group(g);
-        let mut ws = [0u64; GROUP];
-        for (w, slot) in ws.iter_mut().zip(&group.slots) {
-            *w = slot.word.load(Acquire);
-        }
+        let ws: [u64; GROUP] = core::array::from_fn(|i| group.slots[i].word.load(Acquire));
         let mut hits = 0u32;
         for (pos, slot) in group.slots.iter().enumerate() {
             hits |= u32::from(W::load(&slot.key, Relaxed) == words) << pos;
@@ -430,13 +431,20 @@ impl<'a, W: Words> Shard<'a, W> {
 
     /// The group after the home, still without the header (the prefetch brought its line with
     /// the home's for one-word keys): where most keys that overflow their home sit. Then the
-    /// slow path.
+    /// slow path, and the refusal of a full table.
     #[inline(never)]
-    fn acquire_next<R: Rule>(&self, words: W, hash: u64, home: usize, now: &R, n: u64) -> Option<Decision> {
+    pub(crate) fn acquire_next<R: Rule>(
+        &self,
+        words: W,
+        hash: u64,
+        home: usize,
+        now: &R,
+        n: u64,
+    ) -> Decision {
         if let Some(d) = self.probe(home + 1, words, now, n) {
-            return Some(d);
+            return d;
         }
-        self.acquire_slow(words, hash, home, now, n)
+        self.acquire_slow(words, hash, home, now, n).unwrap_or_else(|| refusal(now.when_full()))
     }
 
     #[inline(never)]
@@ -808,6 +816,17 @@ impl<'a, W: Words> Shard<'a, W> {
             stats.total_probe += distance as u64;
         }
     }
+}
+
+/// A new key's decision when the table has no room for it: [`Outcome::Untracked`] when the
+/// table fails open, [`Outcome::TableFull`] otherwise.
+#[cold]
+pub(crate) fn refusal(when_full: WhenFull) -> Decision {
+    let outcome = match when_full {
+        WhenFull::Allow => Outcome::Untracked,
+        WhenFull::Deny | WhenFull::EvictStalest => Outcome::TableFull,
+    };
+    Decision::from_nanos(outcome, 0, Nanos::ZERO, Nanos::ZERO)
 }
 
 /// Decides on the key's live word `w` (read with Acquire, the key checked after), retrying the
