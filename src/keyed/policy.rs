@@ -407,7 +407,12 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
 
     #[inline]
     fn target(&self, words: K::Words) -> Target<'_, K::Words> {
-        Target::new(&self.table, words, words.hash_with(&self.hasher))
+        self.locate(words, words.hash_with(&self.hasher))
+    }
+
+    #[inline]
+    fn locate(&self, words: K::Words, hash: u64) -> Target<'_, K::Words> {
+        Target::new(&self.table, words, hash)
     }
 
     /// One unit for `key` now.
@@ -443,12 +448,34 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
         self.decide(&t, self.elapsed(now), n)
     }
 
+    /// [`decide_with`](Keyed::decide_with) the policy's own rule, with the common case (the
+    /// key live in its home group) inline and the rest out of line. The out-of-line paths take
+    /// the key's words and hash, not the target or the rule by reference, which would make
+    /// every decision store them to memory (as `KeyedLimiter::decide_in`).
     #[inline(always)]
     fn decide(&self, t: &Target<'_, K::Words>, elapsed: Nanos, n: u64) -> Decision {
-        self.decide_with(t, elapsed, n, &self.rule(elapsed))
+        if n.wrapping_sub(1) >= self.policy.most_at_once() {
+            return self.peek_located(t.words, t.hash, elapsed, n);
+        }
+        let d = match t.shard.probe_home(t.words, t.home, &self.rule(elapsed), n) {
+            Some(d) => d,
+            None => self.decide_beyond_home(t.words, t.hash, elapsed, n),
+        };
+        self.past_lifetime(d, elapsed)
     }
 
-    /// A decision through `rule` ([`PolicyNow`], or [`ChargeNow`] for a charge).
+    #[inline(never)]
+    fn decide_beyond_home(&self, words: K::Words, hash: u64, elapsed: Nanos, n: u64) -> Decision {
+        let t = self.locate(words, hash);
+        t.shard.acquire_next(words, hash, t.home, &self.rule(elapsed), n)
+    }
+
+    #[cold]
+    fn peek_located(&self, words: K::Words, hash: u64, elapsed: Nanos, n: u64) -> Decision {
+        self.peek_target(&self.locate(words, hash), elapsed, n)
+    }
+
+    /// A decision through `rule` ([`ChargeNow`]: a charge, which records what it stored).
     #[inline(always)]
     fn decide_with<R: Rule>(&self, t: &Target<'_, K::Words>, elapsed: Nanos, n: u64, rule: &R) -> Decision {
         // `n = 0` reports and an `n` the policy can never admit is refused: neither inserts

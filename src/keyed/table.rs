@@ -831,7 +831,7 @@ pub(crate) fn refusal(when_full: WhenFull) -> Decision {
 
 /// Decides on the key's live word `w` (read with Acquire, the key checked after), retrying the
 /// CAS while the slot still holds the key. `None` if the key left the slot.
-#[inline]
+#[inline(always)]
 fn decide_on<W: Words, R: Rule>(slot: &Slot<W>, mut w: u64, words: W, now: &R, n: u64) -> Option<Decision> {
     loop {
         if w & STATE != LIVE {
