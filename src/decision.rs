@@ -1,30 +1,30 @@
 //! What a limiter answers: a small `Copy` decision. A denial is an outcome, not an error.
 
 use core::fmt;
+use core::num::NonZeroU64;
 use core::time::Duration;
 
 use crate::{Nanos, Quota};
 
 /// Whether a request conforms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
 pub enum Outcome {
     /// Admitted; its tokens were taken (or, for a peek, would be).
-    Allowed = 0,
+    Allowed,
     /// Not now: retrying after [`Decision::retry_after`] would be allowed, if nothing else takes
     /// the tokens first. Nothing was taken.
-    Denied = 1,
+    Denied,
     /// Never: the cost exceeds the burst, so no amount of waiting helps. Nothing was taken.
-    Insufficient = 2,
+    Insufficient,
     /// Admitted, to be served after [`Decision::delay`]: nginx's `DELAYED` (a leaky bucket
     /// that queues a burst instead of serving it at once). Token buckets never delay.
-    Delayed = 3,
+    Delayed,
     /// Denied because the key is new and a keyed limiter's table has no room for it (the
     /// [`WhenFull::Deny`](crate::WhenFull::Deny) policy). No wait can be computed.
-    TableFull = 4,
+    TableFull,
     /// Admitted without being counted: the key is new and the table has no room for it (the
     /// fail-open [`WhenFull::Allow`](crate::WhenFull::Allow) policy).
-    Untracked = 5,
+    Untracked,
 }
 
 /// The outcome of a decision, with what a caller needs for headers and back-off.
@@ -39,17 +39,20 @@ pub struct Decision {
     /// (≤ burst ≤ u32::MAX), packed into one word (`META_*`): built in a register and stored
     /// with one instruction. Three narrow fields were three narrow stores, which a caller that
     /// copies the decision (any `black_box`, any return through memory) reads back as one wide
-    /// load: a failed store forward, a stall of a dozen cycles on every decision.
-    meta: u64,
+    /// load: a failed store forward, a stall of a dozen cycles on every decision. Never zero
+    /// (bit `META_SET`), so that `Option<Decision>` stays 24 bytes.
+    meta: NonZeroU64,
     /// Credit still missing (Denied) or the delay (Delayed), in units; zero otherwise.
     missing: u64,
     /// Units until the bucket is full.
     until_full: u64,
 }
 
-/// `Decision::meta`: bits 0–31 the whole tokens left, 32–39 the quota's `m`, 40–47 the outcome.
+/// `Decision::meta`: bits 0–31 the whole tokens left, 32–39 the quota's `m`, 40–47 the outcome,
+/// and bit 48 always set.
 const META_M: u32 = 32;
 const META_OUTCOME: u32 = 40;
+const META_SET: u32 = 48;
 
 impl Decision {
     /// A decision: `left` units of credit remain, `missing` more were needed (zero when allowed),
@@ -64,8 +67,22 @@ impl Decision {
 
     #[inline(always)]
     const fn packed(outcome: Outcome, m: u64, remaining: u32, missing: u64, until_full: u64) -> Decision {
-        // `m ≤ 64` fits its byte; the outcome is a `u8` discriminant.
-        let meta = remaining as u64 | (m & 0xff) << META_M | (outcome as u64) << META_OUTCOME;
+        debug_assert!(m <= 64, "a quota's m is at most 64");
+        // Every variant by name: a new one cannot be added without a code here and in `outcome`.
+        let code: u64 = match outcome {
+            Outcome::Allowed => 0,
+            Outcome::Denied => 1,
+            Outcome::Insufficient => 2,
+            Outcome::Delayed => 3,
+            Outcome::TableFull => 4,
+            Outcome::Untracked => 5,
+        };
+        let meta = remaining as u64 | (m & 0xff) << META_M | code << META_OUTCOME | 1 << META_SET;
+        // Bit META_SET makes the word nonzero: the `None` arm is never taken (and compiled out).
+        let meta = match NonZeroU64::new(meta) {
+            Some(meta) => meta,
+            None => NonZeroU64::MIN,
+        };
         Decision { meta, missing, until_full }
     }
 
@@ -116,14 +133,14 @@ impl Decision {
     #[inline]
     const fn units_per_nano(&self) -> u8 {
         #[expect(clippy::cast_possible_truncation, reason = "the byte at META_M")]
-        let m = (self.meta >> META_M) as u8;
+        let m = (self.meta.get() >> META_M) as u8;
         m
     }
 
     #[inline]
     const fn remaining_u32(&self) -> u32 {
         #[expect(clippy::cast_possible_truncation, reason = "the low half of `meta`")]
-        let r = self.meta as u32;
+        let r = self.meta.get() as u32;
         r
     }
 
@@ -146,8 +163,8 @@ impl Decision {
     /// Allowed, denied for now, or never.
     #[inline]
     pub const fn outcome(&self) -> Outcome {
-        // The byte `packed` wrote: one of the discriminants below.
-        match (self.meta >> META_OUTCOME) & 0xff {
+        // The code `packed` wrote: one of these six.
+        match (self.meta.get() >> META_OUTCOME) & 0xff {
             0 => Outcome::Allowed,
             1 => Outcome::Denied,
             2 => Outcome::Insufficient,
@@ -213,6 +230,7 @@ mod tests {
     #[test]
     fn a_decision_is_24_bytes() {
         assert_eq!(core::mem::size_of::<Decision>(), 24);
+        assert_eq!(core::mem::size_of::<Option<Decision>>(), 24);
     }
 
     #[test]
@@ -225,6 +243,12 @@ mod tests {
                 assert_eq!((d.outcome(), d.remaining()), (o, u64::from(r)));
                 assert_eq!(d.reset_after_nanos(), Nanos::new(u64::MAX));
                 assert_eq!(d.retry_after_nanos().is_some(), !matches!(o, Insufficient | TableFull));
+                let at_64 = Decision::packed(o, 64, r, 640, 6400);
+                assert_eq!(
+                    (at_64.outcome(), at_64.remaining(), at_64.units_per_nano()),
+                    (o, u64::from(r), 64)
+                );
+                assert_eq!(at_64.reset_after_nanos(), Nanos::new(100));
                 let debug = format!("{d:?}");
                 assert!(
                     debug.contains(&format!("outcome: {o:?}")) && debug.contains(&format!("remaining: {r}"))

@@ -143,9 +143,11 @@ impl SlidingWindow {
     }
 
     /// Every other case: an older window, a clock behind the stored window, the lifetime's end,
-    /// `n = 0` or `n > limit`. Out of line: rare, and it would crowd the common path's registers.
-    #[cold]
-    #[inline(never)]
+    /// `n = 0` or `n > limit`. Inline, though rare: out of line, its result came back through
+    /// memory, and every decision, whatever its path, then went through that memory too (the
+    /// paths' results merged there), read back with wider loads than its stores (a failed store
+    /// forward): the full window's denial took 1.47× the bucket's, 0.98× inline.
+    #[inline(always)]
     fn decide_general(&self, word: u64, e: u64, i: u64, n: u64) -> (Option<u64>, Decision) {
         let (c, mask) = (self.bits, self.mask);
         let now_index = (i + 1).min(self.max_index);

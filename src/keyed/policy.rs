@@ -448,13 +448,14 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
         self.decide(&t, self.elapsed(now), n)
     }
 
-    /// [`decide_with`](Keyed::decide_with) the policy's own rule, with the common case (the
-    /// key live in its home group) inline and the rest out of line. The out-of-line paths take
-    /// the key's words and hash, not the target or the rule by reference, which would make
-    /// every decision store them to memory (as `KeyedLimiter::decide_in`).
+    /// A decision under the policy's own rule: what [`decide_with`](Keyed::decide_with) does
+    /// for a charge, with the common case (the key live in its home group) inline and the rest
+    /// out of line. The out-of-line paths take the key's words and hash, not the target or the
+    /// rule by reference, which would make every decision store them to memory (as
+    /// `KeyedLimiter::decide_in`).
     #[inline(always)]
     fn decide(&self, t: &Target<'_, K::Words>, elapsed: Nanos, n: u64) -> Decision {
-        if n.wrapping_sub(1) >= self.policy.most_at_once() {
+        if self.beyond_reach(n) {
             return self.peek_located(t.words, t.hash, elapsed, n);
         }
         let d = match t.shard.probe_home(t.words, t.home, &self.rule(elapsed), n) {
@@ -462,6 +463,13 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
             None => self.decide_beyond_home(t.words, t.hash, elapsed, n),
         };
         self.past_lifetime(d, elapsed)
+    }
+
+    /// `n = 0` reports and an `n` the policy can never admit is refused: neither inserts the
+    /// key (both are peeks).
+    #[inline(always)]
+    fn beyond_reach(&self, n: u64) -> bool {
+        n.wrapping_sub(1) >= self.policy.most_at_once()
     }
 
     #[inline(never)]
@@ -478,9 +486,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
     /// A decision through `rule` ([`ChargeNow`]: a charge, which records what it stored).
     #[inline(always)]
     fn decide_with<R: Rule>(&self, t: &Target<'_, K::Words>, elapsed: Nanos, n: u64, rule: &R) -> Decision {
-        // `n = 0` reports and an `n` the policy can never admit is refused: neither inserts
-        // the key.
-        if n.wrapping_sub(1) >= self.policy.most_at_once() {
+        if self.beyond_reach(n) {
             return self.peek_target(t, elapsed, n);
         }
         self.past_lifetime(t.shard.acquire(t.words, t.hash, t.home, rule, n), elapsed)
