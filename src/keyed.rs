@@ -421,7 +421,10 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
 
     /// Takes `n` tokens from `key`'s bucket now, all or none. `n = 0` is always allowed and
     /// takes nothing; `n` above the burst is [`Outcome::Insufficient`]. Neither inserts the key.
-    #[inline]
+    // Always inline (as `check_n_at`, `Keyed`'s and `Direct::check_n_at`): out of line, the
+    // decision is returned through memory and the call saves and restores six registers:
+    // 1.17× the floor at 1K keys in the criterion bench, 1.12× inline.
+    #[inline(always)]
     pub fn check_n(&self, key: &K, n: u64) -> Decision {
         // Hash and start fetching the key's group before reading the clock: on CPUs where a
         // TSC read holds back later loads, the cache miss then overlaps the clock read.
@@ -443,7 +446,7 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     /// once it is full as of the latest time it is given, and a key reclaimed at a later time
     /// comes back fresh at an earlier one. (The same holds for threads whose clocks disagree:
     /// a core whose clock leads by δ can reclaim a bucket δ early, worth up to δ·rate tokens.)
-    #[inline]
+    #[inline(always)]
     pub fn check_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
         let t = self.target(key.words(&self.fingerprint));
         self.decide(&t, self.tier_of(t.words, t.hash), self.base(now), n)

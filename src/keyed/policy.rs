@@ -423,7 +423,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
 
     /// `n` units for `key` now, all or none, with the policy's answer for `n = 0` and for
     /// more than it can ever admit (neither inserts the key).
-    #[inline]
+    #[inline(always)]
     pub fn check_n(&self, key: &K, n: u64) -> Decision {
         // Hash and start fetching the key's group before reading the clock, as the bucket does.
         let t = self.target(key.words(&self.fingerprint));
@@ -442,7 +442,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
     /// and a decision at an earlier time may then find it gone (a new key's state as of that
     /// later time: never more permissive, as a stored window never moves back, but not what the
     /// earlier time alone would give).
-    #[inline]
+    #[inline(always)]
     pub fn check_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
         let t = self.target(key.words(&self.fingerprint));
         self.decide(&t, self.elapsed(now), n)
