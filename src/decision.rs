@@ -67,7 +67,7 @@ impl Decision {
 
     #[inline(always)]
     const fn packed(outcome: Outcome, m: u64, remaining: u32, missing: u64, until_full: u64) -> Decision {
-        debug_assert!(m <= 64, "a quota's m is at most 64");
+        debug_assert!(m <= 64, "a quota's m is at most 64: its byte in `meta` needs no mask");
         // Every variant by name: a new one cannot be added without a code here and in `outcome`.
         let code: u64 = match outcome {
             Outcome::Allowed => 0,
@@ -77,7 +77,7 @@ impl Decision {
             Outcome::TableFull => 4,
             Outcome::Untracked => 5,
         };
-        let meta = remaining as u64 | (m & 0xff) << META_M | code << META_OUTCOME | 1 << META_SET;
+        let meta = remaining as u64 | m << META_M | code << META_OUTCOME | 1 << META_SET;
         // Bit META_SET makes the word nonzero: the `None` arm is never taken (and compiled out).
         let meta = match NonZeroU64::new(meta) {
             Some(meta) => meta,

@@ -526,7 +526,7 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
             return self.peek_located(q, t.words, t.hash, at, n);
         }
         let now = Now { p: &self.params, q, at };
-        match t.shard.probe_home(t.words, t.home, &now, n) {
+        match t.shard.probe(t.home, t.words, &now, n) {
             Some(d) => d,
             None => self.decide_beyond_home(q, t.words, t.hash, base, n),
         }

@@ -226,7 +226,8 @@ impl SlidingWindow {
 }
 
 /// Keyed words: see `keyed/policy.rs`. The stored index `i + 1` stays at or below
-/// `2^(62 − 2c) − 2`, so that every word keeps two bits free.
+/// `2^(62 − 2c) − 2`, so that every word keeps two bits free. Decided as direct ones: stored
+/// words only grow (the index never moves back, and within a window only `curr` grows).
 impl crate::keyed::sealed::KeyedWords for SlidingWindow {
     fn keyed_lifetime(&self) -> Nanos {
         // Two below the most a word with two bits free holds, so that `above` fits.
@@ -263,13 +264,6 @@ impl crate::keyed::sealed::KeyedWords for SlidingWindow {
         } else {
             ((mark >> c2) + 1) << c2
         }
-    }
-
-    /// Stored words only grow: the index never moves back, and within a window only `curr`
-    /// grows (a new window's word has a greater index).
-    #[inline(always)]
-    fn decide_keyed(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
-        self.decide(word, elapsed, n)
     }
 }
 

@@ -142,7 +142,8 @@ impl Policy for FixedWindow {
 /// bits free can hold, so that a new key's word above a slot's high-water mark (`above`) fits.
 const KEYED_MAX_INDEX: u64 = (1 << (62 - COUNT_BITS)) - 4;
 
-/// Keyed words: see `keyed/policy.rs`.
+/// Keyed words: see `keyed/policy.rs`. Decided as direct ones: stored words only grow (the
+/// index never moves back, and within a window only the count grows).
 impl crate::keyed::sealed::KeyedWords for FixedWindow {
     fn keyed_lifetime(&self) -> Nanos {
         // Windows 0 ..= KEYED_MAX_INDEX − 1, so that `i + 1` stays at or below the keyed maximum.
@@ -175,13 +176,6 @@ impl crate::keyed::sealed::KeyedWords for FixedWindow {
         } else {
             ((mark >> COUNT_BITS) + 1) << COUNT_BITS
         }
-    }
-
-    /// Stored words only grow: the index never moves back, and within a window only the count
-    /// grows.
-    #[inline(always)]
-    fn decide_keyed(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
-        self.decide(word, elapsed, n)
     }
 }
 

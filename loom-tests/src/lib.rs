@@ -20,3 +20,16 @@ where
     }
     builder.check(f);
 }
+
+/// The end of a race for one slot: `old` decided on a key whose slot `new`'s insert needed.
+/// Exactly one of them got the slot and the other found the table full: returns (winner,
+/// loser), and panics on anything else.
+#[cfg(tollgate_loom)]
+pub fn slot_winner(old: (u64, tollgate::Outcome), new: (u64, tollgate::Outcome)) -> (u64, u64) {
+    use tollgate::Outcome::{Allowed, TableFull};
+    match (old.1, new.1) {
+        (Allowed, TableFull) => (old.0, new.0),
+        (TableFull, Allowed) => (new.0, old.0),
+        other => panic!("unexpected {other:?}"),
+    }
+}

@@ -8,7 +8,7 @@
 
 use loom::sync::Arc;
 use loom::thread;
-use loom_tests::model;
+use loom_tests::{model, slot_winner};
 use tollgate::{KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Outcome, Quota, Rate, Tier};
 
 type Table = KeyedLimiter<u64, ManualClock>;
@@ -90,11 +90,7 @@ fn reuse_under_a_stale_reader() {
         let reuse = spawn_check(&l, 9, 1_200);
         let (four, nine) = (stale.join().unwrap(), reuse.join().unwrap());
         let level = |k: u64| l.peek_n_at(&k, Nanos::new(1_200), 0).remaining();
-        let (winner, loser) = match (four, nine) {
-            (Outcome::Allowed, Outcome::TableFull) => (4, 9),
-            (Outcome::TableFull, Outcome::Allowed) => (9, 4),
-            other => panic!("unexpected {other:?}"),
-        };
+        let (winner, loser) = slot_winner((4, four), (9, nine));
         assert_eq!((level(winner), level(loser)), (1, 2));
         for k in 1..=3 {
             assert_eq!(level(k), 1, "key {k} was disturbed");

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use loom::sync::Arc;
 use loom::thread;
-use loom_tests::model;
+use loom_tests::{model, slot_winner};
 use tollgate::{FixedWindow, Keyed, KeyedPolicy, ManualClock, Nanos, NginxQuota, Outcome, SlidingWindow};
 
 fn table<P: KeyedPolicy>(p: P) -> Arc<Keyed<P, u64, ManualClock>> {
@@ -66,11 +66,7 @@ fn fixed_window_reuse_under_a_stale_reader() {
         let reuse = spawn_check(&l, 9, 1_200);
         let (four, nine) = (stale.join().unwrap(), reuse.join().unwrap());
         let left = |k: u64| l.peek_n_at(&k, Nanos::new(1_200), 0).remaining();
-        let (winner, loser) = match (four, nine) {
-            (Outcome::Allowed, Outcome::TableFull) => (4, 9),
-            (Outcome::TableFull, Outcome::Allowed) => (9, 4),
-            other => panic!("unexpected {other:?}"),
-        };
+        let (winner, loser) = slot_winner((4, four), (9, nine));
         assert_eq!((left(winner), left(loser)), (1, 2));
         for k in 1..=3 {
             assert_eq!(left(k), 1, "key {k} was disturbed");
@@ -120,11 +116,7 @@ fn nginx_reuse_under_a_stale_reader() {
         let reuse = spawn_check(&l, 9, 2_000 * MS);
         let (four, nine) = (stale.join().unwrap(), reuse.join().unwrap());
         let left = |k: u64| l.peek_n_at(&k, Nanos::new(2_000 * MS), 0).remaining();
-        let (winner, loser) = match (four, nine) {
-            (Outcome::Allowed, Outcome::TableFull) => (4, 9),
-            (Outcome::TableFull, Outcome::Allowed) => (9, 4),
-            other => panic!("unexpected {other:?}"),
-        };
+        let (winner, loser) = slot_winner((4, four), (9, nine));
         // A new node's first request stores excess 0: the whole burst is left.
         assert_eq!((left(winner), left(loser)), (1, 1));
         assert_eq!(l.check_n_at(&winner, Nanos::new(2_000 * MS), 2).outcome(), Outcome::Denied);

@@ -41,11 +41,11 @@ use crate::admit::{Admit, Receipt};
 use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome, Policy};
 
 pub(crate) mod sealed {
-    use crate::{Decision, Nanos};
+    use crate::{Decision, Nanos, Policy};
 
     /// What a policy must provide to live in a keyed table (see the module docs). Sealed: the
     /// table's safety rests on these answers.
-    pub trait KeyedWords {
+    pub trait KeyedWords: Policy {
         /// Elapsed time is clamped here, so that every word stays below 2^62 − 1.
         fn keyed_lifetime(&self) -> Nanos;
         /// The most units one decision can admit (a larger `n` is never admitted).
@@ -58,9 +58,12 @@ pub(crate) mod sealed {
         /// policy stored) that is a state with nothing counted: a slot's next key starts there
         /// when the mark is above its fresh word. Stays below 2^62 − 1.
         fn above(&self, mark: u64) -> u64;
-        /// [`Policy::decide`](crate::Policy::decide) on a keyed word: every stored word is
-        /// greater than `word`.
-        fn decide_keyed(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision);
+        /// [`Policy::decide`] on a keyed word: every stored word is greater than `word`. The
+        /// policy's own decision unless its keyed clock differs (nginx's).
+        #[inline(always)]
+        fn decide_keyed(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
+            self.decide(word, elapsed, n)
+        }
         /// A new key's first decision on a start word `above` gave (above its fresh word): as a
         /// new key's at the earliest instant the start word is a fresh key's, if that is later
         /// than `elapsed` (it is never later than the clock of the thread that evicted).
@@ -458,7 +461,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
         if self.beyond_reach(n) {
             return self.peek_located(t.words, t.hash, elapsed, n);
         }
-        let d = match t.shard.probe_home(t.words, t.home, &self.rule(elapsed), n) {
+        let d = match t.shard.probe(t.home, t.words, &self.rule(elapsed), n) {
             Some(d) => d,
             None => self.decide_beyond_home(t.words, t.hash, elapsed, n),
         };

@@ -393,16 +393,10 @@ impl<'a, W: Words> Shard<'a, W> {
     pub(crate) fn acquire<R: Rule>(&self, words: W, hash: u64, home: usize, now: &R, n: u64) -> Decision {
         // The home group first, without the header: a live slot holding the key is the key's
         // only live slot (the header protocol), so deciding on it is always right.
-        if let Some(d) = self.probe_home(words, home, now, n) {
+        if let Some(d) = self.probe(home, words, now, n) {
             return d;
         }
         self.acquire_next(words, hash, home, now, n)
-    }
-
-    /// The common case of [`acquire`](Shard::acquire): the key live in its home group.
-    #[inline(always)]
-    pub(crate) fn probe_home<R: Rule>(&self, words: W, home: usize, now: &R, n: u64) -> Option<Decision> {
-        self.probe(home, words, now, n)
     }
 
     /// Decides on the key's live slot in group `g` (of its window), if it is there. The key
@@ -412,7 +406,7 @@ impl<'a, W: Words> Shard<'a, W> {
     /// was read after the word beside it (as `Slot::load_for` does) and the word is at hand
     /// without a second, dependent load.
     #[inline(always)]
-    fn probe<R: Rule>(&self, g: usize, words: W, now: &R, n: u64) -> Option<Decision> {
+    pub(crate) fn probe<R: Rule>(&self, g: usize, words: W, now: &R, n: u64) -> Option<Decision> {
         let group = self.group(g);
         let ws: [u64; GROUP] = core::array::from_fn(|i| group.slots[i].word.load(Acquire));
         let mut hits = 0u32;

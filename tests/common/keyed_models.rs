@@ -21,8 +21,10 @@ pub trait RefModel: Clone {
     fn check_n(&mut self, now_ns: u64, n: u64) -> Ans;
     /// Whether the table may evict the key at `now_ns` (its state decides as a new key's).
     fn evictable(&self, now_ns: u64) -> bool;
-    /// The engine's decision in this model's units.
-    fn answer(d: &Decision) -> Ans;
+    /// The engine's decision in this model's units (the window models' by default).
+    fn answer(d: &Decision) -> Ans {
+        answer(d)
+    }
 }
 
 impl RefModel for NginxModel {
@@ -49,9 +51,6 @@ impl RefModel for FixedWindowModel {
     fn evictable(&self, now_ns: u64) -> bool {
         FixedWindowModel::evictable(self, now_ns)
     }
-    fn answer(d: &Decision) -> Ans {
-        answer(d)
-    }
 }
 
 impl RefModel for SlidingWindowModel {
@@ -60,9 +59,6 @@ impl RefModel for SlidingWindowModel {
     }
     fn evictable(&self, now_ns: u64) -> bool {
         SlidingWindowModel::evictable(self, now_ns)
-    }
-    fn answer(d: &Decision) -> Ans {
-        answer(d)
     }
 }
 
