@@ -21,17 +21,17 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use tollgate::{
-    CoarseClock, FixedWindow, FixedWindowLimiter, Limiter, NginxLimiter, NginxQuota, Quota, Rate,
-    SlidingWindow, SlidingWindowLimiter, TscClock,
+    CoarseClock, FixedWindow, FixedWindowLimiter, Limiter, Nginx, NginxLimiter, Rate, SlidingWindow,
+    SlidingWindowLimiter, TokenBucket, TscClock,
 };
 use workloads::{floor_step, on_all_cores};
 
-fn allow_heavy() -> Quota {
-    Quota::new(Rate::per_second(10_000_000_000), Quota::MAX_BURST).unwrap()
+fn allow_heavy() -> TokenBucket {
+    TokenBucket::new(Rate::per_second(10_000_000_000), TokenBucket::MAX_BURST).unwrap()
 }
 
-fn deny_heavy() -> Quota {
-    Quota::per_hour(1).unwrap()
+fn deny_heavy() -> TokenBucket {
+    TokenBucket::per_hour(1).unwrap()
 }
 
 fn governor_allow() -> governor::DefaultDirectRateLimiter {
@@ -60,8 +60,7 @@ fn one_thread(c: &mut Criterion) {
     let gov = governor_allow();
     g.bench_function("governor/allow-heavy", |b| b.iter(|| black_box(gov.check())));
     // nginx `limit_req` at a rate it never reaches (1e9 r/s, burst 16,777, nodelay).
-    let nginx =
-        NginxLimiter::new(NginxQuota::per_second(1_000_000_000).unwrap().burst(16_777).unwrap().nodelay());
+    let nginx = NginxLimiter::new(Nginx::per_second(1_000_000_000).unwrap().burst(16_777).unwrap().nodelay());
     g.bench_function("tollgate-nginx/allow-heavy", |b| b.iter(|| black_box(nginx.check())));
     // Fixed window: the largest limit per 100 ms (167M/s: never reached at ~50M decisions/s).
     let fixed = FixedWindowLimiter::new(
@@ -74,22 +73,22 @@ fn one_thread(c: &mut Criterion) {
     g.bench_function("tollgate-sliding-window/allow-heavy", |b| b.iter(|| black_box(sliding.check())));
 
     let l = Limiter::new(deny_heavy());
-    l.check();
+    let _ = l.check();
     g.bench_function("tollgate/deny-heavy", |b| b.iter(|| black_box(l.check())));
     let l = Limiter::with_clock(deny_heavy(), CoarseClock::new().unwrap());
-    l.check();
+    let _ = l.check();
     g.bench_function("tollgate-coarse/deny-heavy", |b| b.iter(|| black_box(l.check())));
     let gov = governor_deny();
     let _ = gov.check();
     g.bench_function("governor/deny-heavy", |b| b.iter(|| black_box(gov.check())));
-    let nginx = NginxLimiter::new(NginxQuota::per_minute(1).unwrap());
-    nginx.check();
+    let nginx = NginxLimiter::new(Nginx::per_minute(1).unwrap());
+    let _ = nginx.check();
     g.bench_function("tollgate-nginx/deny-heavy", |b| b.iter(|| black_box(nginx.check())));
     let fixed = FixedWindowLimiter::new(FixedWindow::new(1, Duration::from_secs(3600)).unwrap());
-    fixed.check();
+    let _ = fixed.check();
     g.bench_function("tollgate-fixed-window/deny-heavy", |b| b.iter(|| black_box(fixed.check())));
     let sliding = SlidingWindowLimiter::new(SlidingWindow::new(1, Duration::from_secs(3600)).unwrap());
-    sliding.check();
+    let _ = sliding.check();
     g.bench_function("tollgate-sliding-window/deny-heavy", |b| b.iter(|| black_box(sliding.check())));
     g.finish();
 }
@@ -106,7 +105,7 @@ fn all_cores(c: &mut Criterion) {
     g.bench_function("tollgate/allow-heavy", |b| {
         b.iter_custom(|iters| {
             on_all_cores(iters, &|_, _| {
-                black_box(l.check());
+                let _ = black_box(l.check());
             })
         })
     });
@@ -119,11 +118,11 @@ fn all_cores(c: &mut Criterion) {
         })
     });
     let l = Limiter::new(deny_heavy());
-    l.check();
+    let _ = l.check();
     g.bench_function("tollgate/deny-heavy", |b| {
         b.iter_custom(|iters| {
             on_all_cores(iters, &|_, _| {
-                black_box(l.check());
+                let _ = black_box(l.check());
             })
         })
     });

@@ -29,7 +29,7 @@ use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
-use tollgate::{Clock, CoarseClock, KeyedBuilder, KeyedLimiter, Quota, Rate, TscClock};
+use tollgate::{Clock, CoarseClock, KeyedBuilder, KeyedLimiter, Rate, TokenBucket, TscClock};
 use workloads::{key, on_all_cores, stream, Dist, Floor};
 
 const STREAM: usize = 1 << 22;
@@ -56,10 +56,12 @@ impl Load {
         }
     }
 
-    fn quota(self) -> Quota {
+    fn quota(self) -> TokenBucket {
         match self {
-            Load::Allow => Quota::new(Rate::per_second(10_000_000_000), Quota::MAX_BURST).unwrap(),
-            Load::Deny => Quota::per_hour(1).unwrap(),
+            Load::Allow => {
+                TokenBucket::new(Rate::per_second(10_000_000_000), TokenBucket::MAX_BURST).unwrap()
+            }
+            Load::Deny => TokenBucket::per_hour(1).unwrap(),
         }
     }
 
@@ -100,16 +102,16 @@ fn batch_cycle<C: Clock>(l: &KeyedLimiter<u64, C>, items: &[(u64, u64)], iters: 
     for b in 0..batches as usize {
         let i = (b % chunks) * BATCH;
         l.check_batch(&items[i..i + BATCH], &mut out);
-        black_box(&out);
+        let _ = black_box(&out);
     }
     start.elapsed().mul_f64(iters as f64 / (batches * BATCH as u64) as f64)
 }
 
 fn one_thread_workload(g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>, dist: Dist, name: &str) {
     let keys = stream(dist, STREAM, 7);
-    let slots = KeyedBuilder::new(Load::Allow.quota())
+    let slots = KeyedBuilder::<u64>::new(Load::Allow.quota())
         .capacity(dist.keys() as usize)
-        .build::<u64>()
+        .build()
         .unwrap()
         .stats()
         .slots as usize;
@@ -129,14 +131,14 @@ fn one_thread_workload(g: &mut BenchmarkGroup<'_, criterion::measurement::WallTi
         g.bench_function(format!("{name}/tollgate/{}", load.name()), |b| {
             b.iter_custom(|n| {
                 cycle(&keys, n, |k| {
-                    black_box(l.check(&k));
+                    let _ = black_box(l.check(&k));
                 })
             })
         });
         g.bench_function(format!("{name}/tollgate-bool/{}", load.name()), |b| {
             b.iter_custom(|n| {
                 cycle(&keys, n, |k| {
-                    black_box(l.allow(&k));
+                    let _ = black_box(l.allow(&k));
                 })
             })
         });
@@ -149,7 +151,7 @@ fn one_thread_workload(g: &mut BenchmarkGroup<'_, criterion::measurement::WallTi
             g.bench_function(format!("{name}/tollgate-coarse/{}", load.name()), |b| {
                 b.iter_custom(|n| {
                     cycle(&keys, n, |k| {
-                        black_box(l.check(&k));
+                        let _ = black_box(l.check(&k));
                     })
                 })
             });
@@ -204,11 +206,11 @@ fn one_thread(c: &mut Criterion) {
 fn first_touch(c: &mut Criterion) {
     let mut g = c.benchmark_group("keyed/first-touch");
     g.throughput(Throughput::Elements(1));
-    let q = Quota::new(Rate::per_second(10_000_000_000), 1).unwrap();
-    let l = KeyedBuilder::new(q).capacity(1 << 16).build::<u64>().unwrap();
+    let q = TokenBucket::new(Rate::per_second(10_000_000_000), 1).unwrap();
+    let l = KeyedBuilder::<u64>::new(q).capacity(1 << 16).build().unwrap();
     let mut next = 0u64;
     for _ in 0..l.capacity() {
-        l.check(&key(next));
+        let _ = l.check(&key(next));
         next += 1;
     }
     g.bench_function("tollgate", |b| {
@@ -256,7 +258,7 @@ fn all_cores(c: &mut Criterion) {
     g.bench_function("1M-keys/tollgate/allow-heavy", |b| {
         b.iter_custom(|n| {
             on_all_cores(n, &|t, i| {
-                black_box(l.check(&streams[t][i as usize & mask]));
+                let _ = black_box(l.check(&streams[t][i as usize & mask]));
             })
         })
     });
@@ -270,7 +272,7 @@ fn all_cores(c: &mut Criterion) {
     g.bench_function("1M-keys/tollgate-coarse/allow-heavy", |b| {
         b.iter_custom(|n| {
             on_all_cores(n, &|t, i| {
-                black_box(l.check(&streams[t][i as usize & mask]));
+                let _ = black_box(l.check(&streams[t][i as usize & mask]));
             })
         })
     });
@@ -293,7 +295,7 @@ fn all_cores(c: &mut Criterion) {
 
 fn memory(_: &mut Criterion) {
     // Not a timing: the table's bytes per key at its maximum load, printed for the README.
-    let l = KeyedBuilder::new(Load::Allow.quota()).capacity(1 << 20).build::<u64>().unwrap();
+    let l = KeyedBuilder::<u64>::new(Load::Allow.quota()).capacity(1 << 20).build().unwrap();
     let per_key = l.memory_bytes() as f64 / l.capacity() as f64;
     eprintln!(
         "keyed/memory: {} bytes for {} keys at 7/8 load: {per_key:.1} B per u64 key",

@@ -6,11 +6,11 @@
 
 use std::time::{Duration, Instant};
 
-use tollgate::{Limiter, Outcome, Quota, Rate};
+use tollgate::{Limiter, Outcome, Rate, TokenBucket};
 
 fn main() -> Result<(), tollgate::ConfigError> {
     // 5 requests per second, bursts of up to 3.
-    let quota = Quota::new(Rate::per_second(5), 3)?;
+    let quota = TokenBucket::new(Rate::per_second(5), 3)?;
     let limiter = Limiter::new(quota);
     println!(
         "quota: 5/s, burst 3 (units: 1/{} ns, {} units per token)",

@@ -27,6 +27,14 @@ step "workspace tests (ci profile: optimized, with overflow checks and debug ass
 cargo test --workspace --all-targets --profile ci
 cargo test --workspace --doc --profile ci
 
+step "the serde feature: configurations deserialize from their strings"
+cargo test -p tollgate --features serde --profile ci --test surface
+
+step "examples run"
+for example in demo keyed several_limits algorithms; do
+    cargo run -q --profile ci --example "$example" >/dev/null
+done
+
 step "benchmark suite: a quick smoke run of every workload and output (speed is not checked)"
 scratch="$(mktemp -d)"
 cargo run -q --profile ci -p tollgate-bench -- --quick --json --markdown "$scratch/report.md" >"$scratch/report.json"
@@ -41,7 +49,7 @@ assert all(c["call"]["p50"] > 0 and c["call"]["p999"] >= c["call"]["p50"] for c 
 assert r["memory"] and r["targets"]
 assert "<!-- results:end -->" in (d / "report.md").read_text()
 for chart in ("throughput.svg", "latency.svg"):
-    assert (d / "benchmarks" / chart).read_text().startswith("<svg")
+    assert (d / "docs" / "charts" / chart).read_text().startswith("<svg")
 print(f"{len(r['cells'])} cells in {len(workloads)} workloads, {len(r['memory'])} memory probes")
 PY
 cargo run -q --profile ci -p tollgate-bench -- --quick --csv --filter direct/deny --threads 1 --no-memory >"$scratch/report.csv"

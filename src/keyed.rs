@@ -10,7 +10,7 @@ use core::fmt;
 use core::marker::PhantomData;
 use core::time::Duration;
 
-pub use key::{Hashed, Key, Words};
+pub use key::{Hashed, IpPrefix, Key, KeyHasher, Words};
 pub(crate) use policy::sealed;
 pub use policy::{
     Keyed, KeyedFixedWindow, KeyedNginx, KeyedPolicy, KeyedPolicyBuilder, KeyedPolicyLimit,
@@ -20,10 +20,10 @@ use table::{evictable, Now, Params, Rule, Shard, Table, TableStats, MAX_UNITS, W
 pub use tiers::Tier;
 use tiers::{Overrides, Tiers};
 
-use crate::admit::{Admit, Receipt};
-use crate::bucket::BucketWord;
-use crate::quota::At;
-use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome, Quota};
+use crate::engine::admit::{Admit, Receipt};
+use crate::policies::bucket::BucketWord;
+use crate::policies::token_bucket::At;
+use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome, TokenBucket, UpdateError};
 
 /// What a [`KeyedLimiter`] does with a new key when the table has no room for it: every slot
 /// of the key's window holds a bucket that is not yet full (full buckets are evicted on the
@@ -48,19 +48,38 @@ pub enum WhenFull {
     /// (that is what makes reuse safe), so the newcomer inherits the victim's level when it is
     /// below a fresh bucket's. Under a flood that has drained every bucket in a window, new keys
     /// there are admitted with next to nothing: this policy then fails closed, like `Deny`.
-    EvictStalest,
+    EvictFullest,
 }
 
 /// How to build a [`KeyedLimiter`].
-#[derive(Clone, Debug)]
-pub struct KeyedBuilder {
-    tiers: Vec<(&'static str, Quota)>,
+pub struct KeyedBuilder<K: ?Sized> {
+    _key: PhantomData<fn(&K)>,
+    tiers: Vec<(String, TokenBucket)>,
     fill_headroom: Nanos,
     max_overrides: usize,
     capacity: usize,
     shards: Option<usize>,
     when_full: WhenFull,
     seeds: Option<[u64; 8]>,
+}
+
+impl<K: ?Sized> Clone for KeyedBuilder<K> {
+    fn clone(&self) -> Self {
+        KeyedBuilder { _key: PhantomData, tiers: self.tiers.clone(), ..*self }
+    }
+}
+
+impl<K: ?Sized> fmt::Debug for KeyedBuilder<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedBuilder")
+            .field("tiers", &self.tiers)
+            .field("max_fill_time", &self.fill_headroom)
+            .field("max_overrides", &self.max_overrides)
+            .field("capacity", &self.capacity)
+            .field("shards", &self.shards)
+            .field("when_full", &self.when_full)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The largest capacity: 2^36 keys.
@@ -71,11 +90,12 @@ const MAX_SHARDS: usize = 64;
 /// have (2^60 units: 36 years at 1 ns), so that one time base serves every tier.
 const OFFSET: u64 = 1 << 60;
 
-impl KeyedBuilder {
+impl<K: Key + ?Sized> KeyedBuilder<K> {
     /// A builder for a keyed limiter under `quota`, with the defaults below.
-    pub fn new(quota: Quota) -> KeyedBuilder {
+    pub fn new(quota: TokenBucket) -> KeyedBuilder<K> {
         KeyedBuilder {
-            tiers: vec![("default", quota)],
+            _key: PhantomData,
+            tiers: vec![("default".to_owned(), quota)],
             fill_headroom: Nanos::ZERO,
             max_overrides: 1024,
             capacity: 1 << 16,
@@ -88,8 +108,8 @@ impl KeyedBuilder {
     /// Adds a named tier (up to 254 besides the default), found later with
     /// [`KeyedLimiter::tier`]. Every tier is counted in the default quota's time unit, so a rate
     /// that is exact only at a finer unit is rounded down (by less than one unit per token).
-    pub fn tier(mut self, name: &'static str, quota: Quota) -> KeyedBuilder {
-        self.tiers.push((name, quota));
+    pub fn tier(mut self, name: impl Into<String>, quota: TokenBucket) -> Self {
+        self.tiers.push((name.into(), quota));
         self
     }
 
@@ -97,14 +117,14 @@ impl KeyedBuilder {
     /// [`KeyedLimiter::set_tier_quota`] (default: the longest among the tiers built). A bucket
     /// is reclaimed once it has been full for this long in every tier, so a generous headroom
     /// keeps idle keys in the table longer.
-    pub fn max_fill_time(mut self, fill: Duration) -> KeyedBuilder {
+    pub fn max_fill_time(mut self, fill: Duration) -> Self {
         self.fill_headroom = Nanos::from_duration_saturating(fill);
         self
     }
 
     /// Room for `n` per-key tier overrides (default 1,024); see
     /// [`KeyedLimiter::set_override`].
-    pub fn max_overrides(mut self, n: usize) -> KeyedBuilder {
+    pub fn max_overrides(mut self, n: usize) -> Self {
         self.max_overrides = n;
         self
     }
@@ -112,19 +132,19 @@ impl KeyedBuilder {
     /// Room for at least `keys` keys (default 65,536). The table allocates the next power of
     /// two of slots at or above `keys × 8/7` up front and never grows; it holds keys up to 7/8
     /// of its slots, so [`KeyedLimiter::capacity`] may exceed `keys`.
-    pub fn capacity(mut self, keys: usize) -> KeyedBuilder {
+    pub fn capacity(mut self, keys: usize) -> Self {
         self.capacity = keys;
         self
     }
 
     /// The number of shards: a power of two up to 64 (default: 4 per available core).
-    pub fn shards(mut self, shards: usize) -> KeyedBuilder {
+    pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards);
         self
     }
 
     /// The table-full policy (default [`WhenFull::Deny`]).
-    pub fn when_full(mut self, policy: WhenFull) -> KeyedBuilder {
+    pub fn when_full(mut self, policy: WhenFull) -> Self {
         self.when_full = policy;
         self
     }
@@ -132,27 +152,23 @@ impl KeyedBuilder {
     /// Fixed hash seeds, for reproducible tests and benchmarks: the first four place keys, the
     /// last four fingerprint them. By default both are drawn at random per limiter, so that
     /// nobody can aim keys at one window or at a fingerprint collision.
-    pub fn seeds(mut self, seeds: [u64; 8]) -> KeyedBuilder {
+    pub fn seeds(mut self, seeds: [u64; 8]) -> Self {
         self.seeds = Some(seeds);
         self
     }
 
     /// A limiter on the default clock.
-    pub fn build<K: Key + ?Sized>(self) -> Result<KeyedLimiter<K, DefaultClock>, ConfigError> {
+    pub fn build(self) -> Result<KeyedLimiter<K, DefaultClock>, ConfigError> {
         self.build_with_clock(DefaultClock::new())
     }
 
     /// A limiter on `clock`.
-    pub fn build_with_clock<K: Key + ?Sized, C: Clock>(
-        self,
-        clock: C,
-    ) -> Result<KeyedLimiter<K, C>, ConfigError> {
+    pub fn build_with_clock<C: Clock>(self, clock: C) -> Result<KeyedLimiter<K, C>, ConfigError> {
         let (slots, shards) = table_slots(self.capacity, shard_count(self.shards)?)?;
         let tiers = Tiers::new(&self.tiers, self.fill_headroom, OFFSET, MAX_UNITS - OFFSET)?;
         if self.max_overrides > MAX_CAPACITY {
-            return Err(ConfigError::OutOfRange {
-                what: "per-key overrides",
-                value: self.max_overrides as u64,
+            return Err(ConfigError::TooManyOverrides {
+                overrides: self.max_overrides as u64,
                 max: MAX_CAPACITY as u64,
             });
         }
@@ -175,23 +191,22 @@ impl KeyedBuilder {
 /// of two at or above `capacity × 8/7`, at least one window per shard (small tables get fewer
 /// shards).
 pub(crate) fn table_slots(capacity: usize, shards: usize) -> Result<(usize, usize), ConfigError> {
-    if capacity == 0 || capacity > MAX_CAPACITY {
-        return Err(ConfigError::OutOfRange {
-            what: "keyed capacity",
-            value: capacity as u64,
-            max: MAX_CAPACITY as u64,
-        });
+    if capacity == 0 {
+        return Err(ConfigError::ZeroCapacity);
+    }
+    if capacity > MAX_CAPACITY {
+        return Err(ConfigError::CapacityTooLarge { capacity: capacity as u64, max: MAX_CAPACITY as u64 });
     }
     let slots = (capacity + capacity.div_ceil(7)).next_power_of_two();
     let shards = shards.min((slots / WINDOW).max(1));
     Ok((slots.max(shards * WINDOW), shards))
 }
 
-/// Refuses [`WhenFull::EvictStalest`] for tables whose states a ghost cannot summarize (`what`
+/// Refuses [`WhenFull::EvictFullest`] for tables whose states a ghost cannot summarize (`what`
 /// names the table in the error).
-pub(crate) fn deny_or_allow(when_full: WhenFull, what: &'static str) -> Result<(), ConfigError> {
-    if when_full == WhenFull::EvictStalest {
-        return Err(ConfigError::OutOfRange { what, value: 2, max: 1 });
+pub(crate) fn deny_or_allow(when_full: WhenFull, algorithm: &'static str) -> Result<(), ConfigError> {
+    if when_full == WhenFull::EvictFullest {
+        return Err(ConfigError::EvictionUnsupported { algorithm });
     }
     Ok(())
 }
@@ -200,11 +215,7 @@ pub(crate) fn deny_or_allow(when_full: WhenFull, what: &'static str) -> Result<(
 pub(crate) fn shard_count(asked: Option<usize>) -> Result<usize, ConfigError> {
     match asked {
         Some(s) if s.is_power_of_two() && s <= MAX_SHARDS => Ok(s),
-        Some(s) => Err(ConfigError::OutOfRange {
-            what: "shards (a power of two)",
-            value: s as u64,
-            max: MAX_SHARDS as u64,
-        }),
+        Some(s) => Err(ConfigError::InvalidShards { shards: s as u64 }),
         None => {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             Ok((4 * cores).next_power_of_two().min(MAX_SHARDS))
@@ -214,12 +225,13 @@ pub(crate) fn shard_count(asked: Option<usize>) -> Result<usize, ConfigError> {
 
 /// The placement and fingerprint hashers: from fixed seeds (the first four place keys, the
 /// last four fingerprint them), or random.
-pub(crate) fn hashers(seeds: Option<[u64; 8]>) -> (ahash::RandomState, ahash::RandomState) {
+pub(crate) fn hashers(seeds: Option<[u64; 8]>) -> (ahash::RandomState, KeyHasher) {
     match seeds {
-        Some([a, b, c, d, e, f, g, h]) => {
-            (ahash::RandomState::with_seeds(a, b, c, d), ahash::RandomState::with_seeds(e, f, g, h))
-        }
-        None => (ahash::RandomState::new(), ahash::RandomState::new()),
+        Some([a, b, c, d, e, f, g, h]) => (
+            ahash::RandomState::with_seeds(a, b, c, d),
+            KeyHasher(ahash::RandomState::with_seeds(e, f, g, h)),
+        ),
+        None => (ahash::RandomState::new(), KeyHasher(ahash::RandomState::new())),
     }
 }
 
@@ -234,15 +246,15 @@ pub(crate) fn hashers(seeds: Option<[u64; 8]>) -> (ahash::RandomState, ahash::Ra
 /// [`WhenFull`] policy decides.
 ///
 /// ```
-/// use tollgate::{KeyedLimiter, Quota};
+/// use tollgate::{KeyedLimiter, TokenBucket};
 ///
-/// let limiter = KeyedLimiter::<u64>::new(Quota::per_second(2)?, 10_000)?;
+/// let limiter = KeyedLimiter::<u64>::new(TokenBucket::per_second(2)?, 10_000)?;
 /// assert!(limiter.check(&7).is_allowed());
 /// assert!(limiter.check(&7).is_allowed());
 /// assert!(!limiter.check(&7).is_allowed()); // key 7 is out of tokens
 /// assert!(limiter.check(&8).is_allowed()); // key 8 has its own bucket
 ///
-/// let by_name = KeyedLimiter::<str>::new(Quota::per_minute(60)?, 1_000)?;
+/// let by_name = KeyedLimiter::<str>::new(TokenBucket::per_minute(60)?, 1_000)?;
 /// assert!(by_name.check("tenant-a").is_allowed());
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
@@ -264,7 +276,7 @@ pub struct KeyedLimiter<K: Key + ?Sized, C: Clock = DefaultClock> {
     params: Params,
     origin: Nanos,
     clock: C,
-    fingerprint: ahash::RandomState,
+    fingerprint: KeyHasher,
     id: u64,
     _key: PhantomData<fn(&K)>,
 }
@@ -273,21 +285,21 @@ pub struct KeyedLimiter<K: Key + ?Sized, C: Clock = DefaultClock> {
 /// [`KeyedLimiter::limit`].
 pub struct KeyedLimit<'a, K: Key + ?Sized, C: Clock> {
     limiter: &'a KeyedLimiter<K, C>,
-    key: &'a K,
+    key: K::Words,
 }
 
 impl<K: Key + ?Sized, C: Clock> Admit for KeyedLimit<'_, K, C> {
-    /// Tables with [`WhenFull::EvictStalest`] issue no receipts (their refunds give nothing
+    /// Tables with [`WhenFull::EvictFullest`] issue no receipts (their refunds give nothing
     /// back): a key evicted before it is full comes back in a slot whose first stamp may
     /// belong to another key's history, below which no refund may go.
     fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
         let l = self.limiter;
-        let t = l.target(self.key.words(&l.fingerprint));
+        let t = l.target(self.key);
         prefetch(t.shard.home_ptr(t.home));
         let q = l.params.tiers.get(l.tier_of(t.words, t.hash));
         let base = l.base(l.clock.now());
         let d = l.decide_in(&q, &t, base, n);
-        if d.outcome() != Outcome::Allowed || n == 0 || l.params.when_full == WhenFull::EvictStalest {
+        if d.outcome() != Outcome::Allowed || n == 0 || l.params.when_full == WhenFull::EvictFullest {
             return (d, None);
         }
         let at = KeyedLimiter::<K, C>::at(&q, base);
@@ -304,7 +316,7 @@ impl<K: Key + ?Sized, C: Clock> Admit for KeyedLimit<'_, K, C> {
     /// word (the decisions' CAS is `Release`, the refund's load `Acquire`).
     fn refund(&self, r: Receipt) {
         let l = self.limiter;
-        let t = l.target(self.key.words(&l.fingerprint));
+        let t = l.target(self.key);
         let Some(([charged_now, charged_fill, cost], _)) = r.take(l.id, t.hash) else { return };
         let charged_floor = charged_now - charged_fill;
         let step = |w: u64| {
@@ -324,7 +336,7 @@ impl<K: Key + ?Sized, C: Clock> Admit for KeyedLimit<'_, K, C> {
 
     fn peek(&self, n: u64) -> Decision {
         let l = self.limiter;
-        l.peek_n_at(self.key, l.clock.now(), n)
+        l.peek_key(self.key, l.clock.now(), n)
     }
 }
 
@@ -348,7 +360,7 @@ pub struct KeyedStats {
     pub inserts: u64,
     /// Full buckets evicted (no decision changes).
     pub evictions: u64,
-    /// Buckets evicted before they were full, by [`WhenFull::EvictStalest`].
+    /// Buckets evicted before they were full, by [`WhenFull::EvictFullest`].
     pub forced_evictions: u64,
     /// New keys that found no room (denied or admitted untracked by the policy).
     pub refused: u64,
@@ -365,15 +377,16 @@ pub struct KeyedStats {
 impl<K: Key + ?Sized> KeyedLimiter<K, DefaultClock> {
     /// Room for `capacity` keys under `quota`, on the default clock, refusing new keys when
     /// full. See [`KeyedLimiter::builder`] for the options.
-    pub fn new(quota: Quota, capacity: usize) -> Result<KeyedLimiter<K, DefaultClock>, ConfigError> {
+    pub fn new(quota: TokenBucket, capacity: usize) -> Result<KeyedLimiter<K, DefaultClock>, ConfigError> {
         KeyedLimiter::builder(quota).capacity(capacity).build()
     }
 }
 
-impl KeyedLimiter<u64> {
-    /// A builder for a limiter under `quota`; the key type is chosen at
-    /// [`build`](KeyedBuilder::build). Same as [`KeyedBuilder::new`].
-    pub fn builder(quota: Quota) -> KeyedBuilder {
+impl<K: Key + ?Sized> KeyedLimiter<K, DefaultClock> {
+    /// A builder for a limiter of `K` under `quota`: `KeyedLimiter::<IpAddr>::builder(q)`, or
+    /// `KeyedLimiter::builder(q)` where the binding's type names the key. Same as
+    /// [`KeyedBuilder::new`].
+    pub fn builder(quota: TokenBucket) -> KeyedBuilder<K> {
         KeyedBuilder::new(quota)
     }
 }
@@ -389,7 +402,7 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
 
     /// The bucket instant of `base` under `q`.
     #[inline]
-    fn at(q: &Quota, base: u64) -> At {
+    fn at(q: &TokenBucket, base: u64) -> At {
         let now = OFFSET + base;
         At { now, floor: now - q.fill_units() }
     }
@@ -415,7 +428,11 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
 
     /// Takes one token from `key`'s bucket now, or says how long to wait.
     #[inline]
-    pub fn check(&self, key: &K) -> Decision {
+    pub fn check<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         self.check_n(key, 1)
     }
 
@@ -425,7 +442,11 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     // decision is returned through memory and the call saves and restores six registers:
     // 1.17× the floor at 1K keys in the criterion bench, 1.12× inline.
     #[inline(always)]
-    pub fn check_n(&self, key: &K, n: u64) -> Decision {
+    pub fn check_n<Q>(&self, key: &Q, n: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         // Hash and start fetching the key's group before reading the clock: on CPUs where a
         // TSC read holds back later loads, the cache miss then overlaps the clock read.
         let t = self.target(key.words(&self.fingerprint));
@@ -436,7 +457,11 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
 
     /// [`check`](KeyedLimiter::check) at a caller-supplied `now` ([`now`](KeyedLimiter::now)).
     #[inline]
-    pub fn check_at(&self, key: &K, now: Nanos) -> Decision {
+    pub fn check_at<Q>(&self, key: &Q, now: Nanos) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         self.check_n_at(key, now, 1)
     }
 
@@ -447,7 +472,11 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     /// comes back fresh at an earlier one. (The same holds for threads whose clocks disagree:
     /// a core whose clock leads by δ can reclaim a bucket δ early, worth up to δ·rate tokens.)
     #[inline(always)]
-    pub fn check_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
+    pub fn check_n_at<Q>(&self, key: &Q, now: Nanos, n: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         let t = self.target(key.words(&self.fingerprint));
         self.decide(&t, self.tier_of(t.words, t.hash), self.base(now), n)
     }
@@ -456,36 +485,52 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     /// callers that know a key's tier per request (a tenant's plan from its credentials). A
     /// tier of another limiter, beyond this one's list, is read as the default.
     #[inline]
-    pub fn check_n_in(&self, key: &K, tier: Tier, n: u64) -> Decision {
+    pub fn check_n_in<Q>(&self, key: &Q, tier: Tier, n: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         self.check_n_in_at(key, tier, self.clock.now(), n)
     }
 
     /// [`check_n_in`](KeyedLimiter::check_n_in) at a caller-supplied `now`.
     #[inline]
-    pub fn check_n_in_at(&self, key: &K, tier: Tier, now: Nanos, n: u64) -> Decision {
+    pub fn check_n_in_at<Q>(&self, key: &Q, tier: Tier, now: Nanos, n: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         let t = self.target(key.words(&self.fingerprint));
         self.decide(&t, self.tier_index(tier), self.base(now), n)
     }
 
     /// Whether one token was taken from `key`'s bucket now.
     #[inline]
-    pub fn allow(&self, key: &K) -> bool {
+    pub fn allow<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         self.check(key).is_allowed()
     }
 
     /// `key` as one limit of a multi-limit admission ([`check_all`](crate::check_all)).
     ///
     /// ```
-    /// use tollgate::{check_all, Admit, KeyedLimiter, Limiter, Quota};
+    /// use tollgate::{check_all, Admit, KeyedLimiter, Limiter, TokenBucket};
     ///
-    /// let per_client: KeyedLimiter<str> = KeyedLimiter::new(Quota::per_second(5)?, 10_000)?;
-    /// let global = Limiter::new(Quota::per_second(1000)?);
+    /// let per_client: KeyedLimiter<str> = KeyedLimiter::new(TokenBucket::per_second(5)?, 10_000)?;
+    /// let global = Limiter::new(TokenBucket::per_second(1000)?);
     /// let d = check_all(&[&per_client.limit("alice") as &dyn Admit, &global], 1);
     /// assert!(d.is_allowed());
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
-    pub fn limit<'a>(&'a self, key: &'a K) -> KeyedLimit<'a, K, C> {
-        KeyedLimit { limiter: self, key }
+    pub fn limit<Q>(&self, key: &Q) -> KeyedLimit<'_, K, C>
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
+        KeyedLimit { limiter: self, key: key.words(&self.fingerprint) }
     }
 
     /// A key's identity, hash, shard and home group, computed once per decision.
@@ -520,7 +565,7 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     }
 
     #[inline(always)]
-    fn decide_in(&self, q: &Quota, t: &Target<'_, K::Words>, base: u64, n: u64) -> Decision {
+    fn decide_in(&self, q: &TokenBucket, t: &Target<'_, K::Words>, base: u64, n: u64) -> Decision {
         let at = Self::at(q, base);
         if n.wrapping_sub(1) >= q.burst() {
             return self.peek_located(q, t.words, t.hash, at, n);
@@ -534,32 +579,44 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
 
     /// [`decide_in`](KeyedLimiter::decide_in) for a key not live in its home group.
     #[inline(never)]
-    fn decide_beyond_home(&self, q: &Quota, words: K::Words, hash: u64, base: u64, n: u64) -> Decision {
+    fn decide_beyond_home(&self, q: &TokenBucket, words: K::Words, hash: u64, base: u64, n: u64) -> Decision {
         let t = self.locate(words, hash);
         t.shard.acquire_next(words, hash, t.home, &Now { p: &self.params, q, at: Self::at(q, base) }, n)
     }
 
     /// [`peek_words`](KeyedLimiter::peek_words): `n = 0`, or an `n` above the burst.
     #[cold]
-    fn peek_located(&self, q: &Quota, words: K::Words, hash: u64, at: At, n: u64) -> Decision {
+    fn peek_located(&self, q: &TokenBucket, words: K::Words, hash: u64, at: At, n: u64) -> Decision {
         self.peek_words(q, &self.locate(words, hash), at, n)
     }
 
     /// What [`check`](KeyedLimiter::check) would answer now, without taking anything or
     /// inserting the key. `remaining` is the key's level (the initial level if untracked).
     #[inline]
-    pub fn peek(&self, key: &K) -> Decision {
+    pub fn peek<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         self.peek_n_at(key, self.clock.now(), 1)
     }
 
     /// What [`check_n`](KeyedLimiter::check_n) would answer at `now`, without taking anything.
-    pub fn peek_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
-        let t = self.target(key.words(&self.fingerprint));
+    pub fn peek_n_at<Q>(&self, key: &Q, now: Nanos, n: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
+        self.peek_key(key.words(&self.fingerprint), now, n)
+    }
+
+    fn peek_key(&self, words: K::Words, now: Nanos, n: u64) -> Decision {
+        let t = self.target(words);
         let q = self.params.tiers.get(self.tier_of(t.words, t.hash));
         self.peek_words(&q, &t, Self::at(&q, self.base(now)), n)
     }
 
-    fn peek_words(&self, q: &Quota, t: &Target<'_, K::Words>, at: At, n: u64) -> Decision {
+    fn peek_words(&self, q: &TokenBucket, t: &Target<'_, K::Words>, at: At, n: u64) -> Decision {
         let fresh = Now { p: &self.params, q, at }.fresh();
         let word =
             t.shard.find(t.words, t.home).unwrap_or_else(|| t.shard.first_stamp(t.home, t.hash, fresh));
@@ -572,12 +629,12 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     }
 
     /// A tier's current quota, as compiled for this table (in its time unit).
-    pub fn tier_quota(&self, tier: Tier) -> Quota {
+    pub fn tier_quota(&self, tier: Tier) -> TokenBucket {
         self.params.tiers.get(self.tier_index(tier))
     }
 
     /// A tier's name.
-    pub fn tier_name(&self, tier: Tier) -> &'static str {
+    pub fn tier_name(&self, tier: Tier) -> &str {
         self.params.tiers.name(self.tier_index(tier))
     }
 
@@ -595,15 +652,11 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     /// ([`KeyedBuilder::max_fill_time`]): the table reclaims buckets once they are full in every
     /// tier it may have, and a longer fill would make a reclaimed key differ from one still
     /// tracked.
-    pub fn set_tier_quota(&self, tier: Tier, quota: Quota) -> Result<(), ConfigError> {
+    pub fn set_tier_quota(&self, tier: Tier, quota: TokenBucket) -> Result<(), UpdateError> {
         if tier.index() >= self.params.tiers.len() {
-            return Err(ConfigError::OutOfRange {
-                what: "tier",
-                value: tier.index() as u64,
-                max: self.params.tiers.len() as u64 - 1,
-            });
+            return Err(UpdateError::UnknownTier { tier: tier.index(), tiers: self.params.tiers.len() });
         }
-        self.params.tiers.set(tier.index(), quota)
+        Ok(self.params.tiers.set(tier.index(), quota)?)
     }
 
     /// Puts `key` in `tier` for [`check`](KeyedLimiter::check), [`check_n`](KeyedLimiter::check_n),
@@ -611,26 +664,34 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     /// [`set_tier_quota`](KeyedLimiter::set_tier_quota) for what happens to its tokens. Fails
     /// when the overrides are full ([`KeyedBuilder::max_overrides`]) or the tier is unknown.
     /// Writers take a lock among themselves; decisions never do.
-    pub fn set_override(&self, key: &K, tier: Tier) -> Result<(), ConfigError> {
+    pub fn set_override<Q>(&self, key: &Q, tier: Tier) -> Result<(), UpdateError>
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         if tier.index() >= self.params.tiers.len() {
-            return Err(ConfigError::OutOfRange {
-                what: "tier",
-                value: tier.index() as u64,
-                max: self.params.tiers.len() as u64 - 1,
-            });
+            return Err(UpdateError::UnknownTier { tier: tier.index(), tiers: self.params.tiers.len() });
         }
         let words = key.words(&self.fingerprint);
         self.overrides.set(words, words.hash_with(&self.params.hasher), tier)
     }
 
     /// Returns `key` to the default tier. Whether it had an override.
-    pub fn clear_override(&self, key: &K) -> bool {
+    pub fn clear_override<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         let words = key.words(&self.fingerprint);
         self.overrides.clear(words, words.hash_with(&self.params.hasher))
     }
 
     /// The key's override, if it has one.
-    pub fn override_of(&self, key: &K) -> Option<Tier> {
+    pub fn override_of<Q>(&self, key: &Q) -> Option<Tier>
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         let words = key.words(&self.fingerprint);
         self.overrides.get(words, words.hash_with(&self.params.hasher))
     }
@@ -708,7 +769,7 @@ impl<K: Key + ?Sized, C: Clock> KeyedLimiter<K, C> {
     }
 
     /// The default tier's current quota, as compiled for this table.
-    pub fn quota(&self) -> Quota {
+    pub fn quota(&self) -> TokenBucket {
         self.params.tiers.get(0)
     }
 

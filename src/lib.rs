@@ -1,38 +1,47 @@
 #![doc = include_str!("../README.md")]
 
-mod admit;
-mod bucket;
-pub mod clock;
-mod compat;
-mod decision;
-mod error;
-mod keyed;
-mod limiter;
-mod log;
-mod nginx;
-mod policy;
-mod quota;
-mod sliding;
-mod sync;
-mod time;
-mod window;
+/// The guides of `docs/guide/`, here so that their examples are compiled and run as tests.
+pub mod guide {
+    #[doc = include_str!("../docs/guide/algorithms.md")]
+    pub mod algorithms {}
+    #[doc = include_str!("../docs/guide/keyed.md")]
+    pub mod keyed {}
+    #[doc = include_str!("../docs/guide/several-limits.md")]
+    pub mod several_limits {}
+    #[doc = include_str!("../docs/guide/clocks.md")]
+    pub mod clocks {}
+    #[doc = include_str!("../docs/guide/guarantees-and-testing.md")]
+    pub mod guarantees_and_testing {}
+    #[doc = include_str!("../docs/guide/performance.md")]
+    pub mod performance {}
+}
 
-pub use admit::{check_all, Admit, Receipt};
+// The tree reads engine → policies → keyed table → clocks.
+pub mod clock;
+mod engine;
+mod keyed;
+mod policies;
+mod sync;
+
 pub use clock::{Clock, DefaultClock, ManualClock, StdClock};
 #[cfg(feature = "quanta")]
 pub use clock::{CoarseClock, TscClock};
-pub use compat::ClThrottle;
-pub use decision::{Decision, Outcome};
-pub use error::ConfigError;
+pub use engine::admit::{check_all, Admit, Receipt};
+pub use engine::decision::{Decision, Outcome};
+pub use engine::direct::{Algorithm, Direct};
+pub use engine::error::{ConfigError, UpdateError};
+pub use engine::time::Nanos;
 pub use keyed::{
-    Hashed, Key, Keyed, KeyedBuilder, KeyedFixedWindow, KeyedLimit, KeyedLimiter, KeyedNginx, KeyedPolicy,
-    KeyedPolicyBuilder, KeyedPolicyLimit, KeyedSlidingWindow, KeyedStats, Tier, WhenFull, Words,
+    Hashed, IpPrefix, Key, KeyHasher, Keyed, KeyedBuilder, KeyedFixedWindow, KeyedLimit, KeyedLimiter,
+    KeyedNginx, KeyedPolicy, KeyedPolicyBuilder, KeyedPolicyLimit, KeyedSlidingWindow, KeyedStats, Tier,
+    WhenFull, Words,
 };
-pub use limiter::Limiter;
-pub use log::{KeyedSlidingLog, KeyedSlidingLogBuilder, SlidingLog, SlidingLogLimiter};
-pub use nginx::{NginxLimiter, NginxQuota};
-pub use policy::{Direct, Policy};
-pub use quota::{Quota, Rate};
-pub use sliding::{SlidingWindow, SlidingWindowLimiter};
-pub use time::Nanos;
-pub use window::{FixedWindow, FixedWindowLimiter};
+pub use policies::compat::ClThrottle;
+pub use policies::limiter::Limiter;
+pub use policies::log::{KeyedSlidingLog, KeyedSlidingLogBuilder, SlidingLog, SlidingLogLimiter};
+pub use policies::nginx::{Nginx, NginxLimiter};
+pub use policies::parse::ParseError;
+pub use policies::policy::Policy;
+pub use policies::sliding::{SlidingWindow, SlidingWindowLimiter};
+pub use policies::token_bucket::{Rate, TokenBucket};
+pub use policies::window::{FixedWindow, FixedWindowLimiter};

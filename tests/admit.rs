@@ -7,8 +7,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tollgate::{
     check_all, Admit, Clock, Decision, FixedWindow, FixedWindowLimiter, Keyed, KeyedBuilder, KeyedLimiter,
-    KeyedPolicy, Limiter, ManualClock, Nanos, NginxLimiter, NginxQuota, Outcome, Quota, Rate, Receipt,
-    SlidingLog, SlidingLogLimiter, SlidingWindow, SlidingWindowLimiter,
+    KeyedPolicy, Limiter, ManualClock, Nanos, Nginx, NginxLimiter, Outcome, Rate, Receipt, SlidingLog,
+    SlidingLogLimiter, SlidingWindow, SlidingWindowLimiter, TokenBucket,
 };
 
 const MS: u64 = 1_000_000;
@@ -59,7 +59,7 @@ impl Table for KeyedLimiter<u64, ManualClock> {
         Box::new(KeyedLimiter::limit(self, key))
     }
     fn check(&self, key: u64) {
-        KeyedLimiter::check(self, &key);
+        let _ = KeyedLimiter::check(self, &key);
     }
 }
 
@@ -68,7 +68,7 @@ impl<P: KeyedPolicy> Table for Keyed<P, u64, ManualClock> {
         Box::new(Keyed::limit(self, key))
     }
     fn check(&self, key: u64) {
-        Keyed::check(self, &key);
+        let _ = Keyed::check(self, &key);
     }
 }
 
@@ -104,7 +104,7 @@ impl Spec {
         let c = clock.clone();
         match *self {
             Spec::Bucket { per_sec, burst } => {
-                Box::new(Limiter::with_clock(Quota::new(Rate::per_second(per_sec), burst).unwrap(), c))
+                Box::new(Limiter::with_clock(TokenBucket::new(Rate::per_second(per_sec), burst).unwrap(), c))
             }
             Spec::Fixed { limit, window_ms } => Box::new(FixedWindowLimiter::with_clock(
                 FixedWindow::new(limit, Duration::from_millis(window_ms)).unwrap(),
@@ -115,7 +115,7 @@ impl Spec {
                 c,
             )),
             Spec::Nginx { per_sec, burst, nodelay, delay } => {
-                let q = NginxQuota::per_second(per_sec).unwrap().burst(burst).unwrap();
+                let q = Nginx::per_second(per_sec).unwrap().burst(burst).unwrap();
                 let q = if nodelay { q.nodelay() } else { q.delay(delay) };
                 Box::new(NginxLimiter::with_clock(q, c))
             }
@@ -124,7 +124,7 @@ impl Spec {
                 c,
             )),
             Spec::Keyed { per_sec, burst } => {
-                let q = Quota::new(Rate::per_second(per_sec), burst).unwrap();
+                let q = TokenBucket::new(Rate::per_second(per_sec), burst).unwrap();
                 let limiter = KeyedBuilder::new(q).capacity(64).seeds([3; 8]).build_with_clock(c).unwrap();
                 Box::new(OneKey { limiter, key: 42 })
             }
@@ -136,7 +136,7 @@ impl Spec {
                     one_policy_key(SlidingWindow::new(limit, Duration::from_millis(window_ms)).unwrap(), c)
                 }
                 Spec::Nginx { per_sec, burst, nodelay, delay } => {
-                    let q = NginxQuota::per_second(per_sec).unwrap().burst(burst).unwrap();
+                    let q = Nginx::per_second(per_sec).unwrap().burst(burst).unwrap();
                     one_policy_key(if nodelay { q.nodelay() } else { q.delay(delay) }, c)
                 }
                 _ => unreachable!("keyed policies are nginx and the window counters"),
@@ -339,10 +339,8 @@ proptest! {
 #[test]
 fn two_zones_largest_delay_wins_and_a_rejection_charges_nothing() {
     let clock = ManualClock::new();
-    let client =
-        NginxLimiter::with_clock(NginxQuota::per_second(1).unwrap().burst(5).unwrap(), clock.clone());
-    let server =
-        NginxLimiter::with_clock(NginxQuota::per_second(1).unwrap().burst(6).unwrap().delay(3), clock);
+    let client = NginxLimiter::with_clock(Nginx::per_second(1).unwrap().burst(5).unwrap(), clock.clone());
+    let server = NginxLimiter::with_clock(Nginx::per_second(1).unwrap().burst(6).unwrap().delay(3), clock);
     let zones: [&dyn Admit; 2] = [&client, &server];
     let got: Vec<(Outcome, u64)> =
         (0..7).map(|_| check_all(&zones, 1)).map(|d| (d.outcome(), d.delay().as_secs())).collect();
@@ -360,8 +358,8 @@ fn two_zones_largest_delay_wins_and_a_rejection_charges_nothing() {
 #[test]
 fn refusals_report_the_longest_wait() {
     let clock = ManualClock::new();
-    let fast = Limiter::with_clock(Quota::per_second(1).unwrap(), clock.clone());
-    let slow = Limiter::with_clock(Quota::per_minute(1).unwrap(), clock.clone());
+    let fast = Limiter::with_clock(TokenBucket::per_second(1).unwrap(), clock.clone());
+    let slow = Limiter::with_clock(TokenBucket::per_minute(1).unwrap(), clock.clone());
     let limits: [&dyn Admit; 2] = [&fast, &slow];
     assert!(check_all(&limits, 1).is_allowed());
     clock.set(Nanos::new(500 * MS));
@@ -384,7 +382,7 @@ fn refusals_report_the_longest_wait() {
 #[test]
 fn refunds_in_charge_order_after_a_refill_give_back_nothing_absorbed() {
     let clock = ManualClock::new();
-    let l = Limiter::with_clock(Quota::per_second(1).unwrap().with_burst(2).unwrap(), clock.clone());
+    let l = Limiter::with_clock(TokenBucket::per_second(1).unwrap().with_burst(2).unwrap(), clock.clone());
     clock.set(Nanos::new(10_000 * MS));
     let (_, a) = Admit::charge(&l, 1);
     let (_, b) = Admit::charge(&l, 1);
@@ -400,10 +398,10 @@ fn refunds_in_charge_order_after_a_refill_give_back_nothing_absorbed() {
 #[test]
 fn keyed_refunds_account_for_every_tier() {
     let clock = ManualClock::new();
-    let l = KeyedBuilder::new(Quota::per_second(1).unwrap().with_burst(10).unwrap())
-        .tier("tight", Quota::per_second(1).unwrap())
+    let l = KeyedBuilder::<u64>::new(TokenBucket::per_second(1).unwrap().with_burst(10).unwrap())
+        .tier("tight", TokenBucket::per_second(1).unwrap())
         .capacity(16)
-        .build_with_clock::<u64, _>(clock.clone())
+        .build_with_clock(clock.clone())
         .unwrap();
     let tight = l.tier("tight").unwrap();
     clock.set(Nanos::new(100_000 * MS));
@@ -417,24 +415,24 @@ fn keyed_refunds_account_for_every_tier() {
 #[test]
 fn receipts_belong_to_their_limit() {
     let clock = ManualClock::new();
-    let a = Limiter::with_clock(Quota::per_second(1).unwrap(), clock.clone());
-    let b = Limiter::with_clock(Quota::per_second(1).unwrap(), clock.clone());
+    let a = Limiter::with_clock(TokenBucket::per_second(1).unwrap(), clock.clone());
+    let b = Limiter::with_clock(TokenBucket::per_second(1).unwrap(), clock.clone());
     let (_, r) = Admit::charge(&a, 1);
     assert!(b.check().is_allowed());
     Admit::refund(&b, r.unwrap());
     assert!(!b.check().is_allowed(), "another limiter's receipt refunded b");
-    let keyed = KeyedBuilder::new(Quota::per_second(1).unwrap())
+    let keyed = KeyedBuilder::<u64>::new(TokenBucket::per_second(1).unwrap())
         .capacity(16)
-        .build_with_clock::<u64, _>(clock.clone())
+        .build_with_clock(clock.clone())
         .unwrap();
     let (_, r) = keyed.limit(&1).charge(1);
     assert!(keyed.check(&2).is_allowed());
     keyed.limit(&2).refund(r.unwrap());
     assert!(!keyed.check(&2).is_allowed(), "key 1's receipt refunded key 2");
-    let stalest = KeyedBuilder::new(Quota::per_second(1).unwrap())
+    let stalest = KeyedBuilder::<u64>::new(TokenBucket::per_second(1).unwrap())
         .capacity(16)
-        .when_full(tollgate::WhenFull::EvictStalest)
-        .build_with_clock::<u64, _>(clock)
+        .when_full(tollgate::WhenFull::EvictFullest)
+        .build_with_clock(clock)
         .unwrap();
     let (d, r) = stalest.limit(&1).charge(1);
     assert!(d.is_allowed() && r.is_none());

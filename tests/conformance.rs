@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tollgate::{Limiter, ManualClock, Nanos, Outcome, Quota};
+use tollgate::{Limiter, ManualClock, Nanos, Outcome, TokenBucket};
 
 const MS: u64 = 1_000_000;
 
@@ -11,7 +11,7 @@ const MS: u64 = 1_000_000;
 /// rejected; at 0.5 s still rejected; at 1.0 s one passes.
 #[test]
 fn envoy_ten_token_example() {
-    let q = Quota::envoy(10, 1, Duration::from_secs(1)).unwrap();
+    let q = TokenBucket::envoy(10, 1, Duration::from_secs(1)).unwrap();
     let l = Limiter::with_clock(q, ManualClock::new());
     for _ in 0..10 {
         assert!(l.check_at(Nanos::ZERO).is_allowed());
@@ -26,7 +26,7 @@ fn envoy_ten_token_example() {
 /// current engine), not 10 at once every 10 s (the legacy timer).
 #[test]
 fn envoy_refill_is_continuous() {
-    let q = Quota::envoy(10, 10, Duration::from_secs(10)).unwrap();
+    let q = TokenBucket::envoy(10, 10, Duration::from_secs(10)).unwrap();
     let l = Limiter::with_clock(q, ManualClock::new());
     assert!(l.check_n_at(Nanos::ZERO, 10).is_allowed());
     assert!(!l.check_at(Nanos::new(999 * MS)).is_allowed());
@@ -36,7 +36,7 @@ fn envoy_refill_is_continuous() {
 /// governor `Quota::per_second(5)`: T = 200 ms, burst 5.
 #[test]
 fn governor_per_second_five() {
-    let q = Quota::per_second(5).unwrap();
+    let q = TokenBucket::per_second(5).unwrap();
     let l = Limiter::with_clock(q, ManualClock::new());
     for i in 0..5 {
         let d = l.check_at(Nanos::ZERO);
@@ -64,7 +64,7 @@ fn governor_per_second_five() {
 /// A bucket may start partly filled (Envoy starts full; that is the default).
 #[test]
 fn initial_level() {
-    let q = Quota::per_second(10).unwrap().with_initial(3).unwrap();
+    let q = TokenBucket::per_second(10).unwrap().with_initial(3).unwrap();
     let l = Limiter::with_clock(q, ManualClock::new());
     assert_eq!(l.peek_at(Nanos::ZERO).remaining(), 3);
     assert!(l.check_n_at(Nanos::ZERO, 3).is_allowed());
@@ -75,7 +75,7 @@ fn initial_level() {
 /// redis-cell's README: `CL.THROTTLE user123 15 30 60` on a fresh key → 0, 16, 15, -1, 2.
 #[test]
 fn redis_cell_readme_vector() {
-    let q = Quota::redis_cell(15, 30, Duration::from_secs(60)).unwrap();
+    let q = TokenBucket::redis_cell(15, 30, Duration::from_secs(60)).unwrap();
     let l = Limiter::with_clock(q, ManualClock::new());
     let reply = l.check_at(Nanos::ZERO).cl_throttle(&q);
     assert_eq!(
@@ -87,7 +87,7 @@ fn redis_cell_readme_vector() {
 /// The same key drained at t = 0, then the algorithm of §1.2 step by step: T = 2 s, DVT = 32 s.
 #[test]
 fn redis_cell_drained_and_refilling() {
-    let q = Quota::redis_cell(15, 30, Duration::from_secs(60)).unwrap();
+    let q = TokenBucket::redis_cell(15, 30, Duration::from_secs(60)).unwrap();
     let l = Limiter::with_clock(q, ManualClock::new());
     for i in 0..16u64 {
         let r = l.check_at(Nanos::ZERO).cl_throttle(&q);
@@ -115,7 +115,7 @@ fn redis_cell_drained_and_refilling() {
 /// governor's `Quota::per_second(5)` as GCRA parameters: T = 200 ms, burst 5.
 #[test]
 fn gcra_constructor_matches_governor() {
-    let q = Quota::gcra(Duration::from_millis(200), 5).unwrap();
+    let q = TokenBucket::gcra(Duration::from_millis(200), 5).unwrap();
     let l = Limiter::with_clock(q, ManualClock::new());
     assert_eq!((0..6).filter(|_| l.check_at(Nanos::ZERO).is_allowed()).count(), 5);
     assert_eq!(l.check_at(Nanos::ZERO).retry_after(), Some(Duration::from_millis(200)));

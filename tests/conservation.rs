@@ -9,7 +9,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::model::refill_bound;
-use tollgate::{Limiter, ManualClock, Nanos, Quota, Rate};
+use tollgate::{Limiter, ManualClock, Nanos, Rate, TokenBucket};
 
 const THREADS: usize = 4;
 
@@ -17,7 +17,7 @@ const THREADS: usize = 4;
 /// interleave, so no CAS lost an update and none granted twice.
 #[test]
 fn frozen_time_grants_exactly_the_level() {
-    let q = Quota::new(Rate::per_second(1000), 5_000).unwrap();
+    let q = TokenBucket::new(Rate::per_second(1000), 5_000).unwrap();
     let limiter = Limiter::with_clock(q, ManualClock::new());
     let barrier = Barrier::new(THREADS);
     for phase in 0..20u64 {
@@ -56,7 +56,7 @@ fn moving_time_never_exceeds_the_bound() {
         (Rate::per(7, Duration::from_nanos(3)), 1_000),
         (Rate::per_second(3), 1),
     ] {
-        let q = Quota::new(rate, burst).unwrap();
+        let q = TokenBucket::new(rate, burst).unwrap();
         let limiter = Limiter::with_clock(q, ManualClock::new());
         let clock = AtomicU64::new(0);
         let granted = AtomicU64::new(0);

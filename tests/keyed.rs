@@ -10,7 +10,9 @@ use std::time::Duration;
 use common::model::{Answer, Model};
 use proptest::prelude::*;
 use tollgate::Clock;
-use tollgate::{ConfigError, KeyedBuilder, KeyedLimiter, ManualClock, Outcome, Quota, Rate, WhenFull};
+use tollgate::{
+    ConfigError, KeyedBuilder, KeyedLimiter, ManualClock, Outcome, Rate, TokenBucket, UpdateError, WhenFull,
+};
 
 const SEEDS: [u64; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
 
@@ -34,9 +36,9 @@ fn ops(burst: u64, keys: u64) -> impl Strategy<Value = Vec<Op>> {
     prop::collection::vec(op, 1..600)
 }
 
-fn quota() -> impl Strategy<Value = Quota> {
+fn quota() -> impl Strategy<Value = TokenBucket> {
     (1u64..=5, prop_oneof![Just(10u64), Just(3), Just(1_000)], 1u64..=5).prop_map(|(tokens, per_s, burst)| {
-        Quota::new(Rate::per(tokens, Duration::from_millis(1_000 * 10 / per_s.max(1))), burst).unwrap()
+        TokenBucket::new(Rate::per(tokens, Duration::from_millis(1_000 * 10 / per_s.max(1))), burst).unwrap()
     })
 }
 
@@ -54,7 +56,7 @@ fn housekeeping<C: Clock>(op: &Op, clock: &ManualClock, l: &KeyedLimiter<u64, C>
 
 /// One shard of 64 slots holding at most 56 keys: every key's window is the whole shard, so
 /// the table is full exactly when 56 tracked buckets are not full, which the model can tell.
-fn small(q: Quota, when_full: WhenFull, clock: &ManualClock) -> KeyedLimiter<u64, ManualClock> {
+fn small(q: TokenBucket, when_full: WhenFull, clock: &ManualClock) -> KeyedLimiter<u64, ManualClock> {
     let l = KeyedBuilder::new(q)
         .capacity(56)
         .shards(1)
@@ -111,12 +113,12 @@ proptest! {
         }
     }
 
-    /// EvictStalest: whatever the table evicts, every admission for a key is one that a bucket
+    /// EvictFullest: whatever the table evicts, every admission for a key is one that a bucket
     /// never evicted would also admit (the ghost brings a returning key back no fuller).
     #[test]
     fn forced_eviction_never_over_admits(q in quota(), ops in ops(5, 120)) {
         let clock = ManualClock::new();
-        let l = small(q, WhenFull::EvictStalest, &clock);
+        let l = small(q, WhenFull::EvictFullest, &clock);
         let q = l.quota();
         let mut models: HashMap<u64, Model> = HashMap::new();
         for op in ops {
@@ -153,10 +155,12 @@ enum TierOp {
 }
 
 /// Quotas exact at 1 ns (`tokens` divides 10^6), so that every tier shares the default's unit.
-fn pool() -> Vec<Quota> {
+fn pool() -> Vec<TokenBucket> {
     [(1, 100, 1), (2, 10, 3), (5, 1_000, 5), (10, 50, 2), (4, 7, 4), (8, 300, 8)]
         .iter()
-        .map(|&(tokens, ms, burst)| Quota::new(Rate::per(tokens, Duration::from_millis(ms)), burst).unwrap())
+        .map(|&(tokens, ms, burst)| {
+            TokenBucket::new(Rate::per(tokens, Duration::from_millis(ms)), burst).unwrap()
+        })
         .collect()
 }
 
@@ -191,18 +195,18 @@ proptest! {
     ) {
         let qs = pool();
         let clock = ManualClock::new();
-        let l = KeyedBuilder::new(qs[picks.0])
+        let l = KeyedBuilder::<u64>::new(qs[picks.0])
             .tier("pro", qs[picks.1])
             .tier("free", qs[picks.2])
             .max_fill_time(Duration::from_nanos(headroom))
             .capacity(56)
             .shards(1)
             .seeds(SEEDS)
-            .build_with_clock::<u64, _>(clock.clone())
+            .build_with_clock(clock.clone())
             .unwrap();
         let tiers = [tollgate::Tier::DEFAULT, l.tier("pro").unwrap(), l.tier("free").unwrap()];
-        let mut current: Vec<Quota> = tiers.iter().map(|&t| l.tier_quota(t)).collect();
-        let fill = |q: &Quota| q.units_per_token() * q.burst();
+        let mut current: Vec<TokenBucket> = tiers.iter().map(|&t| l.tier_quota(t)).collect();
+        let fill = |q: &TokenBucket| q.units_per_token() * q.burst();
         let max_fill = current.iter().map(fill).max().unwrap().max(headroom);
         let mut overrides: HashMap<u64, usize> = HashMap::new();
         let mut models: HashMap<u64, Model> = HashMap::new();
@@ -258,11 +262,11 @@ proptest! {
 
 #[test]
 fn tier_errors_are_typed() {
-    let q = Quota::per_second(1).unwrap();
-    let l = KeyedBuilder::new(q)
-        .tier("pro", Quota::per_second(10).unwrap())
+    let q = TokenBucket::per_second(1).unwrap();
+    let l = KeyedBuilder::<u64>::new(q)
+        .tier("pro", TokenBucket::per_second(10).unwrap())
         .max_overrides(2)
-        .build::<u64>()
+        .build()
         .unwrap();
     let pro = l.tier("pro").unwrap();
     assert_eq!(l.tier("missing"), None);
@@ -271,26 +275,33 @@ fn tier_errors_are_typed() {
     l.set_override(&1, pro).unwrap();
     l.set_override(&2, pro).unwrap();
     l.set_override(&1, tollgate::Tier::DEFAULT).unwrap(); // an update, not a new entry
-    assert!(matches!(
-        l.set_override(&3, pro),
-        Err(ConfigError::OutOfRange { what: "per-key overrides", .. })
-    ));
+    assert!(matches!(l.set_override(&3, pro), Err(UpdateError::OverridesFull { max: 2 })));
     assert!(l.clear_override(&2));
     l.set_override(&3, pro).unwrap(); // the tombstone is reused
     assert_eq!(l.override_of(&3), Some(pro));
     // A fill time beyond the largest built (1 s): refused, nothing changed.
-    let longer = Quota::new(Rate::per_second(1), 2).unwrap();
-    assert!(matches!(l.set_tier_quota(pro, longer), Err(ConfigError::OutOfRange { .. })));
+    let longer = TokenBucket::new(Rate::per_second(1), 2).unwrap();
+    assert!(matches!(
+        l.set_tier_quota(pro, longer),
+        Err(UpdateError::Config(ConfigError::TierFillTooLong { .. }))
+    ));
+    // Tier names from configuration (owned strings); a tier of another limiter is unknown here.
+    let names: Vec<String> = (0..9).map(|i| format!("plan-{i}")).collect();
+    let big = names.iter().fold(KeyedBuilder::<u64>::new(q), |b, n| b.tier(n.clone(), q)).build().unwrap();
+    let ninth = big.tier("plan-8").unwrap();
+    assert_eq!(big.tier_name(ninth), "plan-8");
+    assert_eq!(l.set_tier_quota(ninth, q), Err(UpdateError::UnknownTier { tier: 9, tiers: 2 }));
+    assert_eq!(l.set_override(&5, ninth), Err(UpdateError::UnknownTier { tier: 9, tiers: 2 }));
     assert_eq!(l.tier_quota(pro).burst(), 10);
     // With headroom it is accepted.
-    let roomy = KeyedBuilder::new(q).max_fill_time(Duration::from_secs(2)).build::<u64>().unwrap();
+    let roomy = KeyedBuilder::<u64>::new(q).max_fill_time(Duration::from_secs(2)).build().unwrap();
     roomy.set_tier_quota(tollgate::Tier::DEFAULT, longer).unwrap();
     assert_eq!(roomy.quota().burst(), 2);
 }
 
 #[test]
 fn table_full_policies_at_the_boundary() {
-    let q = Quota::new(Rate::per_second(1), 2).unwrap();
+    let q = TokenBucket::new(Rate::per_second(1), 2).unwrap();
     for (policy, outcome) in [(WhenFull::Deny, Outcome::TableFull), (WhenFull::Allow, Outcome::Untracked)] {
         let clock = ManualClock::new();
         let l = small(q, policy, &clock);
@@ -314,9 +325,9 @@ fn table_full_policies_at_the_boundary() {
 
 #[test]
 fn evict_stalest_leaves_a_ghost() {
-    let q = Quota::new(Rate::per_second(1), 4).unwrap();
+    let q = TokenBucket::new(Rate::per_second(1), 4).unwrap();
     let clock = ManualClock::new();
-    let l = small(q, WhenFull::EvictStalest, &clock);
+    let l = small(q, WhenFull::EvictFullest, &clock);
     // Key 0 takes a token first, so its bucket is the stalest (oldest stamp) of 56.
     assert!(l.check(&0).is_allowed());
     clock.advance(Duration::from_millis(10));
@@ -336,7 +347,7 @@ fn evict_stalest_leaves_a_ghost() {
 
 #[test]
 fn key_types() {
-    let q = Quota::per_second(1).unwrap();
+    let q = TokenBucket::per_second(1).unwrap();
     let by_str = KeyedLimiter::<str>::new(q, 100).unwrap();
     assert!(by_str.check("a").is_allowed());
     assert!(!by_str.check(&String::from("a")).is_allowed());
@@ -359,18 +370,17 @@ fn key_types() {
 
 #[test]
 fn configuration_errors_are_typed() {
-    let q = Quota::per_second(1).unwrap();
-    let err = |b: KeyedBuilder| b.build::<u64>().unwrap_err();
-    assert!(matches!(
-        err(KeyedBuilder::new(q).capacity(0)),
-        ConfigError::OutOfRange { what: "keyed capacity", .. }
-    ));
-    assert!(matches!(err(KeyedBuilder::new(q).capacity(1 << 40)), ConfigError::OutOfRange { .. }));
-    assert!(matches!(err(KeyedBuilder::new(q).shards(3)), ConfigError::OutOfRange { .. }));
-    assert!(matches!(err(KeyedBuilder::new(q).shards(128)), ConfigError::OutOfRange { .. }));
+    let q = TokenBucket::per_second(1).unwrap();
+    let err = |b: KeyedBuilder<u64>| b.build().unwrap_err();
+    assert!(matches!(err(KeyedBuilder::new(q).capacity(0)), ConfigError::ZeroCapacity));
+    assert!(matches!(err(KeyedBuilder::new(q).capacity(1 << 40)), ConfigError::CapacityTooLarge { .. }));
+    assert_eq!(err(KeyedBuilder::new(q).shards(3)), ConfigError::InvalidShards { shards: 3 });
+    assert!(err(KeyedBuilder::new(q).shards(3)).to_string().contains("power of two"));
+    assert!(err(KeyedBuilder::new(q).capacity(0)).to_string().contains("at least 1 key"));
+    assert_eq!(err(KeyedBuilder::new(q).shards(128)), ConfigError::InvalidShards { shards: 128 });
     // A fill time beyond the table's units.
-    let slow = Quota::new(Rate::per(1, Duration::from_nanos(1 << 30)), (1 << 32) - 1).unwrap();
-    assert!(matches!(err(KeyedBuilder::new(slow)), ConfigError::OutOfRange { .. }));
+    let slow = TokenBucket::new(Rate::per(1, Duration::from_nanos(1 << 30)), (1 << 32) - 1).unwrap();
+    assert!(matches!(err(KeyedBuilder::new(slow)), ConfigError::TierFillTooLong { .. }));
     // A keyed limiter's lifetime is still over a century at 1 ns units.
     let l = KeyedLimiter::<u64>::new(q, 10).unwrap();
     assert!(l.lifetime().as_u64() > 100 * 365 * 86_400 * 1_000_000_000);
@@ -378,7 +388,7 @@ fn configuration_errors_are_typed() {
 
 #[test]
 fn costs_outside_one_to_burst_never_insert() {
-    let q = Quota::per_second(3).unwrap();
+    let q = TokenBucket::per_second(3).unwrap();
     let l = KeyedLimiter::<u64>::new(q, 100).unwrap();
     assert_eq!(l.check_n(&1, 0).outcome(), Outcome::Allowed);
     assert_eq!(l.check_n(&1, 4).outcome(), Outcome::Insufficient);
@@ -389,11 +399,10 @@ fn costs_outside_one_to_burst_never_insert() {
 
 #[test]
 fn batch_matches_single_decisions() {
-    let q = Quota::new(Rate::per_second(10), 3).unwrap();
+    let q = TokenBucket::new(Rate::per_second(10), 3).unwrap();
     let clock = ManualClock::new();
-    let build = || {
-        KeyedBuilder::new(q).capacity(1_000).seeds(SEEDS).build_with_clock::<u64, _>(clock.clone()).unwrap()
-    };
+    let build =
+        || KeyedBuilder::<u64>::new(q).capacity(1_000).seeds(SEEDS).build_with_clock(clock.clone()).unwrap();
     let (a, b) = (build(), build());
     let items: Vec<(u64, u64)> = (0..500u64).map(|i| ((i * 7919) % 97, 1 + i % 3)).collect();
     let mut out = vec![a.peek(&0); 500];
@@ -409,12 +418,10 @@ fn batch_matches_single_decisions() {
 /// policy refuses what does not fit, and keys tracked before the flood keep their limits.
 #[test]
 fn key_flood_keeps_memory_flat_and_limits_intact() {
-    let q = Quota::new(Rate::per_second(1), 5).unwrap();
+    let q = TokenBucket::new(Rate::per_second(1), 5).unwrap();
     let clock = ManualClock::new();
-    let l = KeyedBuilder::new(q)
-        .capacity(1 << 12)
-        .build_with_clock::<std::net::Ipv6Addr, _>(clock.clone())
-        .unwrap();
+    let l =
+        KeyedBuilder::<std::net::Ipv6Addr>::new(q).capacity(1 << 12).build_with_clock(clock.clone()).unwrap();
     let memory = l.memory_bytes();
     let good: Vec<std::net::Ipv6Addr> = (0..100u128).map(|i| (0x2001_0db8u128 << 96 | i).into()).collect();
     for k in &good {

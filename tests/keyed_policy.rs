@@ -15,7 +15,7 @@ use common::window_model::{FixedWindowModel, SlidingWindowModel};
 use proptest::prelude::*;
 use tollgate::{
     Clock, ConfigError, FixedWindow, Keyed, KeyedFixedWindow, KeyedNginx, KeyedPolicy, KeyedSlidingWindow,
-    ManualClock, Nanos, NginxQuota, Outcome, SlidingWindow, WhenFull,
+    ManualClock, Nanos, Nginx, Outcome, SlidingWindow, WhenFull,
 };
 
 const SEEDS: [u64; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
@@ -51,8 +51,8 @@ fn matches_models<P: KeyedPolicy, M: RefModel>(
     keyed_models::compare(p, fresh, most, ops, fail_open, SEEDS).map_err(TestCaseError::fail)
 }
 
-fn nginx_quota(rate: u64, per_minute: bool, burst: u64, delay: Option<u64>) -> (NginxQuota, NginxModel) {
-    let base = if per_minute { NginxQuota::per_minute(rate) } else { NginxQuota::per_second(rate) };
+fn nginx_quota(rate: u64, per_minute: bool, burst: u64, delay: Option<u64>) -> (Nginx, NginxModel) {
+    let base = if per_minute { Nginx::per_minute(rate) } else { Nginx::per_second(rate) };
     let q = base.unwrap().burst(burst).unwrap();
     let q = match delay {
         Some(d) => q.delay(d),
@@ -187,16 +187,20 @@ fn table_full_policies_and_costs_that_never_insert() {
     }
 }
 
-/// EvictStalest is refused (its ghosts summarize a bucket), and capacity and shards are
+/// EvictFullest is refused (its ghosts summarize a bucket), and capacity and shards are
 /// checked as for the bucket table.
 #[test]
 fn configuration_errors_are_typed() {
     let p = FixedWindow::new(1, Duration::from_secs(1)).unwrap();
-    let e = Keyed::builder(p).when_full(WhenFull::EvictStalest).build::<u64>().unwrap_err();
-    assert!(matches!(e, ConfigError::OutOfRange { max: 1, .. }), "{e}");
-    assert!(matches!(Keyed::builder(p).capacity(0).build::<u64>(), Err(ConfigError::OutOfRange { .. })));
-    assert!(matches!(Keyed::builder(p).shards(3).build::<u64>(), Err(ConfigError::OutOfRange { .. })));
-    assert!(Keyed::builder(p).shards(64).capacity(1).build::<u64>().is_ok());
+    let e = Keyed::<_, u64>::builder(p).when_full(WhenFull::EvictFullest).build().unwrap_err();
+    assert_eq!(e, ConfigError::EvictionUnsupported { algorithm: "fixed window" });
+    assert!(e.to_string().contains("WhenFull::Deny"), "{e}");
+    assert!(matches!(Keyed::<_, u64>::builder(p).capacity(0).build(), Err(ConfigError::ZeroCapacity)));
+    assert!(matches!(
+        Keyed::<_, u64>::builder(p).shards(3).build(),
+        Err(ConfigError::InvalidShards { shards: 3 })
+    ));
+    assert!(Keyed::<_, u64>::builder(p).shards(64).capacity(1).build().is_ok());
 }
 
 /// The batch API decides as single calls do.
@@ -255,8 +259,8 @@ fn concurrent_decisions_conserve_every_keys_limit() {
     }
     run(FixedWindow::new(7, Duration::from_secs(1)).unwrap(), 7);
     run(SlidingWindow::new(7, Duration::from_secs(1)).unwrap(), 7);
-    run(NginxQuota::per_second(1).unwrap().burst(6).unwrap().nodelay(), 7);
-    run(NginxQuota::per_second(1).unwrap().burst(6).unwrap(), 7); // the delayed ones count too
+    run(Nginx::per_second(1).unwrap().burst(6).unwrap().nodelay(), 7);
+    run(Nginx::per_second(1).unwrap().burst(6).unwrap(), 7); // the delayed ones count too
 }
 
 /// An IPv6 spray of 100× the capacity in distinct keys: memory is what was allocated at

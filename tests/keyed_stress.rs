@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::{Clock, KeyedBuilder, KeyedLimiter, ManualClock, Outcome, Quota, Rate, WhenFull};
+use tollgate::{Clock, KeyedBuilder, KeyedLimiter, ManualClock, Outcome, Rate, TokenBucket, WhenFull};
 
 const THREADS: usize = 4;
 
@@ -24,7 +24,7 @@ fn xorshift(state: &mut u64) -> u64 {
 #[test]
 fn frozen_time_admits_exactly_the_burst_per_key() {
     const KEYS: u64 = 4_096;
-    let q = Quota::new(Rate::per_hour(1), 3).unwrap();
+    let q = TokenBucket::new(Rate::per_hour(1), 3).unwrap();
     let l: Arc<KeyedLimiter<u64, ManualClock>> =
         Arc::new(KeyedBuilder::new(q).capacity(8_192).build_with_clock(ManualClock::new()).unwrap());
     let admitted: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
@@ -67,8 +67,8 @@ fn frozen_time_admits_exactly_the_burst_per_key() {
 #[test]
 fn churn_with_eviction_never_over_admits() {
     const KEYS: u64 = 16_384;
-    for policy in [WhenFull::Deny, WhenFull::EvictStalest] {
-        let q = Quota::new(Rate::per(1, Duration::from_micros(100)), 4).unwrap();
+    for policy in [WhenFull::Deny, WhenFull::EvictFullest] {
+        let q = TokenBucket::new(Rate::per(1, Duration::from_micros(100)), 4).unwrap();
         let clock = ManualClock::new();
         let l: Arc<KeyedLimiter<u64, ManualClock>> = Arc::new(
             KeyedBuilder::new(q).capacity(4_096).when_full(policy).build_with_clock(clock.clone()).unwrap(),
@@ -113,7 +113,7 @@ fn churn_with_eviction_never_over_admits() {
         let s = l.stats();
         assert!(s.live <= s.slots);
         assert!(s.evictions > 0, "{policy:?}: {s:?}");
-        if policy == WhenFull::EvictStalest {
+        if policy == WhenFull::EvictFullest {
             assert!(s.forced_evictions > 0 || refused == 0, "{s:?}");
         }
     }

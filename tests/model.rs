@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::model::{is_exact, refill_bound, Answer, Ideal, Model};
 use proptest::prelude::*;
-use tollgate::{Limiter, ManualClock, Nanos, Quota, Rate};
+use tollgate::{Limiter, ManualClock, Nanos, Rate, TokenBucket};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -49,7 +49,7 @@ fn ops(burst: u64) -> impl Strategy<Value = Vec<Op>> {
 
 /// Quotas across the supported ranges, biased towards small bursts (more boundary crossings),
 /// and towards the rates users configure.
-fn quota() -> impl Strategy<Value = Quota> {
+fn quota() -> impl Strategy<Value = TokenBucket> {
     let tokens = prop_oneof![1u64..=100, 1u64..=1 << 36, Just(12_500_000_000u64), Just(10_000_000_000)];
     let period = prop_oneof![
         Just(1_000_000_000u64),
@@ -60,19 +60,19 @@ fn quota() -> impl Strategy<Value = Quota> {
     ];
     let burst = prop_oneof![1u64..=20, 1u64..=1 << 32];
     (tokens, period, burst, any::<u64>()).prop_filter_map("unsupported", |(tokens, period, burst, init)| {
-        let q = Quota::new(Rate::per(tokens, Duration::from_nanos(period)), burst).ok()?;
+        let q = TokenBucket::new(Rate::per(tokens, Duration::from_nanos(period)), burst).ok()?;
         let initial = if init % 3 == 0 { init % (burst + 1) } else { burst };
         q.with_initial(initial).ok()
     })
 }
 
 /// Quotas whose per-token time is exactly `t/m` ns.
-fn exact_quota() -> impl Strategy<Value = Quota> {
+fn exact_quota() -> impl Strategy<Value = TokenBucket> {
     (1u64..=64, 1u64..=1 << 40, 1u64..=1000, prop_oneof![1u64..=20, 1u64..=1 << 32]).prop_filter_map(
         "unsupported",
         |(m, t, a, burst)| {
             // Exact unless the fill time only fits at a coarser unit.
-            Quota::new(Rate::per(m * a, Duration::from_nanos(t * a)), burst).ok().filter(is_exact)
+            TokenBucket::new(Rate::per(m * a, Duration::from_nanos(t * a)), burst).ok().filter(is_exact)
         },
     )
 }

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use common::nginx_model::NginxModel;
 use proptest::prelude::*;
-use tollgate::{ManualClock, Nanos, NginxLimiter, NginxQuota, Outcome};
+use tollgate::{ManualClock, Nanos, Nginx, NginxLimiter, Outcome};
 
 const MS: u64 = 1_000_000;
 
-fn seven_at_zero(q: NginxQuota) -> Vec<(Outcome, Duration)> {
+fn seven_at_zero(q: Nginx) -> Vec<(Outcome, Duration)> {
     let l = NginxLimiter::with_clock(q, ManualClock::new());
     (0..7).map(|_| l.check_at(Nanos::ZERO)).map(|d| (d.outcome(), d.delay())).collect()
 }
@@ -23,7 +23,7 @@ fn secs(s: u64) -> Duration {
 #[test]
 fn burst_delays_then_rejects() {
     use Outcome::*;
-    let q = NginxQuota::per_second(1).unwrap().burst(5).unwrap();
+    let q = Nginx::per_second(1).unwrap().burst(5).unwrap();
     let want = [
         (Allowed, secs(0)),
         (Delayed, secs(1)),
@@ -39,7 +39,7 @@ fn burst_delays_then_rejects() {
 #[test]
 fn burst_nodelay_passes_then_rejects_and_frees_one_slot_per_second() {
     use Outcome::*;
-    let q = NginxQuota::per_second(1).unwrap().burst(5).unwrap().nodelay();
+    let q = Nginx::per_second(1).unwrap().burst(5).unwrap().nodelay();
     let l = NginxLimiter::with_clock(q, ManualClock::new());
     let got: Vec<_> = (0..7).map(|_| l.check_at(Nanos::ZERO).outcome()).collect();
     assert_eq!(got, [Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Denied]);
@@ -54,7 +54,7 @@ fn burst_nodelay_passes_then_rejects_and_frees_one_slot_per_second() {
 #[test]
 fn burst_with_delay_three() {
     use Outcome::*;
-    let q = NginxQuota::per_second(1).unwrap().burst(5).unwrap().delay(3);
+    let q = Nginx::per_second(1).unwrap().burst(5).unwrap().delay(3);
     let want = [
         (Allowed, secs(0)),
         (Allowed, secs(0)),
@@ -70,7 +70,7 @@ fn burst_with_delay_three() {
 /// `rate=10r/s` with no burst: 10 ms later the excess is 900 > 0 (rejected); 100 ms later it is 0.
 #[test]
 fn ten_per_second_without_burst() {
-    let q = NginxQuota::per_second(10).unwrap();
+    let q = Nginx::per_second(10).unwrap();
     let l = NginxLimiter::with_clock(q, ManualClock::new());
     assert_eq!(l.check_at(Nanos::ZERO).outcome(), Outcome::Allowed);
     let d = l.check_at(Nanos::new(10 * MS));
@@ -82,7 +82,7 @@ fn ten_per_second_without_burst() {
 /// `30r/m` is nginx's way to say 0.5 r/s: rate 500 milli-requests per second.
 #[test]
 fn per_minute_rates() {
-    let q = NginxQuota::per_minute(30).unwrap();
+    let q = Nginx::per_minute(30).unwrap();
     let l = NginxLimiter::with_clock(q, ManualClock::new());
     assert!(l.check_at(Nanos::ZERO).is_allowed());
     assert!(!l.check_at(Nanos::new(1_999 * MS)).is_allowed());
@@ -93,7 +93,7 @@ fn per_minute_rates() {
 /// than `burst + 1` can never pass.
 #[test]
 fn several_at_once() {
-    let q = NginxQuota::per_second(1).unwrap().burst(3).unwrap().nodelay();
+    let q = Nginx::per_second(1).unwrap().burst(3).unwrap().nodelay();
     let l = NginxLimiter::with_clock(q, ManualClock::new());
     assert_eq!(l.check_n_at(Nanos::ZERO, 5).outcome(), Outcome::Insufficient);
     assert_eq!(l.check_n_at(Nanos::ZERO, 0).remaining(), 3);
@@ -106,11 +106,11 @@ fn several_at_once() {
 
 #[test]
 fn configuration_errors_are_typed() {
-    assert_eq!(NginxQuota::per_second(0), Err(tollgate::ConfigError::ZeroRate));
-    assert!(NginxQuota::per_second(1).unwrap().burst(16_777).is_ok());
+    assert_eq!(Nginx::per_second(0), Err(tollgate::ConfigError::ZeroRate));
+    assert!(Nginx::per_second(1).unwrap().burst(16_777).is_ok());
     assert!(matches!(
-        NginxQuota::per_second(1).unwrap().burst(16_778),
-        Err(tollgate::ConfigError::OutOfRange { max: 16_777, .. })
+        Nginx::per_second(1).unwrap().burst(16_778),
+        Err(tollgate::ConfigError::NginxBurstTooLarge { burst: 16_778, max: 16_777 })
     ));
 }
 
@@ -138,7 +138,7 @@ proptest! {
             1 => prop_oneof![0u64..=3, 0u64..=20_000].prop_map(Op::CheckN),
         ], 1..150),
     ) {
-        let base = if per_minute { NginxQuota::per_minute(rate) } else { NginxQuota::per_second(rate) }.unwrap();
+        let base = if per_minute { Nginx::per_minute(rate) } else { Nginx::per_second(rate) }.unwrap();
         let mut q = base.burst(burst).unwrap();
         if let Some(d) = delay { q = q.delay(d) } else { q = q.nodelay() }
         let l = NginxLimiter::with_clock(q, ManualClock::new());
@@ -164,7 +164,7 @@ proptest! {
 /// 60 s behind counts as 0.
 #[test]
 fn backwards_clock_rule_boundary() {
-    let q = NginxQuota::per_second(1_000).unwrap(); // 1 request per ms, no burst
+    let q = Nginx::per_second(1_000).unwrap(); // 1 request per ms, no burst
     let at = |ms: u64| Nanos::new(ms * MS);
     let l = NginxLimiter::with_clock(q, ManualClock::new());
     assert!(l.check_at(at(100_000)).is_allowed());

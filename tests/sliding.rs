@@ -30,8 +30,14 @@ fn no_boundary_burst() {
 
 #[test]
 fn limits() {
-    assert_eq!(SlidingWindow::new(0, Duration::from_secs(1)), Err(ConfigError::ZeroBurst));
-    assert_eq!(SlidingWindow::new(1, Duration::ZERO), Err(ConfigError::ZeroPeriod));
+    assert_eq!(
+        SlidingWindow::new(0, Duration::from_secs(1)),
+        Err(ConfigError::ZeroLimit { algorithm: "sliding window" })
+    );
+    assert_eq!(
+        SlidingWindow::new(1, Duration::ZERO),
+        Err(ConfigError::ZeroWindow { algorithm: "sliding window" })
+    );
     assert!(SlidingWindow::new(2_047, Duration::from_millis(1)).is_ok());
     assert!(matches!(
         SlidingWindow::new(2_048, Duration::from_millis(1)),
@@ -41,7 +47,7 @@ fn limits() {
     assert!(SlidingWindow::new(SlidingWindow::MAX_LIMIT, Duration::from_secs(200)).is_ok());
     assert!(matches!(
         SlidingWindow::new(SlidingWindow::MAX_LIMIT + 1, Duration::from_secs(60)),
-        Err(ConfigError::OutOfRange { .. })
+        Err(ConfigError::LimitTooLarge { algorithm: "sliding window", .. })
     ));
     let e = SlidingWindow::new(2_048, Duration::from_millis(1)).unwrap_err().to_string();
     assert!(e.contains("2048") && e.contains("100 years"), "{e}");

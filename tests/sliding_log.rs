@@ -73,8 +73,8 @@ proptest! {
     fn keyed_matches_a_map_of_definitions(limit in 1u64..5, window in 1u64..20_000,
         ops in prop::collection::vec((0u64..8, 0u64..5_000, 0u64..4, prop::bool::weighted(0.9)), 1..200)) {
         let log = SlidingLog::new(limit, Duration::from_nanos(window)).unwrap();
-        let l = KeyedSlidingLog::builder(log).capacity(64).seeds([1, 2, 3, 4, 5, 6, 7, 8])
-            .build_with_clock::<u64, _>(ManualClock::new()).unwrap();
+        let l = KeyedSlidingLog::<u64>::builder(log).capacity(64).seeds([1, 2, 3, 4, 5, 6, 7, 8])
+            .build_with_clock(ManualClock::new()).unwrap();
         let mut models: HashMap<u64, LogModel> = HashMap::new();
         let mut now = 0;
         for (key, gap, n, take) in ops {
@@ -92,11 +92,8 @@ proptest! {
 fn a_full_table_refuses_new_keys_until_logs_expire() {
     let log = SlidingLog::new(2, Duration::from_secs(1)).unwrap();
     let clock = ManualClock::new();
-    let l = KeyedSlidingLog::builder(log)
-        .capacity(28)
-        .shards(1)
-        .build_with_clock::<u64, _>(clock.clone())
-        .unwrap();
+    let l =
+        KeyedSlidingLog::<u64>::builder(log).capacity(28).shards(1).build_with_clock(clock.clone()).unwrap();
     assert_eq!(l.capacity(), 32);
     for k in 0..32u64 {
         assert!(l.check(&k).is_allowed());
@@ -113,14 +110,14 @@ fn a_full_table_refuses_new_keys_until_logs_expire() {
     assert!(l.check_n(&7, 2).is_allowed());
     assert_eq!(l.len(), 32);
 
-    let open = KeyedSlidingLog::builder(log)
+    let open = KeyedSlidingLog::<u64>::builder(log)
         .capacity(28)
         .shards(1)
         .when_full(WhenFull::Allow)
-        .build_with_clock::<u64, _>(ManualClock::new())
+        .build_with_clock(ManualClock::new())
         .unwrap();
     for k in 0..32u64 {
-        open.check(&k);
+        let _ = open.check(&k);
     }
     assert_eq!(open.check(&100).outcome(), Outcome::Untracked);
     assert!(open.check(&100).is_allowed());
@@ -133,10 +130,10 @@ fn a_full_table_refuses_new_keys_until_logs_expire() {
 fn a_key_flood_keeps_memory_bounded_and_good_keys_limited() {
     let log = SlidingLog::new(5, Duration::from_secs(60)).unwrap();
     let clock = ManualClock::new();
-    let l = KeyedSlidingLog::builder(log)
+    let l = KeyedSlidingLog::<u64>::builder(log)
         .capacity(1024)
         .seeds([9; 8])
-        .build_with_clock::<u64, _>(clock.clone())
+        .build_with_clock(clock.clone())
         .unwrap();
     let memory = l.memory_bytes();
     let mut good: HashMap<u64, LogModel> =
@@ -170,25 +167,31 @@ fn a_key_flood_keeps_memory_bounded_and_good_keys_limited() {
 
 #[test]
 fn configuration_errors_are_typed() {
-    assert_eq!(SlidingLog::new(0, Duration::from_secs(1)), Err(ConfigError::ZeroBurst));
+    assert_eq!(
+        SlidingLog::new(0, Duration::from_secs(1)),
+        Err(ConfigError::ZeroLimit { algorithm: "sliding log" })
+    );
     assert!(matches!(
         SlidingLog::new(SlidingLog::MAX_LIMIT + 1, Duration::from_secs(1)),
-        Err(ConfigError::OutOfRange { what: "sliding-log limit", .. })
+        Err(ConfigError::LimitTooLarge { algorithm: "sliding log", .. })
     ));
-    assert_eq!(SlidingLog::new(1, Duration::ZERO), Err(ConfigError::ZeroPeriod));
+    assert_eq!(SlidingLog::new(1, Duration::ZERO), Err(ConfigError::ZeroWindow { algorithm: "sliding log" }));
     let log = SlidingLog::new(SlidingLog::MAX_LIMIT, Duration::from_secs(1)).unwrap();
     assert!(matches!(
-        KeyedSlidingLog::builder(log).capacity(1 << 20).build::<u64>(),
-        Err(ConfigError::OutOfRange { .. })
+        KeyedSlidingLog::<u64>::builder(log).capacity(1 << 20).build(),
+        Err(ConfigError::CapacityTooLarge { capacity: 1_048_576, .. })
     ));
     assert!(matches!(
-        KeyedSlidingLog::builder(log).capacity(0).build::<u64>(),
-        Err(ConfigError::OutOfRange { .. })
+        KeyedSlidingLog::<u64>::builder(log).capacity(0).build(),
+        Err(ConfigError::ZeroCapacity)
     ));
-    assert!(KeyedSlidingLog::builder(log)
-        .when_full(WhenFull::EvictStalest)
+    assert!(KeyedSlidingLog::<u64>::builder(log)
+        .when_full(WhenFull::EvictFullest)
         .capacity(8)
-        .build::<u64>()
-        .is_err());
-    assert!(KeyedSlidingLog::builder(log).shards(3).capacity(8).build::<u64>().is_err());
+        .build()
+        .is_err_and(|e| e == ConfigError::EvictionUnsupported { algorithm: "sliding log" }));
+    assert!(matches!(
+        KeyedSlidingLog::<u64>::builder(log).shards(3).capacity(8).build(),
+        Err(ConfigError::InvalidShards { shards: 3 })
+    ));
 }

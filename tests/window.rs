@@ -42,16 +42,24 @@ fn fields() {
 
 #[test]
 fn limits() {
-    assert_eq!(FixedWindow::new(0, Duration::from_secs(1)), Err(ConfigError::ZeroBurst));
-    assert_eq!(FixedWindow::new(1, Duration::ZERO), Err(ConfigError::ZeroPeriod));
+    assert_eq!(
+        FixedWindow::new(0, Duration::from_secs(1)),
+        Err(ConfigError::ZeroLimit { algorithm: "fixed window" })
+    );
+    let zero = FixedWindow::new(0, Duration::from_secs(1)).unwrap_err().to_string();
+    assert!(zero.contains("fixed window limit of 0") && !zero.contains("burst"), "{zero}");
+    assert_eq!(
+        FixedWindow::new(1, Duration::ZERO),
+        Err(ConfigError::ZeroWindow { algorithm: "fixed window" })
+    );
     assert!(FixedWindow::new(FixedWindow::MAX_LIMIT, Duration::from_nanos(1 << 62)).is_ok());
     assert!(matches!(
         FixedWindow::new(FixedWindow::MAX_LIMIT + 1, Duration::from_secs(1)),
-        Err(ConfigError::OutOfRange { .. })
+        Err(ConfigError::LimitTooLarge { algorithm: "fixed window", max: FixedWindow::MAX_LIMIT, .. })
     ));
     assert!(matches!(
         FixedWindow::new(1, Duration::from_nanos((1 << 62) + 1)),
-        Err(ConfigError::OutOfRange { .. })
+        Err(ConfigError::WindowTooLong { algorithm: "fixed window", .. })
     ));
 }
 

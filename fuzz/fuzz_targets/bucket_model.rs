@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tollgate::{Limiter, ManualClock, Nanos, Quota, Rate};
+use tollgate::{Limiter, ManualClock, Nanos, TokenBucket, Rate};
 
 #[path = "../../tests/common/model.rs"]
 mod model;
@@ -38,7 +38,7 @@ struct Input {
 
 fuzz_target!(|input: Input| {
     let rate = Rate::per(input.tokens, Duration::from_nanos(input.period));
-    let Ok(q) = Quota::new(rate, u64::from(input.burst)) else { return };
+    let Ok(q) = TokenBucket::new(rate, u64::from(input.burst)) else { return };
     let Ok(q) = q.with_initial(u64::from(input.initial) % (q.burst() + 1)) else { return };
     let clock = ManualClock::new();
     clock.set(Nanos::new(input.start));

@@ -3,7 +3,7 @@
 //! the whole shard, so the table is full exactly when 56 tracked buckets are younger than the
 //! largest fill. Three tiers from a pool of quotas exact at 1 ns, per-key overrides, per-call
 //! tiers and runtime quota changes (a bucket keeps its empty instant: `Model::requote`). With
-//! `WhenFull::Deny` or `Allow` every field of every decision must match; with `EvictStalest`
+//! `WhenFull::Deny` or `Allow` every field of every decision must match; with `EvictFullest`
 //! every admission must be one a never-evicted bucket would also make. Time only moves forward.
 
 #![no_main]
@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tollgate::{Clock, KeyedBuilder, ManualClock, Outcome, Quota, Rate, Tier, WhenFull};
+use tollgate::{Clock, KeyedBuilder, ManualClock, Outcome, TokenBucket, Rate, Tier, WhenFull};
 
 #[path = "../../tests/common/model.rs"]
 mod model;
@@ -46,16 +46,16 @@ struct Input {
 const POOL: [(u64, u64, u64); 8] =
     [(1, 100, 1), (2, 10, 3), (5, 1_000, 5), (10, 50, 2), (4, 7, 4), (8, 300, 8), (1, 1, 1), (5, 2_000, 9)];
 
-fn quota(i: u8) -> Quota {
+fn quota(i: u8) -> TokenBucket {
     let (tokens, ms, burst) = POOL[usize::from(i) % POOL.len()];
-    Quota::new(Rate::per(tokens, Duration::from_millis(ms)), burst).unwrap()
+    TokenBucket::new(Rate::per(tokens, Duration::from_millis(ms)), burst).unwrap()
 }
 
 fuzz_target!(|input: Input| {
-    let policy = [WhenFull::Deny, WhenFull::Allow, WhenFull::EvictStalest][usize::from(input.policy % 3)];
+    let policy = [WhenFull::Deny, WhenFull::Allow, WhenFull::EvictFullest][usize::from(input.policy % 3)];
     let headroom = Duration::from_millis(u64::from(input.headroom_ms % 5_000));
     let clock = ManualClock::new();
-    let l = KeyedBuilder::new(quota(input.picks[0]))
+    let l = KeyedBuilder::<u64>::new(quota(input.picks[0]))
         .tier("pro", quota(input.picks[1]))
         .tier("free", quota(input.picks[2]))
         .max_fill_time(headroom)
@@ -64,11 +64,11 @@ fuzz_target!(|input: Input| {
         .max_overrides(16)
         .when_full(policy)
         .seeds(input.seeds)
-        .build_with_clock::<u64, _>(clock.clone())
+        .build_with_clock(clock.clone())
         .unwrap();
     let tiers = [Tier::DEFAULT, l.tier("pro").unwrap(), l.tier("free").unwrap()];
-    let fill = |q: &Quota| q.units_per_token() * q.burst();
-    let mut current: Vec<Quota> = tiers.iter().map(|&t| l.tier_quota(t)).collect();
+    let fill = |q: &TokenBucket| q.units_per_token() * q.burst();
+    let mut current: Vec<TokenBucket> = tiers.iter().map(|&t| l.tier_quota(t)).collect();
     let max_fill = current.iter().map(fill).max().unwrap().max(headroom.as_nanos() as u64);
     let mut overrides: HashMap<u64, usize> = HashMap::new();
     let mut models: HashMap<u64, Model> = HashMap::new();
@@ -128,7 +128,7 @@ fuzz_target!(|input: Input| {
             _ => l.peek_n_at(&k, clock.now(), n),
         };
         let q = &current[tier];
-        if policy == WhenFull::EvictStalest {
+        if policy == WhenFull::EvictFullest {
             if take && got.outcome() == Outcome::Allowed && n > 0 {
                 let m = models.entry(k).or_insert_with(|| Model::new(q));
                 m.requote(q);

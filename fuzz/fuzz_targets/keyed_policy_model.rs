@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tollgate::{FixedWindow, KeyedPolicy, NginxQuota, SlidingWindow};
+use tollgate::{FixedWindow, KeyedPolicy, Nginx, SlidingWindow};
 
 #[path = "../../tests/common/nginx_model.rs"]
 mod nginx_model;
@@ -71,7 +71,7 @@ fuzz_target!(|input: Input| {
             let rate = u64::from(input.a % 5_000) + 1;
             let burst = u64::from(input.b % 12);
             let delay = (input.c != 0xff).then_some(u64::from(input.c % 14));
-            let base = if input.d { NginxQuota::per_minute(rate) } else { NginxQuota::per_second(rate) };
+            let base = if input.d { Nginx::per_minute(rate) } else { Nginx::per_second(rate) };
             let q = base.unwrap().burst(burst).unwrap();
             let q = match delay {
                 Some(d) => q.delay(d),

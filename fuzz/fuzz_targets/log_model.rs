@@ -43,7 +43,7 @@ fuzz_target!(|input: Input| {
     let window = log.window().as_nanos() as u64;
     let clock = ManualClock::new();
     let direct = SlidingLogLimiter::with_clock(log, clock.clone());
-    let keyed = KeyedSlidingLog::builder(log).capacity(64).build_with_clock::<u8, _>(clock.clone()).unwrap();
+    let keyed = KeyedSlidingLog::<u8>::builder(log).capacity(64).build_with_clock(clock.clone()).unwrap();
     let mut direct_model = LogModel::new(limit, window);
     let mut models: Vec<LogModel> = (0..4).map(|_| LogModel::new(limit, window)).collect();
     let mut now = 0u64;

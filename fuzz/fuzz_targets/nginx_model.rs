@@ -5,7 +5,7 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tollgate::{ManualClock, Nanos, NginxLimiter, NginxQuota, Outcome};
+use tollgate::{ManualClock, Nanos, NginxLimiter, Nginx, Outcome};
 
 #[path = "../../tests/common/nginx_model.rs"]
 mod nginx_model;
@@ -32,7 +32,7 @@ struct Input {
 fuzz_target!(|input: Input| {
     let rate = u64::from(input.rate);
     let scale = if input.per_minute { 60 } else { 1 };
-    let base = if input.per_minute { NginxQuota::per_minute(rate) } else { NginxQuota::per_second(rate) };
+    let base = if input.per_minute { Nginx::per_minute(rate) } else { Nginx::per_second(rate) };
     let Ok(base) = base else { return };
     let Ok(q) = base.burst(u64::from(input.burst)) else { return };
     let q = match input.delay {

@@ -1,4 +1,4 @@
-//! Multi-limit admission (`src/admit.rs`): charges in order, refunds on a refusal. A decision's
+//! Multi-limit admission (`src/engine/admit.rs`): charges in order, refunds on a refusal. A decision's
 //! successful CAS is `Release` and a refund's load `Acquire` (so that the refund's clock is no
 //! earlier than the decisions it saw); refunds of one bucket (one keyed shard) run one at a
 //! time. At a frozen clock a refund is exact, so every limit ends having spent exactly one unit
@@ -13,7 +13,7 @@ use loom::sync::Arc;
 use loom::thread;
 use tollgate::{
     check_all, Admit, FixedWindow, FixedWindowLimiter, KeyedBuilder, KeyedLimiter, Limiter, ManualClock,
-    Nanos, Outcome, Quota, Rate,
+    Nanos, Outcome, Rate, TokenBucket,
 };
 
 use loom_tests::model;
@@ -29,7 +29,7 @@ struct Limits {
 #[test]
 fn opposite_orders_conserve_both_buckets() {
     model(|| {
-        let q = |burst| Quota::new(Rate::per_second(1), burst).unwrap();
+        let q = |burst| TokenBucket::new(Rate::per_second(1), burst).unwrap();
         let limits = Arc::new(Limits {
             a: Limiter::with_clock(q(2), ManualClock::new()),
             b: Limiter::with_clock(q(1), ManualClock::new()),
@@ -49,7 +49,7 @@ fn opposite_orders_conserve_both_buckets() {
 #[test]
 fn a_window_between_two_buckets() {
     model(|| {
-        let q = Quota::new(Rate::per_second(1), 2).unwrap();
+        let q = TokenBucket::new(Rate::per_second(1), 2).unwrap();
         let a = Arc::new(Limiter::with_clock(q, ManualClock::new()));
         let w = Arc::new(FixedWindowLimiter::with_clock(
             FixedWindow::new(1, Duration::from_secs(60)).unwrap(),
@@ -71,7 +71,7 @@ fn a_window_between_two_buckets() {
 #[test]
 fn keyed_key_and_bucket_conserve() {
     model(|| {
-        let q = |burst| Quota::new(Rate::per_second(1), burst).unwrap();
+        let q = |burst| TokenBucket::new(Rate::per_second(1), burst).unwrap();
         let keyed = Arc::new(
             KeyedBuilder::new(q(1))
                 .capacity(3)
@@ -101,7 +101,7 @@ fn keyed_key_and_bucket_conserve() {
 #[test]
 fn refund_races_eviction_and_reuse() {
     model(|| {
-        let q = Quota::new(Rate::per_second(1), 2).unwrap();
+        let q = TokenBucket::new(Rate::per_second(1), 2).unwrap();
         let l: Arc<KeyedLimiter<u64, ManualClock>> = Arc::new(
             KeyedBuilder::new(q)
                 .capacity(3)
@@ -148,7 +148,7 @@ fn refunds_racing_a_later_decision_never_add_capacity() {
     model(|| {
         let clock = ManualClock::new();
         clock.set(Nanos::new(100_000_000_000));
-        let q = Quota::new(Rate::per_second(1), 2).unwrap();
+        let q = TokenBucket::new(Rate::per_second(1), 2).unwrap();
         let l = Arc::new(Limiter::with_clock(q, clock.clone()));
         let (_, a) = l.charge(1);
         let (_, b) = l.charge(1);
@@ -177,7 +177,7 @@ fn keyed_refunds_racing_a_later_decision_never_add_capacity() {
     model(|| {
         let clock = ManualClock::new();
         clock.set(Nanos::new(100_000_000_000));
-        let q = Quota::new(Rate::per_second(1), 2).unwrap();
+        let q = TokenBucket::new(Rate::per_second(1), 2).unwrap();
         let l: Arc<KeyedLimiter<u64, ManualClock>> = Arc::new(
             KeyedBuilder::new(q).capacity(3).shards(1).seeds([1; 8]).build_with_clock(clock.clone()).unwrap(),
         );

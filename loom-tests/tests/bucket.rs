@@ -1,11 +1,11 @@
-//! The bucket's CAS loop (`src/bucket/atomic.rs`, every access `Relaxed`): racing decisions on
+//! The bucket's CAS loop (`src/policies/bucket/atomic.rs`, every access `Relaxed`): racing decisions on
 //! one bucket never grant more than the bucket holds and never lose an update.
 
 #![cfg(tollgate_loom)]
 
 use loom::sync::Arc;
 use loom::thread;
-use tollgate::{Limiter, ManualClock, Nanos, Quota, Rate};
+use tollgate::{Limiter, ManualClock, Nanos, Rate, TokenBucket};
 
 use loom_tests::model;
 
@@ -22,7 +22,7 @@ fn spawn_checks(l: &Arc<Limiter<ManualClock>>, ops: &'static [(u64, u64)]) -> th
 #[test]
 fn frozen_instant_grants_exactly_the_level() {
     model(|| {
-        let q = Quota::new(Rate::per_second(1), 3).unwrap();
+        let q = TokenBucket::new(Rate::per_second(1), 3).unwrap();
         let l = Arc::new(Limiter::with_clock(q, ManualClock::new()));
         let a = spawn_checks(&l, &[(0, 1), (0, 1)]);
         let b = spawn_checks(&l, &[(0, 1), (0, 1)]);
@@ -39,7 +39,7 @@ fn frozen_instant_grants_exactly_the_level() {
 #[test]
 fn refill_between_decisions_conserves_tokens() {
     model(|| {
-        let q = Quota::new(Rate::per(1, std::time::Duration::from_nanos(10)), 10).unwrap();
+        let q = TokenBucket::new(Rate::per(1, std::time::Duration::from_nanos(10)), 10).unwrap();
         let l = Arc::new(Limiter::with_clock(q.with_initial(0).unwrap(), ManualClock::new()));
         let a = spawn_checks(&l, &[(12, 1), (30, 1)]);
         let b = spawn_checks(&l, &[(25, 2), (10, 1)]);
@@ -54,7 +54,7 @@ fn refill_between_decisions_conserves_tokens() {
 #[test]
 fn three_threads_two_tokens() {
     model(|| {
-        let q = Quota::new(Rate::per_second(1), 2).unwrap();
+        let q = TokenBucket::new(Rate::per_second(1), 2).unwrap();
         let l = Arc::new(Limiter::with_clock(q, ManualClock::new()));
         let hs: Vec<_> = (0..3).map(|_| spawn_checks(&l, &[(0, 1)])).collect();
         let granted: u64 = hs.into_iter().map(|h| h.join().unwrap()).sum();

@@ -9,13 +9,13 @@
 use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{model, slot_winner};
-use tollgate::{KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Outcome, Quota, Rate, Tier};
+use tollgate::{KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Outcome, Rate, Tier, TokenBucket};
 
 type Table = KeyedLimiter<u64, ManualClock>;
 
 /// One token per `per_token` ns, `burst` tokens.
 fn table(per_token: u64, burst: u64) -> Arc<Table> {
-    let q = Quota::new(Rate::per(1, std::time::Duration::from_nanos(per_token)), burst).unwrap();
+    let q = TokenBucket::new(Rate::per(1, std::time::Duration::from_nanos(per_token)), burst).unwrap();
     let l = KeyedBuilder::new(q)
         .capacity(3)
         .shards(1)
@@ -105,16 +105,16 @@ fn reuse_under_a_stale_reader() {
 #[test]
 fn tier_quota_reads_are_never_torn() {
     model(|| {
-        let a = Quota::new(Rate::per_second(1), 1).unwrap();
-        let b = Quota::new(Rate::per_second(2), 2).unwrap();
-        let c = Quota::new(Rate::per_second(4), 4).unwrap();
+        let a = TokenBucket::new(Rate::per_second(1), 1).unwrap();
+        let b = TokenBucket::new(Rate::per_second(2), 2).unwrap();
+        let c = TokenBucket::new(Rate::per_second(4), 4).unwrap();
         let l = Arc::new(
-            KeyedBuilder::new(a)
+            KeyedBuilder::<u64>::new(a)
                 .capacity(3)
                 .shards(1)
                 .max_fill_time(std::time::Duration::from_secs(1))
                 .seeds([1, 2, 3, 4, 5, 6, 7, 8])
-                .build_with_clock::<u64, _>(ManualClock::new())
+                .build_with_clock(ManualClock::new())
                 .unwrap(),
         );
         let writer = {
@@ -146,7 +146,7 @@ fn override_reuse_never_leaks_a_tier() {
 
 fn override_reuse(second: u128) {
     model(move || {
-        let q = Quota::per_second(1).unwrap();
+        let q = TokenBucket::per_second(1).unwrap();
         let l: Arc<KeyedLimiter<u128, ManualClock>> = Arc::new(
             KeyedBuilder::new(q)
                 .tier("pro", q)

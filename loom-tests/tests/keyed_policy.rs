@@ -10,7 +10,7 @@ use std::time::Duration;
 use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{model, slot_winner};
-use tollgate::{FixedWindow, Keyed, KeyedPolicy, ManualClock, Nanos, NginxQuota, Outcome, SlidingWindow};
+use tollgate::{FixedWindow, Keyed, KeyedPolicy, ManualClock, Nanos, Nginx, Outcome, SlidingWindow};
 
 fn table<P: KeyedPolicy>(p: P) -> Arc<Keyed<P, u64, ManualClock>> {
     let l = Keyed::builder(p)
@@ -105,7 +105,7 @@ fn sliding_window_decision_races_a_sweep() {
 #[test]
 fn nginx_reuse_under_a_stale_reader() {
     model(|| {
-        let q = NginxQuota::per_second(1).unwrap().burst(1).unwrap().nodelay();
+        let q = Nginx::per_second(1).unwrap().burst(1).unwrap().nodelay();
         let l = table(q);
         const MS: u64 = 1_000_000;
         assert!(l.check_n_at(&4, Nanos::ZERO, 2).is_allowed());

@@ -1,4 +1,4 @@
-//! nginx `limit_req`'s CAS loop (`src/nginx.rs`, every access `Relaxed`): racing requests at one
+//! nginx `limit_req`'s CAS loop (`src/policies/nginx.rs`, every access `Relaxed`): racing requests at one
 //! instant are admitted exactly `1 + burst` times, whatever the interleaving, including the race
 //! for a key's first request (the "new node" word 0).
 
@@ -7,7 +7,7 @@
 use loom::sync::Arc;
 use loom::thread;
 use loom_tests::model;
-use tollgate::{ManualClock, Nanos, NginxLimiter, NginxQuota};
+use tollgate::{ManualClock, Nanos, Nginx, NginxLimiter};
 
 fn spawn_requests(l: &Arc<NginxLimiter<ManualClock>>, n: usize) -> thread::JoinHandle<usize> {
     let l = Arc::clone(l);
@@ -18,7 +18,7 @@ fn spawn_requests(l: &Arc<NginxLimiter<ManualClock>>, n: usize) -> thread::JoinH
 #[test]
 fn frozen_instant_admits_one_plus_burst() {
     model(|| {
-        let q = NginxQuota::per_second(1).unwrap().burst(2).unwrap();
+        let q = Nginx::per_second(1).unwrap().burst(2).unwrap();
         let l = Arc::new(NginxLimiter::with_clock(q, ManualClock::new()));
         let a = spawn_requests(&l, 2);
         let b = spawn_requests(&l, 2);
@@ -31,7 +31,7 @@ fn frozen_instant_admits_one_plus_burst() {
 #[test]
 fn first_request_race() {
     model(|| {
-        let q = NginxQuota::per_second(1).unwrap();
+        let q = Nginx::per_second(1).unwrap();
         let l = Arc::new(NginxLimiter::with_clock(q, ManualClock::new()));
         let a = spawn_requests(&l, 1);
         let b = spawn_requests(&l, 1);

@@ -1,4 +1,4 @@
-//! Fixed window on `Direct`'s CAS loop (`src/policy.rs`, every access `Relaxed`): racing
+//! Fixed window on `Direct`'s CAS loop (`src/policies/policy.rs`, every access `Relaxed`): racing
 //! requests within one window are admitted exactly `limit` times, and a rollover racing a
 //! decision in the old window neither loses the new window's count nor lets the old one leak in.
 

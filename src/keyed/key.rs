@@ -19,17 +19,62 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::sync::{AtomicU64, Ordering};
 
-/// A key type a [`KeyedLimiter`](crate::KeyedLimiter) can track.
+/// A key type a keyed limiter can track.
 ///
 /// Implemented for the integer types, `char`, `bool`, the IP address types, `u128`/`i128`,
-/// byte arrays up to 16 bytes (all stored inline), and `str`, `String`, `[u8]`, `Vec<u8>` and
-/// [`Hashed<K>`] (fingerprinted). Any `K: Hash + Eq` works as `Hashed<K>`.
+/// byte arrays up to 16 bytes (all stored inline), [`IpPrefix`] (an address cut to its
+/// network), `str`, `String`, `[u8]`, `Vec<u8>`, tuples of up to four keys and [`Hashed<K>`]
+/// (fingerprinted). Any `K: Hash + Eq` works as `Hashed<K>`.
+///
+/// A type of your own implements it through the key it wraps; no hashing crate is needed:
+///
+/// ```
+/// use tollgate::{Key, KeyHasher, KeyedLimiter, TokenBucket};
+///
+/// #[derive(Clone, Copy)]
+/// struct TenantId(u64);
+///
+/// impl Key for TenantId {
+///     type Words = <u64 as Key>::Words;
+///     fn words(&self, hasher: &KeyHasher) -> Self::Words {
+///         self.0.words(hasher)
+///     }
+/// }
+///
+/// let per_tenant = KeyedLimiter::<TenantId>::new(TokenBucket::per_second(10)?, 1_000)?;
+/// assert!(per_tenant.check(&TenantId(7)).is_allowed());
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+///
+/// A key looked up by a borrowed form (`check("a")` on a table of `String`) must give the
+/// same words as the owned key: true of every implementation here (`str` and `String`,
+/// `[u8]` and `Vec<u8>`, `str` and `Box<str>` fingerprint alike).
 pub trait Key {
     /// The identity stored in a slot: one or two `u64`s.
     type Words: Words;
     /// This key's identity. `fingerprint` is the limiter's keyed hasher for keys that are not
     /// stored whole.
-    fn words(&self, fingerprint: &ahash::RandomState) -> Self::Words;
+    fn words(&self, fingerprint: &KeyHasher) -> Self::Words;
+}
+
+/// The keyed hash a limiter fingerprints keys with (a secret seed per limiter). Opaque: a
+/// [`Key`] implementation hands it to the key it wraps, or to [`KeyHasher::fingerprint`].
+#[derive(Clone)]
+pub struct KeyHasher(pub(crate) ahash::RandomState);
+
+impl KeyHasher {
+    /// The 64-bit fingerprint of any hashable value (see the module docs for what a collision
+    /// means: two keys share one limit, which under-admits).
+    #[inline]
+    pub fn fingerprint<T: Hash + ?Sized>(&self, value: &T) -> u64 {
+        self.0.hash_one(value)
+    }
+}
+
+impl Debug for KeyHasher {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("KeyHasher { .. }")
+    }
 }
 
 mod sealed {
@@ -98,7 +143,7 @@ macro_rules! inline_unsigned {
         impl Key for $t {
             type Words = [u64; 1];
             #[inline]
-            fn words(&self, _: &ahash::RandomState) -> [u64; 1] {
+            fn words(&self, _: &KeyHasher) -> [u64; 1] {
                 [u64::from(*self)]
             }
         }
@@ -111,7 +156,7 @@ macro_rules! inline_signed {
         impl Key for $t {
             type Words = [u64; 1];
             #[inline]
-            fn words(&self, _: &ahash::RandomState) -> [u64; 1] {
+            fn words(&self, _: &KeyHasher) -> [u64; 1] {
                 [u64::from(self.cast_unsigned_bits())]
             }
         }
@@ -133,7 +178,7 @@ inline_signed!(i8 => u8, i16 => u16, i32 => u32, i64 => u64);
 impl Key for usize {
     type Words = [u64; 1];
     #[inline]
-    fn words(&self, _: &ahash::RandomState) -> [u64; 1] {
+    fn words(&self, _: &KeyHasher) -> [u64; 1] {
         [*self as u64] // usize is at most 64 bits on every supported target
     }
 }
@@ -141,7 +186,7 @@ impl Key for usize {
 impl Key for isize {
     type Words = [u64; 1];
     #[inline]
-    fn words(&self, _: &ahash::RandomState) -> [u64; 1] {
+    fn words(&self, _: &KeyHasher) -> [u64; 1] {
         [*self as i64 as u64] // a bijection for 32- and 64-bit isize
     }
 }
@@ -149,7 +194,7 @@ impl Key for isize {
 impl Key for u128 {
     type Words = [u64; 2];
     #[inline]
-    fn words(&self, _: &ahash::RandomState) -> [u64; 2] {
+    fn words(&self, _: &KeyHasher) -> [u64; 2] {
         #[expect(clippy::cast_possible_truncation, reason = "splitting into halves")]
         let low = *self as u64;
         [(*self >> 64) as u64, low]
@@ -159,7 +204,7 @@ impl Key for u128 {
 impl Key for i128 {
     type Words = [u64; 2];
     #[inline]
-    fn words(&self, fp: &ahash::RandomState) -> [u64; 2] {
+    fn words(&self, fp: &KeyHasher) -> [u64; 2] {
         u128::from_ne_bytes(self.to_ne_bytes()).words(fp)
     }
 }
@@ -167,7 +212,7 @@ impl Key for i128 {
 impl Key for Ipv4Addr {
     type Words = [u64; 1];
     #[inline]
-    fn words(&self, _: &ahash::RandomState) -> [u64; 1] {
+    fn words(&self, _: &KeyHasher) -> [u64; 1] {
         [u64::from(u32::from(*self))]
     }
 }
@@ -175,7 +220,7 @@ impl Key for Ipv4Addr {
 impl Key for Ipv6Addr {
     type Words = [u64; 2];
     #[inline]
-    fn words(&self, fp: &ahash::RandomState) -> [u64; 2] {
+    fn words(&self, fp: &KeyHasher) -> [u64; 2] {
         u128::from(*self).words(fp)
     }
 }
@@ -186,7 +231,7 @@ impl Key for Ipv6Addr {
 impl Key for IpAddr {
     type Words = [u64; 2];
     #[inline]
-    fn words(&self, fp: &ahash::RandomState) -> [u64; 2] {
+    fn words(&self, fp: &KeyHasher) -> [u64; 2] {
         match self {
             IpAddr::V4(a) => a.to_ipv6_mapped().words(fp),
             IpAddr::V6(a) => a.words(fp),
@@ -199,7 +244,7 @@ macro_rules! inline_bytes_1 {
         impl Key for [u8; $n] {
             type Words = [u64; 1];
             #[inline]
-            fn words(&self, _: &ahash::RandomState) -> [u64; 1] {
+            fn words(&self, _: &KeyHasher) -> [u64; 1] {
                 let mut b = [0u8; 8];
                 b[..$n].copy_from_slice(self);
                 [u64::from_le_bytes(b)]
@@ -214,7 +259,7 @@ macro_rules! inline_bytes_2 {
         impl Key for [u8; $n] {
             type Words = [u64; 2];
             #[inline]
-            fn words(&self, _: &ahash::RandomState) -> [u64; 2] {
+            fn words(&self, _: &KeyHasher) -> [u64; 2] {
                 let mut b = [0u8; 16];
                 b[..$n].copy_from_slice(self);
                 [
@@ -235,8 +280,8 @@ pub struct Hashed<K>(pub K);
 impl<K: Hash + Eq> Key for Hashed<K> {
     type Words = [u64; 1];
     #[inline]
-    fn words(&self, fp: &ahash::RandomState) -> [u64; 1] {
-        [fp.hash_one(&self.0)]
+    fn words(&self, fp: &KeyHasher) -> [u64; 1] {
+        [fp.fingerprint(&self.0)]
     }
 }
 
@@ -245,8 +290,8 @@ macro_rules! fingerprinted {
         impl Key for $t {
             type Words = [u64; 1];
             #[inline]
-            fn words(&self, fp: &ahash::RandomState) -> [u64; 1] {
-                [fp.hash_one(self)]
+            fn words(&self, fp: &KeyHasher) -> [u64; 1] {
+                [fp.fingerprint(self)]
             }
         }
     )*};
@@ -256,8 +301,100 @@ fingerprinted!(str, String, [u8], Vec<u8>, Box<str>);
 impl<K: Key + ?Sized> Key for &K {
     type Words = K::Words;
     #[inline]
-    fn words(&self, fp: &ahash::RandomState) -> K::Words {
+    fn words(&self, fp: &KeyHasher) -> K::Words {
         (**self).words(fp)
+    }
+}
+
+/// Tuples of keys: `(IpAddr, u16)`, `(TenantId, &str)`. Fingerprinted: the parts' words,
+/// hashed together under the limiter's secret seed.
+macro_rules! tuples {
+    ($(($($t:ident $i:tt),+)),*) => {$(
+        impl<$($t: Key),+> Key for ($($t,)+) {
+            type Words = [u64; 1];
+            #[inline]
+            fn words(&self, fp: &KeyHasher) -> [u64; 1] {
+                [fp.fingerprint(&($(self.$i.words(fp),)+))]
+            }
+        }
+    )*};
+}
+tuples!((A 0, B 1), (A 0, B 1, C 2), (A 0, B 1, C 2, D 3));
+
+/// An IP address as a key, cut to its network: IPv6 to its first `V6` bits (a `/64` by
+/// default, the block one host is usually given, so that a host cannot spray addresses to
+/// get many limits), IPv4 to its first `V4` bits (the whole address by default).
+///
+/// ```
+/// use std::net::IpAddr;
+/// use tollgate::{IpPrefix, KeyedLimiter, TokenBucket};
+///
+/// let per_host = KeyedLimiter::<IpPrefix>::new(TokenBucket::per_second(1)?, 1_000)?;
+/// let a: IpAddr = "2001:db8:0:1::1".parse().unwrap();
+/// let b: IpAddr = "2001:db8:0:1::2".parse().unwrap(); // the same /64
+/// assert!(per_host.check(&IpPrefix::new(a)).is_allowed());
+/// assert!(!per_host.check(&IpPrefix::new(b)).is_allowed());
+///
+/// // A /48 per site, IPv4 by /24.
+/// let per_site = KeyedLimiter::<IpPrefix<48, 24>>::new(TokenBucket::per_second(100)?, 1_000)?;
+/// assert!(per_site.check(&IpPrefix::new(a)).is_allowed());
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+///
+/// A prefix longer than the address (`V6 > 128`, `V4 > 32`) is the whole address. IPv4
+/// addresses and their IPv4-mapped IPv6 forms are one key, as for [`IpAddr`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IpPrefix<const V6: u8 = 64, const V4: u8 = 32>(IpAddr);
+
+impl<const V6: u8, const V4: u8> IpPrefix<V6, V4> {
+    /// `addr`, to be limited by its network.
+    #[inline]
+    pub const fn new(addr: IpAddr) -> IpPrefix<V6, V4> {
+        IpPrefix(addr)
+    }
+
+    /// The address as given.
+    pub const fn addr(&self) -> IpAddr {
+        self.0
+    }
+
+    /// The network the key stands for: the address with its host bits cleared.
+    pub fn network(&self) -> IpAddr {
+        let keep = |bits: u8, width: u32| -> u128 {
+            let bits = u32::from(bits).min(width);
+            if bits == 0 {
+                0
+            } else {
+                u128::MAX << (128 - bits)
+            }
+        };
+        match self.0 {
+            IpAddr::V4(a) => {
+                let mask = keep(V4, 32) >> 96;
+                let mask = mask as u32;
+                IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask))
+            }
+            IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) & keep(V6, 128))),
+        }
+    }
+}
+
+impl<const V6: u8, const V4: u8> From<IpAddr> for IpPrefix<V6, V4> {
+    fn from(addr: IpAddr) -> Self {
+        IpPrefix(addr)
+    }
+}
+
+impl<const V6: u8, const V4: u8> Key for IpPrefix<V6, V4> {
+    type Words = [u64; 2];
+    #[inline]
+    fn words(&self, fp: &KeyHasher) -> [u64; 2] {
+        // A mapped IPv6 address is the IPv4 host it maps, and is cut as one.
+        let addr = match self.0 {
+            IpAddr::V6(a) => a.to_ipv4_mapped().map_or(self.0, IpAddr::V4),
+            v4 => v4,
+        };
+        IpPrefix::<V6, V4>(addr).network().words(fp)
     }
 }
 
@@ -267,7 +404,7 @@ mod tests {
 
     #[test]
     fn inline_keys_are_injective_where_it_matters() {
-        let fp = ahash::RandomState::with_seeds(1, 2, 3, 4);
+        let fp = KeyHasher(ahash::RandomState::with_seeds(1, 2, 3, 4));
         assert_ne!((-1i64).words(&fp), 1i64.words(&fp));
         assert_eq!(u128::MAX.words(&fp), [u64::MAX, u64::MAX]);
         let v4 = Ipv4Addr::new(192, 0, 2, 1);
@@ -275,5 +412,24 @@ mod tests {
         assert_ne!(IpAddr::V4(v4).words(&fp), IpAddr::V6(Ipv6Addr::LOCALHOST).words(&fp));
         // A fingerprinted str and String agree, so either can be used to look up the other.
         assert_eq!("tenant-7".words(&fp), String::from("tenant-7").words(&fp));
+    }
+
+    #[test]
+    fn prefixes_cut_addresses_to_their_network() {
+        let fp = KeyHasher(ahash::RandomState::with_seeds(1, 2, 3, 4));
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let p64 = |s| IpPrefix::<64>::new(ip(s)).words(&fp);
+        assert_eq!(p64("2001:db8::1"), p64("2001:db8::ffff:1"));
+        assert_ne!(p64("2001:db8::1"), p64("2001:db8:0:1::1"));
+        assert_eq!(p64("192.0.2.1"), ip("192.0.2.1").words(&fp)); // IPv4 whole by default
+        assert_eq!(p64("::ffff:192.0.2.1"), p64("192.0.2.1"));
+        let p0 = |s| IpPrefix::<0, 0>::new(ip(s)).words(&fp);
+        assert_eq!(p0("2001:db8::1"), p0("fe80::1"));
+        let all = |s| IpPrefix::<200, 200>::new(ip(s)).words(&fp);
+        assert_ne!(all("2001:db8::1"), all("2001:db8::2"));
+        assert_eq!(IpPrefix::<48, 24>::new(ip("198.51.100.7")).network(), ip("198.51.100.0"));
+        // Tuples: parts in order.
+        assert_ne!((1u8, 2u8).words(&fp), (2u8, 1u8).words(&fp));
+        assert_eq!((ip("192.0.2.1"), 443u16).words(&fp), (ip("192.0.2.1"), 443u16).words(&fp));
     }
 }

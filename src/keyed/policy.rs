@@ -32,12 +32,12 @@ use core::cell::Cell;
 use core::fmt;
 use core::marker::PhantomData;
 
-use super::key::{Key, Words};
+use super::key::{Key, KeyHasher, Words};
 use super::table::{Rule, Table};
 use super::{
     deny_or_allow, hashers, prefetch, shard_count, stats_of, table_slots, KeyedStats, Target, WhenFull,
 };
-use crate::admit::{Admit, Receipt};
+use crate::engine::admit::{Admit, Receipt};
 use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome, Policy};
 
 pub(crate) mod sealed {
@@ -46,6 +46,8 @@ pub(crate) mod sealed {
     /// What a policy must provide to live in a keyed table (see the module docs). Sealed: the
     /// table's safety rests on these answers.
     pub trait KeyedWords: Policy {
+        /// The algorithm's name, for error messages.
+        const NAME: &'static str;
         /// Elapsed time is clamped here, so that every word stays below 2^62 − 1.
         fn keyed_lifetime(&self) -> Nanos;
         /// The most units one decision can admit (a larger `n` is never admitted).
@@ -73,7 +75,7 @@ pub(crate) mod sealed {
     }
 }
 
-/// A [`Policy`] that a keyed table can hold: [`NginxQuota`](crate::NginxQuota),
+/// A [`Policy`] that a keyed table can hold: [`Nginx`](crate::Nginx),
 /// [`FixedWindow`](crate::FixedWindow) and [`SlidingWindow`](crate::SlidingWindow). See
 /// [`Keyed`].
 pub trait KeyedPolicy: Policy + sealed::KeyedWords {}
@@ -199,13 +201,13 @@ impl<P: KeyedPolicy> Rule for ChargeNow<'_, P> {
 /// [`Keyed::limit`].
 pub struct KeyedPolicyLimit<'a, P: KeyedPolicy, K: Key + ?Sized, C: Clock> {
     limiter: &'a Keyed<P, K, C>,
-    key: &'a K,
+    key: K::Words,
 }
 
 impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Admit for KeyedPolicyLimit<'_, P, K, C> {
     fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
         let l = self.limiter;
-        let t = l.target(self.key.words(&l.fingerprint));
+        let t = l.target(self.key);
         prefetch(t.shard.home_ptr(t.home));
         let elapsed = l.elapsed(l.clock.now());
         let rule = ChargeNow { rule: l.rule(elapsed), stored: Cell::new(None) };
@@ -225,7 +227,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Admit for KeyedPolicyLimit<'_, P
     /// was evicted meanwhile (its state had become a fresh key's: the charge was absorbed).
     fn refund(&self, r: Receipt) {
         let l = self.limiter;
-        let t = l.target(self.key.words(&l.fingerprint));
+        let t = l.target(self.key);
         let Some(([prior, stored, _], n)) = r.take(l.id, t.hash) else { return };
         let step = |w: u64| {
             // After the word's Acquire load (in `Shard::refund`), as the bucket's refunds: the
@@ -240,7 +242,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Admit for KeyedPolicyLimit<'_, P
 
     fn peek(&self, n: u64) -> Decision {
         let l = self.limiter;
-        l.peek_n_at(self.key, l.clock.now(), n)
+        l.peek_target(&l.target(self.key), l.elapsed(l.clock.now()), n)
     }
 }
 
@@ -262,9 +264,26 @@ fn stored(w: u64, answer: (Option<u64>, Decision)) -> Result<(u64, Decision), De
     }
 }
 
+impl<P: Clone, K: ?Sized> Clone for KeyedPolicyBuilder<P, K> {
+    fn clone(&self) -> Self {
+        KeyedPolicyBuilder { _key: PhantomData, policy: self.policy.clone(), ..*self }
+    }
+}
+
+impl<P: fmt::Debug, K: ?Sized> fmt::Debug for KeyedPolicyBuilder<P, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedPolicyBuilder")
+            .field("policy", &self.policy)
+            .field("capacity", &self.capacity)
+            .field("shards", &self.shards)
+            .field("when_full", &self.when_full)
+            .finish_non_exhaustive()
+    }
+}
+
 /// How to build a [`Keyed`] limiter.
-#[derive(Clone, Debug)]
-pub struct KeyedPolicyBuilder<P> {
+pub struct KeyedPolicyBuilder<P, K: ?Sized> {
+    _key: PhantomData<fn(&K)>,
     policy: P,
     capacity: usize,
     shards: Option<usize>,
@@ -272,7 +291,7 @@ pub struct KeyedPolicyBuilder<P> {
     seeds: Option<[u64; 8]>,
 }
 
-impl<P: KeyedPolicy> KeyedPolicyBuilder<P> {
+impl<P: KeyedPolicy, K: Key + ?Sized> KeyedPolicyBuilder<P, K> {
     /// Room for at least `keys` keys (default 65,536), as
     /// [`KeyedBuilder::capacity`](crate::KeyedBuilder::capacity).
     pub fn capacity(mut self, keys: usize) -> Self {
@@ -287,7 +306,7 @@ impl<P: KeyedPolicy> KeyedPolicyBuilder<P> {
     }
 
     /// The table-full policy: [`WhenFull::Deny`] (the default) or [`WhenFull::Allow`].
-    /// [`WhenFull::EvictStalest`] is refused at [`build`](Self::build): its ghosts summarize a
+    /// [`WhenFull::EvictFullest`] is refused at [`build`](Self::build): its ghosts summarize a
     /// token bucket, and these states have no such summary.
     pub fn when_full(mut self, policy: WhenFull) -> Self {
         self.when_full = policy;
@@ -301,16 +320,13 @@ impl<P: KeyedPolicy> KeyedPolicyBuilder<P> {
     }
 
     /// A limiter on the default clock.
-    pub fn build<K: Key + ?Sized>(self) -> Result<Keyed<P, K, DefaultClock>, ConfigError> {
+    pub fn build(self) -> Result<Keyed<P, K, DefaultClock>, ConfigError> {
         self.build_with_clock(DefaultClock::new())
     }
 
     /// A limiter on `clock`.
-    pub fn build_with_clock<K: Key + ?Sized, C: Clock>(
-        self,
-        clock: C,
-    ) -> Result<Keyed<P, K, C>, ConfigError> {
-        deny_or_allow(self.when_full, "keyed policy table-full policy (Deny or Allow)")?;
+    pub fn build_with_clock<C: Clock>(self, clock: C) -> Result<Keyed<P, K, C>, ConfigError> {
+        deny_or_allow(self.when_full, P::NAME)?;
         let (slots, shards) = table_slots(self.capacity, shard_count(self.shards)?)?;
         let (place, fingerprint) = hashers(self.seeds);
         let origin = clock.now();
@@ -341,10 +357,10 @@ impl<P: KeyedPolicy> KeyedPolicyBuilder<P> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::{FixedWindow, Keyed, KeyedNginx, ManualClock, Nanos, NginxQuota, Outcome};
+/// use tollgate::{FixedWindow, Keyed, KeyedNginx, ManualClock, Nanos, Nginx, Outcome};
 ///
 /// // nginx: `limit_req zone=per_ip rate=1r/s burst=2 nodelay;`, per client address.
-/// let q = NginxQuota::per_second(1)?.burst(2)?.nodelay();
+/// let q = Nginx::per_second(1)?.burst(2)?.nodelay();
 /// let per_ip: KeyedNginx<std::net::IpAddr, ManualClock> =
 ///     Keyed::builder(q).capacity(100_000).build_with_clock(ManualClock::new())?;
 /// let alice = "192.0.2.1".parse().unwrap();
@@ -353,7 +369,7 @@ impl<P: KeyedPolicy> KeyedPolicyBuilder<P> {
 /// assert!(per_ip.check_at(&"192.0.2.2".parse().unwrap(), Nanos::ZERO).is_allowed());
 ///
 /// // 100 per minute per tenant, in fixed windows.
-/// let per_tenant = Keyed::builder(FixedWindow::new(100, Duration::from_secs(60))?).build::<str>()?;
+/// let per_tenant = Keyed::<_, str>::builder(FixedWindow::new(100, Duration::from_secs(60))?).build()?;
 /// assert!(per_tenant.check("tenant-a").is_allowed());
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
@@ -365,7 +381,7 @@ pub struct Keyed<P: KeyedPolicy, K: Key + ?Sized, C: Clock = DefaultClock> {
     lifetime: Nanos,
     when_full: WhenFull,
     hasher: ahash::RandomState,
-    fingerprint: ahash::RandomState,
+    fingerprint: KeyHasher,
     origin: Nanos,
     clock: C,
     /// The identity its receipts carry.
@@ -374,21 +390,26 @@ pub struct Keyed<P: KeyedPolicy, K: Key + ?Sized, C: Clock = DefaultClock> {
 }
 
 /// nginx's `limit_req` per key.
-pub type KeyedNginx<K, C = DefaultClock> = Keyed<crate::NginxQuota, K, C>;
+pub type KeyedNginx<K, C = DefaultClock> = Keyed<crate::Nginx, K, C>;
 /// A fixed window per key.
 pub type KeyedFixedWindow<K, C = DefaultClock> = Keyed<crate::FixedWindow, K, C>;
 /// A sliding-window counter per key.
 pub type KeyedSlidingWindow<K, C = DefaultClock> = Keyed<crate::SlidingWindow, K, C>;
 
-impl<P: KeyedPolicy> Keyed<P, u64> {
-    /// A builder for a table of `policy` per key; the key type is chosen at
-    /// [`build`](KeyedPolicyBuilder::build).
-    pub fn builder(policy: P) -> KeyedPolicyBuilder<P> {
-        KeyedPolicyBuilder { policy, capacity: 1 << 16, shards: None, when_full: WhenFull::Deny, seeds: None }
-    }
-}
-
 impl<P: KeyedPolicy, K: Key + ?Sized> Keyed<P, K, DefaultClock> {
+    /// A builder for a table of `policy` per key of `K`: `KeyedNginx::<IpAddr>::builder(q)`,
+    /// or `Keyed::builder(q)` where the binding's type names the key.
+    pub fn builder(policy: P) -> KeyedPolicyBuilder<P, K> {
+        KeyedPolicyBuilder {
+            _key: PhantomData,
+            policy,
+            capacity: 1 << 16,
+            shards: None,
+            when_full: WhenFull::Deny,
+            seeds: None,
+        }
+    }
+
     /// Room for `capacity` keys under `policy`, on the default clock, refusing new keys when
     /// full.
     pub fn new(policy: P, capacity: usize) -> Result<Keyed<P, K, DefaultClock>, ConfigError> {
@@ -420,14 +441,22 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
 
     /// One unit for `key` now.
     #[inline]
-    pub fn check(&self, key: &K) -> Decision {
+    pub fn check<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         self.check_n(key, 1)
     }
 
     /// `n` units for `key` now, all or none, with the policy's answer for `n = 0` and for
     /// more than it can ever admit (neither inserts the key).
     #[inline(always)]
-    pub fn check_n(&self, key: &K, n: u64) -> Decision {
+    pub fn check_n<Q>(&self, key: &Q, n: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         // Hash and start fetching the key's group before reading the clock, as the bucket does.
         let t = self.target(key.words(&self.fingerprint));
         prefetch(t.shard.home_ptr(t.home));
@@ -436,7 +465,11 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
 
     /// [`check`](Keyed::check) at a caller-supplied `now` ([`now`](Keyed::now)).
     #[inline]
-    pub fn check_at(&self, key: &K, now: Nanos) -> Decision {
+    pub fn check_at<Q>(&self, key: &Q, now: Nanos) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         self.check_n_at(key, now, 1)
     }
 
@@ -446,7 +479,11 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
     /// later time: never more permissive, as a stored window never moves back, but not what the
     /// earlier time alone would give).
     #[inline(always)]
-    pub fn check_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
+    pub fn check_n_at<Q>(&self, key: &Q, now: Nanos, n: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         let t = self.target(key.words(&self.fingerprint));
         self.decide(&t, self.elapsed(now), n)
     }
@@ -522,12 +559,20 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
     /// What [`check`](Keyed::check) would answer now, without counting anything or inserting
     /// the key.
     #[inline]
-    pub fn peek(&self, key: &K) -> Decision {
+    pub fn peek<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         self.peek_n_at(key, self.clock.now(), 1)
     }
 
     /// What [`check_n`](Keyed::check_n) would answer at `now`, without counting anything.
-    pub fn peek_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
+    pub fn peek_n_at<Q>(&self, key: &Q, now: Nanos, n: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         let t = self.target(key.words(&self.fingerprint));
         self.peek_target(&t, self.elapsed(now), n)
     }
@@ -567,16 +612,20 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
     /// nginx `limit_req` zones, per client and per server, in one call.
     ///
     /// ```
-    /// use tollgate::{check_all, Admit, Keyed, NginxLimiter, NginxQuota};
+    /// use tollgate::{check_all, Admit, Keyed, NginxLimiter, Nginx};
     ///
-    /// let per_ip = Keyed::builder(NginxQuota::per_second(10)?.burst(20)?).build::<std::net::IpAddr>()?;
-    /// let per_server = NginxLimiter::new(NginxQuota::per_second(1000)?.burst(200)?);
+    /// let per_ip = Keyed::<_, std::net::IpAddr>::builder(Nginx::per_second(10)?.burst(20)?).build()?;
+    /// let per_server = NginxLimiter::new(Nginx::per_second(1000)?.burst(200)?);
     /// let ip = "192.0.2.7".parse().unwrap();
     /// assert!(check_all(&[&per_ip.limit(&ip) as &dyn Admit, &per_server], 1).is_allowed());
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
-    pub fn limit<'a>(&'a self, key: &'a K) -> KeyedPolicyLimit<'a, P, K, C> {
-        KeyedPolicyLimit { limiter: self, key }
+    pub fn limit<Q>(&self, key: &Q) -> KeyedPolicyLimit<'_, P, K, C>
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
+        KeyedPolicyLimit { limiter: self, key: key.words(&self.fingerprint) }
     }
 
     /// Evicts every key whose state is a fresh key's, and returns how many.

@@ -59,14 +59,14 @@ use crossbeam_utils::CachePadded;
 use super::key::Words;
 use super::tiers::Tiers;
 use super::WhenFull;
-use crate::bucket::{BucketWord, Verdict};
-use crate::decision::Decision;
-use crate::quota::At;
+use crate::engine::decision::Decision;
+use crate::policies::bucket::{BucketWord, Verdict};
+use crate::policies::token_bucket::At;
 use crate::sync::{
     fence, AtomicU64,
     Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
-use crate::{Nanos, Outcome, Quota};
+use crate::{Nanos, Outcome, TokenBucket};
 
 /// Slots per group.
 #[cfg(not(tollgate_loom))]
@@ -156,7 +156,7 @@ pub(crate) struct Params {
 pub(crate) trait Rule {
     /// What an admission carries from its CAS to its decision.
     type Taken;
-    /// Whether forced evictions leave ghosts ([`WhenFull::EvictStalest`]); rules without them
+    /// Whether forced evictions leave ghosts ([`WhenFull::EvictFullest`]); rules without them
     /// never evict a word above `evictable`.
     const GHOSTS: bool;
 
@@ -201,7 +201,7 @@ pub(crate) trait Rule {
 pub(crate) struct Now<'a> {
     pub(crate) p: &'a Params,
     /// The key's quota.
-    pub(crate) q: &'a Quota,
+    pub(crate) q: &'a TokenBucket,
     pub(crate) at: At,
 }
 
@@ -580,7 +580,7 @@ impl<'a, W: Words> Shard<'a, W> {
     }
 
     /// Finds room for a new key in its window: the first vacant slot (below capacity), the first
-    /// full bucket (evicted), or, with [`WhenFull::EvictStalest`], the stalest bucket.
+    /// full bucket (evicted), or, with [`WhenFull::EvictFullest`], the stalest bucket.
     fn room<R: Rule>(&self, home: usize, now: &R) -> Room {
         // Vacant slots first, while below capacity: evicting a full bucket costs a header CAS,
         // and under a quota that refills within nanoseconds every bucket is full, so evicting
@@ -607,7 +607,7 @@ impl<'a, W: Words> Shard<'a, W> {
             }
         }
         match now.when_full() {
-            WhenFull::EvictStalest if R::GHOSTS => self.force(home, now),
+            WhenFull::EvictFullest if R::GHOSTS => self.force(home, now),
             _ => Room::Full,
         }
     }
@@ -818,7 +818,7 @@ impl<'a, W: Words> Shard<'a, W> {
 pub(crate) fn refusal(when_full: WhenFull) -> Decision {
     let outcome = match when_full {
         WhenFull::Allow => Outcome::Untracked,
-        WhenFull::Deny | WhenFull::EvictStalest => Outcome::TableFull,
+        WhenFull::Deny | WhenFull::EvictFullest => Outcome::TableFull,
     };
     Decision::from_nanos(outcome, 0, Nanos::ZERO, Nanos::ZERO)
 }

@@ -28,7 +28,7 @@ use crate::sync::{
     fence, AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
 };
-use crate::{ConfigError, Nanos, Quota};
+use crate::{ConfigError, Nanos, TokenBucket, UpdateError};
 
 /// A tier of a [`KeyedLimiter`](crate::KeyedLimiter): an index into its list of named quotas.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -61,13 +61,13 @@ struct Cell {
 }
 
 impl Cell {
-    fn new(q: &Quota) -> Cell {
+    fn new(q: &TokenBucket) -> Cell {
         let w = q.words();
         let buf = || Buf { seq: AtomicU64::new(0), words: w.map(AtomicU64::new) };
         Cell { active: AtomicU64::new(0), bufs: [buf(), buf()] }
     }
 
-    fn load(&self) -> Quota {
+    fn load(&self) -> TokenBucket {
         loop {
             // Acquire: pairs with the writer's Release store of `active`, after the buffer's
             // last Release of `seq`.
@@ -81,7 +81,7 @@ impl Cell {
                 // writer's Release fence after its odd `seq`).
                 fence(Acquire);
                 if buf.seq.load(Relaxed) == before {
-                    return Quota::from_words(words);
+                    return TokenBucket::from_words(words);
                 }
             }
             crate::sync::pause();
@@ -89,7 +89,7 @@ impl Cell {
     }
 
     /// Writes `q` into the inactive buffer and makes it active. Callers hold the writer lock.
-    fn store(&self, q: &Quota) {
+    fn store(&self, q: &TokenBucket) {
         let next = self.active.load(Relaxed) ^ 1;
         let buf = &self.bufs[(next & 1) as usize];
         let seq = buf.seq.load(Relaxed);
@@ -109,9 +109,9 @@ impl Cell {
 /// The tier table.
 #[derive(Debug)]
 pub(crate) struct Tiers {
-    names: Box<[&'static str]>,
+    names: Box<[Box<str>]>,
     /// The quotas as built, read while `changed` is 0.
-    built: Box<[Quota]>,
+    built: Box<[TokenBucket]>,
     cells: Box<[Cell]>,
     changed: AtomicU64,
     /// The largest fill, in units, any tier may have, fixed at construction: a stamp more
@@ -129,37 +129,32 @@ impl Tiers {
     /// `quotas[0]` is the default. Each is compiled at the default's units per nanosecond.
     /// Fill times may later grow up to the largest built one or `headroom`, whichever is more.
     pub(crate) fn new(
-        tiers: &[(&'static str, Quota)],
+        tiers: &[(String, TokenBucket)],
         headroom: Nanos,
         fill_limit: u64,
         lifetime_units: u64,
     ) -> Result<Tiers, ConfigError> {
         if tiers.len() > MAX_TIERS {
-            return Err(ConfigError::OutOfRange {
-                what: "tiers",
-                value: tiers.len() as u64,
-                max: MAX_TIERS as u64,
-            });
+            return Err(ConfigError::TooManyTiers { tiers: tiers.len() as u64, max: MAX_TIERS as u64 });
         }
         let m = tiers[0].1.units_per_nano();
         let lifetime = lifetime_units / m;
         let built = tiers
             .iter()
             .map(|(_, q)| q.in_units(m, fill_limit, lifetime))
-            .collect::<Result<Box<[Quota]>, ConfigError>>()?;
+            .collect::<Result<Box<[TokenBucket]>, ConfigError>>()?;
         let headroom = u128::from(headroom.as_u64()) * u128::from(m);
         if headroom > u128::from(fill_limit) {
-            return Err(ConfigError::OutOfRange {
-                what: "keyed fill-time headroom, in units",
-                value: u64::try_from(headroom).unwrap_or(u64::MAX),
-                max: fill_limit,
+            return Err(ConfigError::TierFillTooLong {
+                fill_nanos: u64::try_from(headroom / u128::from(m)).unwrap_or(u64::MAX),
+                max_nanos: fill_limit / m,
             });
         }
         #[expect(clippy::cast_possible_truncation, reason = "at most fill_limit")]
-        let max_fill = built.iter().map(Quota::fill_units).max().unwrap_or(0).max(headroom as u64);
-        let min_fill = built.iter().map(Quota::fill_units).min().unwrap_or(0);
+        let max_fill = built.iter().map(TokenBucket::fill_units).max().unwrap_or(0).max(headroom as u64);
+        let min_fill = built.iter().map(TokenBucket::fill_units).min().unwrap_or(0);
         Ok(Tiers {
-            names: tiers.iter().map(|(n, _)| *n).collect(),
+            names: tiers.iter().map(|(n, _)| n.as_str().into()).collect(),
             cells: built.iter().map(Cell::new).collect(),
             built,
             changed: AtomicU64::new(0),
@@ -174,7 +169,7 @@ impl Tiers {
     /// The tier's quota as built, while no tier has been changed (`None` after a change: use
     /// [`get`](Tiers::get)). `tier` must be in range.
     #[inline]
-    pub(crate) fn built(&self, tier: usize) -> Option<&Quota> {
+    pub(crate) fn built(&self, tier: usize) -> Option<&TokenBucket> {
         // Relaxed: a reader that still sees 0 reads the built quota, which is a quota this tier
         // had; the cells are valid from construction on.
         if self.changed.load(Relaxed) == 0 {
@@ -185,7 +180,7 @@ impl Tiers {
     }
 
     /// The tier's current quota.
-    pub(crate) fn get(&self, tier: usize) -> Quota {
+    pub(crate) fn get(&self, tier: usize) -> TokenBucket {
         match self.built(tier) {
             Some(q) => *q,
             None => self.cells[tier].load(),
@@ -193,7 +188,7 @@ impl Tiers {
     }
 
     /// Replaces a tier's quota. Fails if its fill exceeds the table's largest.
-    pub(crate) fn set(&self, tier: usize, quota: Quota) -> Result<(), ConfigError> {
+    pub(crate) fn set(&self, tier: usize, quota: TokenBucket) -> Result<(), ConfigError> {
         let q = quota.in_units(self.m, self.max_fill, self.lifetime)?;
         let _guard = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // Relaxed: read approximately by refunds, which only need it never to have been
@@ -237,11 +232,11 @@ impl Tiers {
 
     pub(crate) fn find(&self, name: &str) -> Option<Tier> {
         #[expect(clippy::cast_possible_truncation, reason = "at most 255 tiers")]
-        self.names.iter().position(|n| *n == name).map(|i| Tier(i as u8))
+        self.names.iter().position(|n| **n == *name).map(|i| Tier(i as u8))
     }
 
-    pub(crate) fn name(&self, tier: usize) -> &'static str {
-        self.names[tier]
+    pub(crate) fn name(&self, tier: usize) -> &str {
+        &self.names[tier]
     }
 }
 
@@ -320,7 +315,7 @@ impl<W: Words> Overrides<W> {
     }
 
     /// Sets the key's override. Fails when the map is full.
-    pub(crate) fn set(&self, words: W, hash: u64, tier: Tier) -> Result<(), ConfigError> {
+    pub(crate) fn set(&self, words: W, hash: u64, tier: Tier) -> Result<(), UpdateError> {
         let _guard = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let start = (hash >> 8) as usize;
         let mut free = None;
@@ -344,11 +339,7 @@ impl<W: Words> Overrides<W> {
         // At most half full, so that probes for absent keys end at an EMPTY entry soon.
         let half = self.entries.len() as u64 / 2;
         let Some(e) = free.filter(|_| self.count.load(Relaxed) < half) else {
-            return Err(ConfigError::OutOfRange {
-                what: "per-key overrides",
-                value: self.count.load(Relaxed) + 1,
-                max: half,
-            });
+            return Err(UpdateError::OverridesFull { max: half });
         };
         let v = e.state.load(Relaxed) >> 16;
         e.state.store(state(v + 1, KIND_WRITING, 0), Relaxed);

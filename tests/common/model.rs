@@ -13,7 +13,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use tollgate::{Outcome, Quota};
+use tollgate::{Outcome, TokenBucket};
 
 /// What a decision answered, field by field; `retry` is `None` for "never".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,7 +55,7 @@ pub struct Model {
 }
 
 impl Model {
-    pub fn new(q: &Quota) -> Model {
+    pub fn new(q: &TokenBucket) -> Model {
         let t = i128::from(q.units_per_token());
         Model {
             m: i128::from(q.units_per_nano()),
@@ -72,7 +72,7 @@ impl Model {
 
     /// The same bucket (its empty instant) under another quota of the same time unit, as a
     /// keyed limiter's tier change does: the level is re-read under the new rate and burst.
-    pub fn requote(&mut self, q: &Quota) {
+    pub fn requote(&mut self, q: &TokenBucket) {
         assert_eq!(self.m, i128::from(q.units_per_nano()), "tiers share one time unit");
         self.t = i128::from(q.units_per_token());
         self.burst = i128::from(q.burst());
@@ -147,7 +147,7 @@ pub struct Ideal {
 }
 
 impl Ideal {
-    pub fn new(q: &Quota) -> Ideal {
+    pub fn new(q: &TokenBucket) -> Ideal {
         let tokens = i128::from(q.rate().tokens());
         let period = q.rate().period().as_nanos() as i128;
         Ideal { tokens, period, burst: i128::from(q.burst()), z: -i128::from(q.initial()) * period }
@@ -175,13 +175,13 @@ impl Ideal {
 }
 
 /// Whether `q`'s rounded rate equals its configured rate.
-pub fn is_exact(q: &Quota) -> bool {
+pub fn is_exact(q: &TokenBucket) -> bool {
     let r = q.rate();
     u128::from(q.units_per_token()) * u128::from(r.tokens())
         == r.period().as_nanos() * u128::from(q.units_per_nano())
 }
 
 /// `floor(rate · span)` at the configured rate: the most a full bucket may add over `span` ns.
-pub fn refill_bound(q: &Quota, span_ns: u64) -> u128 {
+pub fn refill_bound(q: &TokenBucket, span_ns: u64) -> u128 {
     u128::from(span_ns) * u128::from(q.rate().tokens()) / q.rate().period().as_nanos()
 }

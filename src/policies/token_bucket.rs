@@ -27,7 +27,7 @@ pub(crate) const MAX_FILL_UNITS: u64 = 1 << 62;
 /// Precision at which the unit search stops early: relative error at most 2⁻²⁴.
 const EARLY_PRECISION_SHIFT: u32 = 24;
 
-/// A rate: `tokens` per `period`. Validated when it becomes part of a [`Quota`].
+/// A rate: `tokens` per `period`. Validated when it becomes part of a [`TokenBucket`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rate {
     tokens: u64,
@@ -35,7 +35,7 @@ pub struct Rate {
 }
 
 impl Rate {
-    /// `tokens` per `period`. See [`Quota`] for the supported ranges.
+    /// `tokens` per `period`. See [`TokenBucket`] for the supported ranges.
     pub const fn per(tokens: u64, period: Duration) -> Rate {
         Rate { tokens, period }
     }
@@ -109,13 +109,13 @@ pub(crate) struct At {
 
 impl At {
     #[inline]
-    const fn new(q: &Quota, floor: u64) -> At {
+    const fn new(q: &TokenBucket, floor: u64) -> At {
         At { now: floor + q.fill_units, floor }
     }
 }
 
 /// A rate limit: a refill rate and a burst (the bucket's capacity), plus the level the bucket
-/// starts at (full unless [`with_initial`](Quota::with_initial) says otherwise, as Envoy's).
+/// starts at (full unless [`with_initial`](TokenBucket::with_initial) says otherwise, as Envoy's).
 ///
 /// # Ranges
 ///
@@ -135,16 +135,16 @@ impl At {
 /// Exact for every rate whose per-token time `period/tokens` is a whole multiple of `1/m` ns
 /// for some `m ≤ 64` (10/s, 1/day, 1.25e10/s, Envoy's 1 per 1 s, …). Any other rate is rounded
 /// *down*, by less than `1/(64·T)` relatively, where `T` is the per-token time in ns (under
-/// 2⁻²⁴ for any rate below 3,800/s). See [`units_per_token`](Quota::units_per_token).
+/// 2⁻²⁴ for any rate below 3,800/s). See [`units_per_token`](TokenBucket::units_per_token).
 ///
 /// # Lifetime
 ///
 /// A limiter counts time from its creation in `1/m` ns units inside one `u64`, so it can run for
-/// [`lifetime`](Quota::lifetime): `(2^64 − 1 − 2·fill)/m` ns, at least 2^57 ns ≈ 4.5 years, and
+/// [`lifetime`](TokenBucket::lifetime): `(2^64 − 1 − 2·fill)/m` ns, at least 2^57 ns ≈ 4.5 years, and
 /// 584 years for any rate that is exact at `m = 1`. Beyond it the clock stops for the bucket:
 /// no more refill, so it never over-admits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Quota {
+pub struct TokenBucket {
     rate: Rate,
     burst: u64,
     initial: u64,
@@ -160,12 +160,12 @@ pub struct Quota {
     per_token: Divisor,
 }
 
-impl Quota {
+impl TokenBucket {
     /// The largest burst: `2^32 − 1` tokens.
     pub const MAX_BURST: u64 = MAX_BURST;
 
     /// `rate` with a capacity of `burst` tokens. The bucket starts full.
-    pub fn new(rate: Rate, burst: u64) -> Result<Quota, ConfigError> {
+    pub fn new(rate: Rate, burst: u64) -> Result<TokenBucket, ConfigError> {
         if rate.tokens == 0 {
             return Err(ConfigError::ZeroRate);
         }
@@ -189,7 +189,7 @@ impl Quota {
             period_nanos: period,
         })?;
         let fill_units = burst * t;
-        Ok(Quota {
+        Ok(TokenBucket {
             rate,
             burst,
             initial: burst,
@@ -202,20 +202,20 @@ impl Quota {
     }
 
     /// `n` per second, with a burst of `n`.
-    pub fn per_second(n: u64) -> Result<Quota, ConfigError> {
-        Quota::new(Rate::per_second(n), n)
+    pub fn per_second(n: u64) -> Result<TokenBucket, ConfigError> {
+        TokenBucket::new(Rate::per_second(n), n)
     }
     /// `n` per minute, with a burst of `n`.
-    pub fn per_minute(n: u64) -> Result<Quota, ConfigError> {
-        Quota::new(Rate::per_minute(n), n)
+    pub fn per_minute(n: u64) -> Result<TokenBucket, ConfigError> {
+        TokenBucket::new(Rate::per_minute(n), n)
     }
     /// `n` per hour, with a burst of `n`.
-    pub fn per_hour(n: u64) -> Result<Quota, ConfigError> {
-        Quota::new(Rate::per_hour(n), n)
+    pub fn per_hour(n: u64) -> Result<TokenBucket, ConfigError> {
+        TokenBucket::new(Rate::per_hour(n), n)
     }
     /// `n` per day, with a burst of `n`.
-    pub fn per_day(n: u64) -> Result<Quota, ConfigError> {
-        Quota::new(Rate::per_day(n), n)
+    pub fn per_day(n: u64) -> Result<TokenBucket, ConfigError> {
+        TokenBucket::new(Rate::per_day(n), n)
     }
 
     /// Envoy's `envoy.type.v3.TokenBucket`: `max_tokens` capacity, refilled with
@@ -227,21 +227,21 @@ impl Quota {
         max_tokens: u32,
         tokens_per_fill: u32,
         fill_interval: Duration,
-    ) -> Result<Quota, ConfigError> {
-        Quota::new(Rate::per(u64::from(tokens_per_fill), fill_interval), u64::from(max_tokens))
+    ) -> Result<TokenBucket, ConfigError> {
+        TokenBucket::new(Rate::per(u64::from(tokens_per_fill), fill_interval), u64::from(max_tokens))
     }
 
     /// The same rate with another burst. The initial level becomes the new burst (full).
-    pub fn with_burst(self, burst: u64) -> Result<Quota, ConfigError> {
-        Quota::new(self.rate, burst)
+    pub fn with_burst(self, burst: u64) -> Result<TokenBucket, ConfigError> {
+        TokenBucket::new(self.rate, burst)
     }
 
     /// The same quota, with the bucket starting at `initial` tokens instead of full.
-    pub fn with_initial(self, initial: u64) -> Result<Quota, ConfigError> {
+    pub fn with_initial(self, initial: u64) -> Result<TokenBucket, ConfigError> {
         if initial > self.burst {
             return Err(ConfigError::InitialAboveBurst { initial, burst: self.burst });
         }
-        Ok(Quota { initial, ..self })
+        Ok(TokenBucket { initial, ..self })
     }
 
     /// The configured rate.
@@ -265,6 +265,14 @@ impl Quota {
     pub const fn units_per_token(&self) -> u64 {
         self.units_per_token
     }
+    /// Whether the bucket runs at exactly the configured rate: its per-token time `t/m` ns equals
+    /// `period / tokens`. Otherwise the rate is rounded down (see the type docs for the bound).
+    pub fn is_exact(&self) -> bool {
+        let period = u128::from(Nanos::from_duration_saturating(self.rate.period).as_u64());
+        u128::from(self.units_per_token) * u128::from(self.rate.tokens)
+            == period * u128::from(self.units_per_nano)
+    }
+
     /// The time to refill from empty to full, rounded up to whole nanoseconds.
     pub fn fill_time(&self) -> Nanos {
         Nanos::new(self.fill_units.div_ceil(self.units_per_nano))
@@ -276,22 +284,21 @@ impl Quota {
 
     /// This quota counted in `m` units per nanosecond, for a keyed table whose tiers share one
     /// time base: `t = ceil(T·m)`, so the rate is the configured one or lower (exactly as in
-    /// [`Quota::new`] when `m` is the quota's own). `lifetime` is the table's. The fill time must
+    /// [`TokenBucket::new`] when `m` is the quota's own). `lifetime` is the table's. The fill time must
     /// stay within `max_fill` units.
-    pub(crate) fn in_units(self, m: u64, max_fill: u64, lifetime: u64) -> Result<Quota, ConfigError> {
+    pub(crate) fn in_units(self, m: u64, max_fill: u64, lifetime: u64) -> Result<TokenBucket, ConfigError> {
         let period = u128::from(Nanos::try_from(self.rate.period)?.as_u64());
         let t = (period * u128::from(m)).div_ceil(u128::from(self.rate.tokens)).max(1);
         let fill = t * u128::from(self.burst);
         if fill > u128::from(max_fill) {
-            return Err(ConfigError::OutOfRange {
-                what: "fill time of a keyed quota, in units",
-                value: u64::try_from(fill).unwrap_or(u64::MAX),
-                max: max_fill,
+            return Err(ConfigError::TierFillTooLong {
+                fill_nanos: u64::try_from(fill / u128::from(m)).unwrap_or(u64::MAX),
+                max_nanos: max_fill / m,
             });
         }
         #[expect(clippy::cast_possible_truncation, reason = "t ≤ fill ≤ max_fill, a u64")]
         let (t, fill) = (t as u64, fill as u64);
-        Ok(Quota {
+        Ok(TokenBucket {
             units_per_nano: m,
             units_per_token: t,
             fill_units: fill,
@@ -307,7 +314,7 @@ impl Quota {
         self.fill_units
     }
 
-    /// The quota as 8 words, for storage in atomics ([`Quota::from_words`] reverses it).
+    /// The quota as 8 words, for storage in atomics ([`TokenBucket::from_words`] reverses it).
     pub(crate) fn words(&self) -> [u64; 8] {
         [
             self.rate.tokens,
@@ -321,11 +328,11 @@ impl Quota {
         ]
     }
 
-    /// A quota from [`Quota::words`].
-    pub(crate) fn from_words(w: [u64; 8]) -> Quota {
+    /// A quota from [`TokenBucket::words`].
+    pub(crate) fn from_words(w: [u64; 8]) -> TokenBucket {
         let [tokens, period, burst, initial, m_shift, t, max_elapsed, magic] = w;
         let shift = (m_shift >> 32) as u32;
-        Quota {
+        TokenBucket {
             rate: Rate::per(tokens, Duration::from_nanos(period)),
             burst,
             initial,
@@ -365,7 +372,7 @@ impl Quota {
         At::new(self, e * self.units_per_nano)
     }
 
-    /// [`now_units`](Quota::now_units) of `now − origin`, with `now` before `origin` read as
+    /// [`now_units`](TokenBucket::now_units) of `now − origin`, with `now` before `origin` read as
     /// `origin`. Predicted branches for both saturations, keeping the dependency chain from
     /// the clock read to the CAS short.
     #[inline]
@@ -432,6 +439,36 @@ mod tests {
     use super::*;
 
     proptest::proptest! {
+        /// The precision the docs state: exact when `T·m` is whole for an `m ≤ 64` whose fill
+        /// fits; otherwise rounded down by at most `max(2^-24, 1/(M·T))`, `M` the largest
+        /// `m ≤ 64` with `burst·⌈T·m⌉ ≤ 2^62`.
+        #[test]
+        fn the_documented_precision_holds(
+            tokens in 1u64..1 << 40,
+            period in 1u64..1 << 50,
+            burst in 1u64..=MAX_BURST,
+        ) {
+            let Ok(q) = TokenBucket::new(Rate::per(tokens, Duration::from_nanos(period)), burst) else {
+                return Ok(());
+            };
+            let (m, t) = (u128::from(q.units_per_nano()), u128::from(q.units_per_token()));
+            let (tokens, period, burst) = (u128::from(tokens), u128::from(period), u128::from(burst));
+            // Never faster than configured: t/m ≥ period/tokens.
+            proptest::prop_assert!(t * tokens >= period * m);
+            let fits = |m: u128| burst * (period * m).div_ceil(tokens) <= 1 << 62;
+            let exact_m = (1..=64).find(|&m| (period * m) % tokens == 0 && fits(m));
+            proptest::prop_assert_eq!(q.is_exact(), exact_m.is_some());
+            if exact_m.is_none() {
+                let big_m = (1..=64u128).rev().find(|&m| fits(m)).unwrap();
+                // excess/period·m ≤ max(2^-24, 1/(M·T)) with T = period/tokens:
+                // (t·tokens − period·m)/(period·m) ≤ max(2^-24, tokens/(M·period)).
+                let excess = t * tokens - period * m;
+                let within_early = excess << 24 <= period * m;
+                let within_m = excess * big_m * period <= tokens * period * m;
+                proptest::prop_assert!(within_early || within_m, "m {} t {} M {}", m, t, big_m);
+            }
+        }
+
         #[test]
         fn divisor_is_exact(d in 1u64..=1 << 62, x in 0u64..1 << 63) {
             proptest::prop_assert_eq!(Divisor::new(d).div(x), x / d);
@@ -459,13 +496,13 @@ mod tests {
     #[test]
     fn round_rates_are_exact() {
         for (q, m, t) in [
-            (Quota::per_second(10).unwrap(), 1, 100_000_000),
-            (Quota::per_second(3).unwrap(), 3, 1_000_000_000),
-            (Quota::per_minute(100).unwrap(), 1, 600_000_000),
-            (Quota::per_day(1).unwrap(), 1, 86_400_000_000_000),
-            (Quota::new(Rate::per_second(12_500_000_000), 1 << 20).unwrap(), 25, 2),
-            (Quota::new(Rate::per_second(10_000_000_000), 1 << 20).unwrap(), 10, 1),
-            (Quota::new(Rate::per(64, Duration::from_nanos(1)), 1).unwrap(), 64, 1),
+            (TokenBucket::per_second(10).unwrap(), 1, 100_000_000),
+            (TokenBucket::per_second(3).unwrap(), 3, 1_000_000_000),
+            (TokenBucket::per_minute(100).unwrap(), 1, 600_000_000),
+            (TokenBucket::per_day(1).unwrap(), 1, 86_400_000_000_000),
+            (TokenBucket::new(Rate::per_second(12_500_000_000), 1 << 20).unwrap(), 25, 2),
+            (TokenBucket::new(Rate::per_second(10_000_000_000), 1 << 20).unwrap(), 10, 1),
+            (TokenBucket::new(Rate::per(64, Duration::from_nanos(1)), 1).unwrap(), 64, 1),
         ] {
             assert_eq!((q.units_per_nano(), q.units_per_token()), (m, t), "{q:?}");
         }
@@ -476,7 +513,7 @@ mod tests {
         for (tokens, period) in
             [(9_999_999_999u64, 1_000_000_000u64), (7, 1_000_000_001), (1_000_003, 99_999)]
         {
-            let q = Quota::new(Rate::per(tokens, Duration::from_nanos(period)), 1).unwrap();
+            let q = TokenBucket::new(Rate::per(tokens, Duration::from_nanos(period)), 1).unwrap();
             let (m, t) = (u128::from(q.units_per_nano()), u128::from(q.units_per_token()));
             let (tokens, period) = (u128::from(tokens), u128::from(period));
             // t/m ≥ period/tokens: never faster than configured.
@@ -488,42 +525,45 @@ mod tests {
 
     #[test]
     fn limits_are_typed_errors_at_their_boundaries() {
-        assert_eq!(Quota::per_second(0), Err(ConfigError::ZeroRate));
-        assert_eq!(Quota::new(Rate::per(1, Duration::ZERO), 1), Err(ConfigError::ZeroPeriod));
-        assert_eq!(Quota::new(Rate::per_second(1), 0), Err(ConfigError::ZeroBurst));
-        assert!(Quota::new(Rate::per_second(1), MAX_BURST).is_ok());
+        assert_eq!(TokenBucket::per_second(0), Err(ConfigError::ZeroRate));
+        assert_eq!(TokenBucket::new(Rate::per(1, Duration::ZERO), 1), Err(ConfigError::ZeroPeriod));
+        assert_eq!(TokenBucket::new(Rate::per_second(1), 0), Err(ConfigError::ZeroBurst));
+        assert!(TokenBucket::new(Rate::per_second(1), MAX_BURST).is_ok());
         assert_eq!(
-            Quota::new(Rate::per_second(1), MAX_BURST + 1),
+            TokenBucket::new(Rate::per_second(1), MAX_BURST + 1),
             Err(ConfigError::BurstTooLarge { burst: MAX_BURST + 1 })
         );
         // 64 tokens per ns is the fastest rate; one more token is too fast.
-        assert!(Quota::new(Rate::per(64, Duration::from_nanos(1)), 1).is_ok());
+        assert!(TokenBucket::new(Rate::per(64, Duration::from_nanos(1)), 1).is_ok());
         assert!(matches!(
-            Quota::new(Rate::per(65, Duration::from_nanos(1)), 1),
+            TokenBucket::new(Rate::per(65, Duration::from_nanos(1)), 1),
             Err(ConfigError::RateTooHigh { .. })
         ));
         // Fill time: burst × T ≤ 2^62 ns exactly at m = 1.
         let t = 1u64 << 30;
-        assert!(Quota::new(Rate::per(1, Duration::from_nanos(t)), (1 << 32) - 1).is_ok());
+        assert!(TokenBucket::new(Rate::per(1, Duration::from_nanos(t)), (1 << 32) - 1).is_ok());
         assert!(matches!(
-            Quota::new(Rate::per(1, Duration::from_nanos(t + 1)), (1 << 32) - 1),
+            TokenBucket::new(Rate::per(1, Duration::from_nanos(t + 1)), (1 << 32) - 1),
             Err(ConfigError::FillTimeTooLong { .. })
         ));
-        assert!(Quota::new(Rate::per_day(1), 53_375).is_ok());
-        assert!(matches!(Quota::new(Rate::per_day(1), 53_376), Err(ConfigError::FillTimeTooLong { .. })));
+        assert!(TokenBucket::new(Rate::per_day(1), 53_375).is_ok());
+        assert!(matches!(
+            TokenBucket::new(Rate::per_day(1), 53_376),
+            Err(ConfigError::FillTimeTooLong { .. })
+        ));
         // Periods: the slowest rate is one token per 2^62 ns; a period beyond u64 ns is its own error.
-        assert!(Quota::new(Rate::per(1, Duration::from_nanos(1 << 62)), 1).is_ok());
+        assert!(TokenBucket::new(Rate::per(1, Duration::from_nanos(1 << 62)), 1).is_ok());
         assert!(matches!(
-            Quota::new(Rate::per(1, Duration::from_nanos((1 << 62) + 1)), 1),
+            TokenBucket::new(Rate::per(1, Duration::from_nanos((1 << 62) + 1)), 1),
             Err(ConfigError::FillTimeTooLong { .. })
         ));
-        assert!(Quota::new(Rate::per(4, Duration::from_nanos(u64::MAX)), 1).is_ok());
+        assert!(TokenBucket::new(Rate::per(4, Duration::from_nanos(u64::MAX)), 1).is_ok());
         assert!(matches!(
-            Quota::new(Rate::per(1, Duration::from_nanos(u64::MAX) + Duration::from_nanos(1)), 1),
+            TokenBucket::new(Rate::per(1, Duration::from_nanos(u64::MAX) + Duration::from_nanos(1)), 1),
             Err(ConfigError::DurationTooLong { .. })
         ));
         assert_eq!(
-            Quota::per_second(5).unwrap().with_initial(6),
+            TokenBucket::per_second(5).unwrap().with_initial(6),
             Err(ConfigError::InitialAboveBurst { initial: 6, burst: 5 })
         );
         // Every message names its limit.
@@ -532,8 +572,8 @@ mod tests {
 
     #[test]
     fn lifetime_is_at_least_four_and_a_half_years() {
-        let worst = Quota::new(Rate::per(64, Duration::from_nanos(1)), MAX_BURST).unwrap();
+        let worst = TokenBucket::new(Rate::per(64, Duration::from_nanos(1)), MAX_BURST).unwrap();
         assert!(worst.lifetime().as_u64() >= 1 << 57);
-        assert_eq!(Quota::per_second(10).unwrap().lifetime().as_u64(), u64::MAX - 2 * 1_000_000_000);
+        assert_eq!(TokenBucket::per_second(10).unwrap().lifetime().as_u64(), u64::MAX - 2 * 1_000_000_000);
     }
 }

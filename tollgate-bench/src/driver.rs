@@ -56,7 +56,7 @@ struct Empty;
 impl Subject for Empty {
     #[inline(never)]
     fn run(&self, keys: &[u64]) {
-        std::hint::black_box(keys);
+        let _ = std::hint::black_box(keys);
     }
 }
 

@@ -18,7 +18,6 @@
 
 mod keyed;
 
-use core::fmt;
 use core::time::Duration;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -26,9 +25,9 @@ use crossbeam_utils::CachePadded;
 
 pub use keyed::{KeyedSlidingLog, KeyedSlidingLogBuilder};
 
-use crate::admit::{Admit, Receipt};
-use crate::window::check_window;
-use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome};
+use crate::engine::direct::{Algorithm, Direct};
+use crate::policies::window::check_window;
+use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome};
 
 /// Elapsed time is clamped below 2^63 ns (292 years), so that `t + W` fits a `u64`.
 const MAX_ELAPSED: u64 = (1 << 63) - 1;
@@ -170,7 +169,9 @@ fn partition_point(len: usize, pred: impl Fn(usize) -> bool) -> usize {
 }
 
 /// One log: the ring, the position of its oldest entry, and the units ever admitted.
-struct State {
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct State {
     ring: Box<[u64]>,
     head: usize,
     admitted: u64,
@@ -193,106 +194,67 @@ struct State {
 /// assert!(l.check_at(ms(1000)).is_allowed());
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
-pub struct SlidingLogLimiter<C: Clock = DefaultClock> {
-    state: CachePadded<Mutex<State>>,
-    log: SlidingLog,
-    origin: Nanos,
-    clock: C,
-    id: u64,
+pub type SlidingLogLimiter<C = DefaultClock> = Direct<SlidingLog, C>;
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // Nothing panics while the lock is held; a poisoned lock still holds a sorted log.
+    state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl SlidingLogLimiter<DefaultClock> {
-    /// A limiter on the default clock, with an empty log.
-    pub fn new(log: SlidingLog) -> SlidingLogLimiter<DefaultClock> {
-        SlidingLogLimiter::with_clock(log, DefaultClock::new())
-    }
+fn elapsed(now: Nanos, origin: Nanos) -> u64 {
+    now.saturating_sub(origin).as_u64()
 }
 
-impl<C: Clock> SlidingLogLimiter<C> {
-    /// A limiter on `clock`, with an empty log, counting time from the clock's current reading.
-    pub fn with_clock(log: SlidingLog, clock: C) -> SlidingLogLimiter<C> {
-        let state = State { ring: vec![0; log.entries()].into_boxed_slice(), head: 0, admitted: 0 };
-        let origin = clock.now();
-        SlidingLogLimiter {
-            state: CachePadded::new(Mutex::new(state)),
-            log,
-            origin,
-            clock,
-            id: crate::sync::next_id(),
-        }
+/// The log under a lock: `N` words do not fit one CAS. The lock is held for the decision only
+/// (a binary search and at most `n` stores), never across I/O or an allocation.
+impl Algorithm for SlidingLog {
+    type State = CachePadded<Mutex<State>>;
+
+    fn new_state(&self) -> Self::State {
+        let state = State { ring: vec![0; self.entries()].into_boxed_slice(), head: 0, admitted: 0 };
+        CachePadded::new(Mutex::new(state))
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Nothing panics while the lock is held; a poisoned lock still holds a sorted log.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn direct_check(&self, state: &Self::State, now: Nanos, origin: Nanos, n: u64) -> Decision {
+        self.direct_charge(state, now, origin, n).0
     }
 
-    fn elapsed(&self, now: Nanos) -> u64 {
-        now.saturating_sub(self.origin).as_u64()
-    }
-
-    /// One unit now.
-    pub fn check(&self) -> Decision {
-        self.check_n_at(self.clock.now(), 1)
-    }
-
-    /// `n` units now, all or none.
-    pub fn check_n(&self, n: u64) -> Decision {
-        self.check_n_at(self.clock.now(), n)
-    }
-
-    /// One unit at `now` on this limiter's clock.
-    pub fn check_at(&self, now: Nanos) -> Decision {
-        self.check_n_at(now, 1)
-    }
-
-    /// `n` units at `now` on this limiter's clock.
-    pub fn check_n_at(&self, now: Nanos, n: u64) -> Decision {
-        let e = self.elapsed(now);
-        let mut s = self.lock();
-        let State { ring, head, admitted } = &mut *s;
-        let (d, stored) = self.log.decide(ring, head, e, n, true);
-        if stored.is_some() {
-            *admitted += n;
-        }
-        d
-    }
-
-    /// What `n` units would get at `now`, taking nothing.
-    pub fn peek_n_at(&self, now: Nanos, n: u64) -> Decision {
-        let e = self.elapsed(now);
-        let mut s = self.lock();
+    fn direct_peek(&self, state: &Self::State, now: Nanos, origin: Nanos, n: u64) -> Decision {
+        let e = elapsed(now, origin);
+        let mut s = lock(state);
         let State { ring, head, .. } = &mut *s;
-        self.log.decide(ring, head, e, n, false).0
+        self.decide(ring, head, e, n, false).0
     }
 
-    /// The current time on this limiter's clock.
-    pub fn now(&self) -> Nanos {
-        self.clock.now()
-    }
-
-    /// The configuration.
-    pub fn log(&self) -> &SlidingLog {
-        &self.log
-    }
-}
-
-impl<C: Clock> Admit for SlidingLogLimiter<C> {
-    fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
-        let e = self.elapsed(self.clock.now());
-        let mut s = self.lock();
+    /// The receipt: the instant of the charge, the expiry it wrote and the count of units
+    /// admitted with it.
+    fn direct_charge(
+        &self,
+        state: &Self::State,
+        now: Nanos,
+        origin: Nanos,
+        n: u64,
+    ) -> (Decision, Option<[u64; 3]>) {
+        let e = elapsed(now, origin);
+        let mut s = lock(state);
         let State { ring, head, admitted } = &mut *s;
-        let (d, expiry) = self.log.decide(ring, head, e, n, true);
+        let (d, expiry) = self.decide(ring, head, e, n, true);
         let Some(expiry) = expiry else { return (d, None) };
         *admitted += n;
-        (d, Some(Receipt::new(self.id, 0, [e.min(MAX_ELAPSED), expiry, *admitted], n)))
+        (d, Some([e.min(MAX_ELAPSED), expiry, *admitted]))
     }
 
     /// Exact if nothing was admitted on the log between the charge and the refund; otherwise
     /// nothing comes back (see `SlidingLog::refund`).
-    fn refund(&self, receipt: Receipt) {
-        let Some(([at, expiry, admitted], n)) = receipt.take(self.id, 0) else { return };
-        let mut s = self.lock();
+    fn direct_refund(
+        &self,
+        state: &Self::State,
+        [at, expiry, admitted]: [u64; 3],
+        n: u64,
+        _: Nanos,
+        _: impl Fn() -> Nanos,
+    ) {
+        let mut s = lock(state);
         if s.admitted == admitted {
             let head = s.head;
             if SlidingLog::refund(&mut s.ring, head, at, expiry, n) {
@@ -301,15 +263,5 @@ impl<C: Clock> Admit for SlidingLogLimiter<C> {
                 s.admitted -= n;
             }
         }
-    }
-
-    fn peek(&self, n: u64) -> Decision {
-        self.peek_n_at(self.clock.now(), n)
-    }
-}
-
-impl<C: Clock> fmt::Debug for SlidingLogLimiter<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SlidingLogLimiter").field("log", &self.log).finish_non_exhaustive()
     }
 }

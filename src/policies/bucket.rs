@@ -17,7 +17,7 @@
 //!                              (tokens = floor(credit / t))                 (reserved)
 //! ```
 //!
-//! * `m` (units per ns, 1..=64) and `t` (units per token) come from the [`Quota`]; `fill = burst·t`.
+//! * `m` (units per ns, 1..=64) and `t` (units per token) come from the [`TokenBucket`]; `fill = burst·t`.
 //! * The bucket's clock is `now = fill + elapsed_ns·m`, counted from the limiter's creation, so
 //!   `now − fill` never underflows. It saturates at the quota's lifetime, leaving `fill` units
 //!   of headroom below `2^64`.
@@ -47,9 +47,9 @@
 
 pub(crate) mod atomic;
 
-use crate::decision::{Decision, Outcome};
-use crate::quota::At;
-use crate::Quota;
+use crate::engine::decision::{Decision, Outcome};
+use crate::policies::token_bucket::At;
+use crate::TokenBucket;
 
 /// The packed state of one bucket: its empty instant, in units (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,7 +77,7 @@ impl BucketWord {
 
     /// A bucket holding `tokens` (≤ burst) at the bucket instant `at`.
     #[inline]
-    pub(crate) const fn with_tokens(q: &Quota, at: At, tokens: u64) -> BucketWord {
+    pub(crate) const fn with_tokens(q: &TokenBucket, at: At, tokens: u64) -> BucketWord {
         BucketWord(at.now - q.cost_units(tokens))
     }
 
@@ -98,7 +98,7 @@ impl BucketWord {
     /// since `cost ≤ fill`): no overflow for any word, and the subtraction runs beside the load
     /// instead of after it.
     #[inline]
-    pub(crate) fn decide(self, q: &Quota, at: At, n: u64) -> Verdict {
+    pub(crate) fn decide(self, q: &TokenBucket, at: At, n: u64) -> Verdict {
         let cost = q.cost_units(n);
         let limit = at.now - cost;
         let base = self.base(at);
@@ -112,14 +112,14 @@ impl BucketWord {
 
     /// The decision once the stamp moved to `self` at `at`.
     #[inline]
-    pub(crate) fn taken(self, q: &Quota, at: At) -> Decision {
+    pub(crate) fn taken(self, q: &TokenBucket, at: At) -> Decision {
         Decision::new(q, Outcome::Allowed, at.now - self.0, 0, self.0 - at.floor)
     }
 
     /// What deciding `n` tokens (any `n`) would answer, without taking anything. The remaining
     /// count is the current level. `n = 0` is always allowed; `n > burst` is insufficient.
     #[inline]
-    pub(crate) fn peek(self, q: &Quota, at: At, n: u64) -> Decision {
+    pub(crate) fn peek(self, q: &TokenBucket, at: At, n: u64) -> Decision {
         let base = self.base(at);
         let left = at.now.saturating_sub(base);
         let until_full = base - at.floor;
@@ -144,11 +144,13 @@ mod tests {
     use super::*;
     use crate::{Nanos, Rate};
 
-    fn quotas() -> impl Strategy<Value = Quota> {
-        (1u64..=1 << 40, 1u64..=1 << 50, 1u64..=Quota::MAX_BURST)
-            .prop_filter_map("outside the supported ranges", |(tokens, period, burst)| {
-                Quota::new(Rate::per(tokens, Duration::from_nanos(period)), burst).ok()
-            })
+    fn quotas() -> impl Strategy<Value = TokenBucket> {
+        (1u64..=1 << 40, 1u64..=1 << 50, 1u64..=TokenBucket::MAX_BURST).prop_filter_map(
+            "outside the supported ranges",
+            |(tokens, period, burst)| {
+                TokenBucket::new(Rate::per(tokens, Duration::from_nanos(period)), burst).ok()
+            },
+        )
     }
 
     proptest! {
@@ -191,7 +193,7 @@ mod tests {
 
     #[test]
     fn full_and_empty_boundaries() {
-        let q = Quota::per_second(10).unwrap(); // t = 1e8 units (m = 1), fill = 1e9
+        let q = TokenBucket::per_second(10).unwrap(); // t = 1e8 units (m = 1), fill = 1e9
         let now = q.now_units(Nanos::new(5_000_000_000));
         // Any stamp at or below now − fill reads as exactly full.
         for raw in [0, now.floor - 1, now.floor] {

@@ -4,10 +4,16 @@ use core::fmt;
 use core::num::NonZeroU64;
 use core::time::Duration;
 
-use crate::{Nanos, Quota};
+use crate::{Nanos, TokenBucket};
 
 /// Whether a request conforms.
+///
+/// Three outcomes admit the request ([`Decision::is_allowed`]): [`Allowed`](Outcome::Allowed)
+/// and [`Untracked`](Outcome::Untracked) are served now, [`Delayed`](Outcome::Delayed) after
+/// [`Decision::delay`]; [`Decision::is_allowed_now`] is true for the first two only. Non-exhaustive:
+/// match the ones you act on and treat the rest by `is_allowed`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Outcome {
     /// Admitted; its tokens were taken (or, for a peek, would be).
     Allowed,
@@ -33,7 +39,17 @@ pub enum Outcome {
 /// precomputed reciprocal, and the two waits stay in the bucket's exact fixed-point units until
 /// an accessor converts them. Every field is exact and rounded toward denial: `remaining` down,
 /// `retry_after` and `reset_after` up to the next nanosecond.
+///
+/// `#[must_use]`: `check` takes tokens whether or not its answer is read, so dropping the
+/// answer is almost always a bug.
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// let limiter = tollgate::Limiter::new(tollgate::TokenBucket::per_second(1).unwrap());
+/// limiter.check(); // error: unused `Decision` that must be used
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[must_use = "a decision says whether the request may proceed; `check` has already taken its tokens"]
 pub struct Decision {
     /// The outcome, the quota's `m` (units per nanosecond, ≤ 64) and the whole tokens left
     /// (≤ burst ≤ u32::MAX), packed into one word (`META_*`): built in a register and stored
@@ -58,7 +74,13 @@ impl Decision {
     /// A decision: `left` units of credit remain, `missing` more were needed (zero when allowed),
     /// and the bucket is full again after `until_full` units.
     #[inline]
-    pub(crate) fn new(q: &Quota, outcome: Outcome, left: u64, missing: u64, until_full: u64) -> Decision {
+    pub(crate) fn new(
+        q: &TokenBucket,
+        outcome: Outcome,
+        left: u64,
+        missing: u64,
+        until_full: u64,
+    ) -> Decision {
         // `left ≤ fill = burst·t` for every state (the base is never below `now − fill`).
         #[expect(clippy::cast_possible_truncation, reason = "left / t ≤ burst ≤ u32::MAX")]
         let remaining = q.tokens_in(left) as u32;
@@ -144,10 +166,60 @@ impl Decision {
         r
     }
 
-    /// Whether the request was admitted.
+    /// An admission served now, with `remaining` whole tokens left and the limit full again
+    /// after `reset_after`: for tests, middleware and [`Policy`](crate::Policy) implementations.
+    pub fn allowed(remaining: u32, reset_after: Duration) -> Decision {
+        Decision::public(Outcome::Allowed, remaining, Duration::ZERO, reset_after)
+    }
+
+    /// A refusal that waiting `retry_after` would turn into an admission.
+    pub fn denied(remaining: u32, retry_after: Duration, reset_after: Duration) -> Decision {
+        Decision::public(Outcome::Denied, remaining, retry_after, reset_after)
+    }
+
+    /// A refusal that no wait helps: the cost exceeds what the limit can ever admit at once.
+    pub fn insufficient(remaining: u32, reset_after: Duration) -> Decision {
+        Decision::public(Outcome::Insufficient, remaining, Duration::ZERO, reset_after)
+    }
+
+    /// An admission to be served after `delay` (nginx's `DELAYED`).
+    pub fn delayed(remaining: u32, delay: Duration, reset_after: Duration) -> Decision {
+        Decision::public(Outcome::Delayed, remaining, delay, reset_after)
+    }
+
+    /// A new key refused because a keyed table had no room for it ([`WhenFull::Deny`](crate::WhenFull::Deny)).
+    pub fn table_full() -> Decision {
+        Decision::public(Outcome::TableFull, 0, Duration::ZERO, Duration::ZERO)
+    }
+
+    /// A new key admitted without being counted ([`WhenFull::Allow`](crate::WhenFull::Allow)).
+    pub fn untracked() -> Decision {
+        Decision::public(Outcome::Untracked, 0, Duration::ZERO, Duration::ZERO)
+    }
+
+    /// A decision from whole durations, saturating each at `u64::MAX` ns (584 years).
+    fn public(outcome: Outcome, remaining: u32, wait: Duration, reset_after: Duration) -> Decision {
+        let nanos = |d: Duration| Nanos::from_duration_saturating(d);
+        Decision::from_nanos(outcome, remaining, nanos(wait), nanos(reset_after))
+    }
+
+    /// Whether the request was admitted: [`Allowed`](Outcome::Allowed),
+    /// [`Delayed`](Outcome::Delayed) (admitted and charged, to be served after
+    /// [`delay`](Decision::delay)) or [`Untracked`](Outcome::Untracked) (admitted by a full
+    /// table's fail-open policy, not charged). A caller that serves at once, without honouring
+    /// delays, wants [`is_allowed_now`](Decision::is_allowed_now).
     #[inline]
     pub const fn is_allowed(&self) -> bool {
         matches!(self.outcome(), Outcome::Allowed | Outcome::Delayed | Outcome::Untracked)
+    }
+
+    /// Whether the request may be served now: [`Allowed`](Outcome::Allowed) or
+    /// [`Untracked`](Outcome::Untracked). False for [`Delayed`](Outcome::Delayed), which is
+    /// admitted (and charged) but must wait [`delay`](Decision::delay) first, and for every
+    /// refusal.
+    #[inline]
+    pub const fn is_allowed_now(&self) -> bool {
+        matches!(self.outcome(), Outcome::Allowed | Outcome::Untracked)
     }
 
     /// How long to hold an admitted request before serving it: zero unless the outcome is
@@ -215,10 +287,10 @@ impl fmt::Debug for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Decision")
             .field("outcome", &self.outcome())
-            .field("units_per_nano", &self.units_per_nano())
             .field("remaining", &self.remaining_u32())
-            .field("missing", &self.missing)
-            .field("until_full", &self.until_full)
+            .field("retry_after", &self.retry_after())
+            .field("delay", &self.delay())
+            .field("reset_after", &self.reset_after())
             .finish()
     }
 }

@@ -31,8 +31,9 @@
 //! else, and a decision takes effect at its CAS (a rejection at its load). Checked by
 //! `loom-tests/tests/nginx.rs`.
 
-use crate::policy::{Direct, Policy};
-use crate::quota::Divisor;
+use crate::engine::direct::Direct;
+use crate::policies::policy::Policy;
+use crate::policies::token_bucket::Divisor;
 use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome};
 
 const EXCESS_BITS: u32 = 24;
@@ -46,7 +47,7 @@ const _: () = assert!(EXCESS_BITS + LAST_BITS == 64);
 
 /// A `limit_req` configuration: `rate=N r/s` or `r/m`, `burst=B`, and `nodelay` or `delay=D`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NginxQuota {
+pub struct Nginx {
     /// Milli-requests per second, `N·1000/scale` truncated as nginx does (below 2^54).
     rate: u64,
     /// Divides by `rate` without a hardware division.
@@ -57,50 +58,46 @@ pub struct NginxQuota {
     delay: u64,
 }
 
-impl NginxQuota {
+impl Nginx {
     /// `rate=N r/s`, with no burst.
-    pub fn per_second(n: u64) -> Result<NginxQuota, ConfigError> {
-        NginxQuota::with_scale(n, 1)
+    pub fn per_second(n: u64) -> Result<Nginx, ConfigError> {
+        Nginx::with_scale(n, 1)
     }
 
     /// `rate=N r/m`, with no burst.
-    pub fn per_minute(n: u64) -> Result<NginxQuota, ConfigError> {
-        NginxQuota::with_scale(n, 60)
+    pub fn per_minute(n: u64) -> Result<Nginx, ConfigError> {
+        Nginx::with_scale(n, 60)
     }
 
-    fn with_scale(n: u64, scale: u64) -> Result<NginxQuota, ConfigError> {
+    fn with_scale(n: u64, scale: u64) -> Result<Nginx, ConfigError> {
         // Below 2^54 milli-requests per second, so that every quotient below stays in range.
         const MAX_N: u64 = (1 << 54) / 1000;
         if n > MAX_N {
-            return Err(ConfigError::OutOfRange {
-                what: "nginx rate (requests per second)",
-                value: n,
-                max: MAX_N,
-            });
+            return Err(ConfigError::NginxRateTooHigh { rate: n, max: MAX_N });
         }
         let rate = n * 1000 / scale;
         if rate == 0 {
             return Err(ConfigError::ZeroRate);
         }
-        Ok(NginxQuota { rate, per_rate: Divisor::new(rate), burst: 0, delay: 0 })
+        Ok(Nginx { rate, per_rate: Divisor::new(rate), burst: 0, delay: 0 })
     }
 
     /// `burst=B`: up to `B` requests above the rate are queued (delayed) rather than rejected.
-    pub fn burst(self, b: u64) -> Result<NginxQuota, ConfigError> {
+    pub fn burst(self, b: u64) -> Result<Nginx, ConfigError> {
         if b > MAX_BURST {
-            return Err(ConfigError::OutOfRange { what: "nginx burst", value: b, max: MAX_BURST });
+            return Err(ConfigError::NginxBurstTooLarge { burst: b, max: MAX_BURST });
         }
-        Ok(NginxQuota { burst: b * 1000, ..self })
+        Ok(Nginx { burst: b * 1000, ..self })
     }
 
     /// `nodelay`: the whole burst passes at once; only the excess beyond it is rejected.
-    pub fn nodelay(self) -> NginxQuota {
-        NginxQuota { delay: u64::MAX, ..self }
+    pub fn nodelay(self) -> Nginx {
+        Nginx { delay: u64::MAX, ..self }
     }
 
     /// `delay=D`: the first `D` requests of a burst pass at once, the rest are delayed.
-    pub fn delay(self, d: u64) -> NginxQuota {
-        NginxQuota { delay: d.saturating_mul(1000), ..self }
+    pub fn delay(self, d: u64) -> Nginx {
+        Nginx { delay: d.saturating_mul(1000), ..self }
     }
 
     /// Decides `n` requests at once at `now` (ms since the origin) on `word`. Returns the word
@@ -216,7 +213,9 @@ const KEYED_START_MS: u64 = 1 << 16;
 const KEYED_MAX_MS: u64 = (1 << (LAST_BITS - 2)) - 3;
 
 /// Keyed words: see `keyed/policy.rs`.
-impl crate::keyed::sealed::KeyedWords for NginxQuota {
+impl crate::keyed::sealed::KeyedWords for Nginx {
+    const NAME: &'static str = "nginx limit_req";
+
     fn keyed_lifetime(&self) -> Nanos {
         Nanos::new((KEYED_MAX_MS - KEYED_START_MS) * 1_000_000 + 999_999)
     }
@@ -280,7 +279,7 @@ fn keyed_ms(elapsed: Nanos) -> u64 {
     (elapsed.as_u64() / 1_000_000 + KEYED_START_MS).min(KEYED_MAX_MS)
 }
 
-impl Policy for NginxQuota {
+impl Policy for Nginx {
     /// nginx's clock has millisecond resolution: `elapsed` is truncated to whole milliseconds
     /// (and saturates after 2^40 − 2 ms, 34.8 years).
     #[inline(always)]
@@ -303,14 +302,14 @@ impl Policy for NginxQuota {
 /// One `limit_req` zone entry: a direct limiter with nginx's semantics.
 ///
 /// ```
-/// use tollgate::{NginxLimiter, NginxQuota, ManualClock, Nanos, Outcome};
+/// use tollgate::{NginxLimiter, Nginx, ManualClock, Nanos, Outcome};
 ///
 /// // rate=1r/s burst=5: the first passes, the next five are delayed 1..5 s, the seventh rejected.
-/// let l = NginxLimiter::with_clock(NginxQuota::per_second(1)?.burst(5)?, ManualClock::new());
+/// let l = NginxLimiter::with_clock(Nginx::per_second(1)?.burst(5)?, ManualClock::new());
 /// let outcomes: Vec<_> = (0..7).map(|_| l.check_at(Nanos::ZERO)).collect();
 /// assert_eq!(outcomes[0].outcome(), Outcome::Allowed);
 /// assert_eq!(outcomes[3].delay().as_secs(), 3);
 /// assert_eq!(outcomes[6].outcome(), Outcome::Denied);
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
-pub type NginxLimiter<C = DefaultClock> = Direct<NginxQuota, C>;
+pub type NginxLimiter<C = DefaultClock> = Direct<Nginx, C>;

@@ -5,6 +5,7 @@
 //! per slot. A key is looked up in the 32 slots from its home; a slot whose log has wholly
 //! expired is the same as an empty one and is taken over by the next new key that probes it.
 
+use core::borrow::Borrow;
 use core::fmt;
 use core::marker::PhantomData;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -12,7 +13,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use crossbeam_utils::CachePadded;
 
 use super::SlidingLog;
-use crate::keyed::{Key, Words};
+use crate::keyed::{Key, KeyHasher, Words};
 use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome, WhenFull};
 
 /// Slots probed from a key's home.
@@ -20,9 +21,26 @@ const PROBE: usize = 32;
 /// The most log entries a table may hold (capacity × limit): 2^34, 128 GiB.
 const MAX_ENTRIES: u64 = 1 << 34;
 
+impl<K: ?Sized> Clone for KeyedSlidingLogBuilder<K> {
+    fn clone(&self) -> Self {
+        KeyedSlidingLogBuilder { _key: PhantomData, ..*self }
+    }
+}
+
+impl<K: ?Sized> fmt::Debug for KeyedSlidingLogBuilder<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedSlidingLogBuilder")
+            .field("log", &self.log)
+            .field("capacity", &self.capacity)
+            .field("shards", &self.shards)
+            .field("when_full", &self.when_full)
+            .finish_non_exhaustive()
+    }
+}
+
 /// How to build a [`KeyedSlidingLog`].
-#[derive(Clone, Debug)]
-pub struct KeyedSlidingLogBuilder {
+pub struct KeyedSlidingLogBuilder<K: ?Sized> {
+    _key: PhantomData<fn(&K)>,
     log: SlidingLog,
     capacity: usize,
     shards: Option<usize>,
@@ -30,58 +48,54 @@ pub struct KeyedSlidingLogBuilder {
     seeds: Option<[u64; 8]>,
 }
 
-impl KeyedSlidingLogBuilder {
+impl<K: Key + ?Sized> KeyedSlidingLogBuilder<K> {
     /// The most keys tracked at once (default 2^16). The table has the next power of two at or
     /// above `capacity·8/7` slots.
-    pub fn capacity(mut self, keys: usize) -> KeyedSlidingLogBuilder {
+    pub fn capacity(mut self, keys: usize) -> Self {
         self.capacity = keys;
         self
     }
 
     /// The number of shards, each with its own lock: a power of two up to 64 (default: 4 per
     /// available core).
-    pub fn shards(mut self, shards: usize) -> KeyedSlidingLogBuilder {
+    pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards);
         self
     }
 
     /// What a new key gets when its 32 probed slots all hold live logs: [`WhenFull::Deny`]
     /// (the default, [`Outcome::TableFull`]) or [`WhenFull::Allow`] ([`Outcome::Untracked`]).
-    /// [`WhenFull::EvictStalest`] is refused: a sliding log cannot be summarized in a ghost.
-    pub fn when_full(mut self, policy: WhenFull) -> KeyedSlidingLogBuilder {
+    /// [`WhenFull::EvictFullest`] is refused: a sliding log cannot be summarized in a ghost.
+    pub fn when_full(mut self, policy: WhenFull) -> Self {
         self.when_full = policy;
         self
     }
 
     /// Fixed hash seeds (placement, then fingerprints), for reproducible tests. By default
     /// both are random per table.
-    pub fn seeds(mut self, seeds: [u64; 8]) -> KeyedSlidingLogBuilder {
+    pub fn seeds(mut self, seeds: [u64; 8]) -> Self {
         self.seeds = Some(seeds);
         self
     }
 
     /// Builds the table on the default clock.
-    pub fn build<K: Key + ?Sized>(self) -> Result<KeyedSlidingLog<K, DefaultClock>, ConfigError> {
+    pub fn build(self) -> Result<KeyedSlidingLog<K, DefaultClock>, ConfigError> {
         self.build_with_clock(DefaultClock::new())
     }
 
     /// Builds the table on `clock`. Every slot and every log entry is allocated and written
     /// here: the table's memory is all resident from the start and never grows.
-    pub fn build_with_clock<K: Key + ?Sized, C: Clock>(
-        self,
-        clock: C,
-    ) -> Result<KeyedSlidingLog<K, C>, ConfigError> {
-        crate::keyed::deny_or_allow(self.when_full, "sliding-log table-full policy (Deny or Allow)")?;
+    pub fn build_with_clock<C: Clock>(self, clock: C) -> Result<KeyedSlidingLog<K, C>, ConfigError> {
+        crate::keyed::deny_or_allow(self.when_full, "sliding log")?;
         // Slots are `capacity·8/7` rounded up to a power of two (at least 32); their logs must
         // total at most 2^34 entries.
         let most_slots = 1u64 << (63 - (MAX_ENTRIES / self.log.limit).leading_zeros());
         let max_capacity = most_slots / 8 * 7;
-        if self.capacity == 0 || self.capacity as u64 > max_capacity {
-            return Err(ConfigError::OutOfRange {
-                what: "keyed sliding-log capacity (slots × limit ≤ 2^34)",
-                value: self.capacity as u64,
-                max: max_capacity,
-            });
+        if self.capacity == 0 {
+            return Err(ConfigError::ZeroCapacity);
+        }
+        if self.capacity as u64 > max_capacity {
+            return Err(ConfigError::CapacityTooLarge { capacity: self.capacity as u64, max: max_capacity });
         }
         let shards = crate::keyed::shard_count(self.shards)?;
         let slots = (self.capacity + self.capacity.div_ceil(7)).next_power_of_two().max(PROBE);
@@ -170,7 +184,7 @@ struct Shard<W> {
 /// use tollgate::{KeyedSlidingLog, ManualClock, SlidingLog};
 ///
 /// let log = SlidingLog::new(2, Duration::from_secs(10))?;
-/// let l = KeyedSlidingLog::builder(log).capacity(1000).build_with_clock::<str, _>(ManualClock::new())?;
+/// let l = KeyedSlidingLog::<str>::builder(log).capacity(1000).build_with_clock(ManualClock::new())?;
 /// assert!(l.check("alice").is_allowed());
 /// assert!(l.check("alice").is_allowed());
 /// assert!(!l.check("alice").is_allowed());
@@ -186,16 +200,17 @@ pub struct KeyedSlidingLog<K: Key + ?Sized, C: Clock = DefaultClock> {
     log: SlidingLog,
     when_full: WhenFull,
     place: ahash::RandomState,
-    fingerprint: ahash::RandomState,
+    fingerprint: KeyHasher,
     origin: Nanos,
     clock: C,
     _key: PhantomData<fn(&K)>,
 }
 
-impl KeyedSlidingLog<u64> {
-    /// A builder for a table of sliding logs; the key type is chosen at `build`.
-    pub fn builder(log: SlidingLog) -> KeyedSlidingLogBuilder {
+impl<K: Key + ?Sized> KeyedSlidingLog<K, DefaultClock> {
+    /// A builder for a table of sliding logs per key of `K`.
+    pub fn builder(log: SlidingLog) -> KeyedSlidingLogBuilder<K> {
         KeyedSlidingLogBuilder {
+            _key: PhantomData,
             log,
             capacity: 1 << 16,
             shards: None,
@@ -212,12 +227,20 @@ impl<K: Key + ?Sized, C: Clock> KeyedSlidingLog<K, C> {
     }
 
     /// One unit for `key` now.
-    pub fn check(&self, key: &K) -> Decision {
+    pub fn check<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         self.decide(key, || self.clock.now(), 1, true)
     }
 
     /// `n` units for `key` now, all or none.
-    pub fn check_n(&self, key: &K, n: u64) -> Decision {
+    pub fn check_n<Q>(&self, key: &Q, n: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         self.decide(key, || self.clock.now(), n, true)
     }
 
@@ -227,16 +250,28 @@ impl<K: Key + ?Sized, C: Clock> KeyedSlidingLog<K, C> {
     /// expired as of a later time may have lost its slot to another key, and is then judged
     /// at the earlier time with an empty log. (`check` and `check_n` read the clock under the
     /// shard's lock, so they never do this.)
-    pub fn check_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
+    pub fn check_n_at<Q>(&self, key: &Q, now: Nanos, n: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         self.decide(key, || now, n, true)
     }
 
     /// What `n` units for `key` would get at `now`, taking nothing (and inserting nothing).
-    pub fn peek_n_at(&self, key: &K, now: Nanos, n: u64) -> Decision {
+    pub fn peek_n_at<Q>(&self, key: &Q, now: Nanos, n: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         self.decide(key, || now, n, false)
     }
 
-    fn decide(&self, key: &K, now: impl FnOnce() -> Nanos, n: u64, take: bool) -> Decision {
+    fn decide<Q>(&self, key: &Q, now: impl FnOnce() -> Nanos, n: u64, take: bool) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
         let words = key.words(&self.fingerprint);
         let hash = words.hash_with(&self.place);
         // Shards and slots per shard are powers of two below 2^32: the truncations keep the

@@ -8,20 +8,20 @@
 
 use core::time::Duration;
 
-use crate::{ConfigError, Decision, Nanos, Outcome, Quota, Rate};
+use crate::{ConfigError, Decision, Nanos, Outcome, Rate, TokenBucket};
 
-impl Quota {
+impl TokenBucket {
     /// GCRA in governor's terms: one cell per `emission_interval` (`T`), `burst` cells at once
-    /// (`τ = T·(burst − 1)`). `Quota::gcra(T, b)` admits what governor's
-    /// `Quota::with_period(T).allow_burst(b)` admits.
-    pub fn gcra(emission_interval: Duration, burst: u64) -> Result<Quota, ConfigError> {
-        Quota::new(Rate::per(1, emission_interval), burst)
+    /// (`τ = T·(burst − 1)`). `TokenBucket::gcra(T, b)` admits what governor's
+    /// `TokenBucket::with_period(T).allow_burst(b)` admits.
+    pub fn gcra(emission_interval: Duration, burst: u64) -> Result<TokenBucket, ConfigError> {
+        TokenBucket::new(Rate::per(1, emission_interval), burst)
     }
 
     /// redis-cell's `CL.THROTTLE key max_burst count period`: `T = period / count`, truncated to
     /// whole nanoseconds as redis-cell does, and `max_burst + 1` cells at once (redis-cell's
     /// `limit`).
-    pub fn redis_cell(max_burst: u64, count: u64, period: Duration) -> Result<Quota, ConfigError> {
+    pub fn redis_cell(max_burst: u64, count: u64, period: Duration) -> Result<TokenBucket, ConfigError> {
         if count == 0 {
             return Err(ConfigError::ZeroRate);
         }
@@ -34,7 +34,7 @@ impl Quota {
             return Err(ConfigError::RateTooHigh { tokens: count, period_nanos: period });
         }
         let burst = max_burst.checked_add(1).ok_or(ConfigError::BurstTooLarge { burst: max_burst })?;
-        Quota::new(Rate::per(1, Duration::from_nanos(t)), burst)
+        TokenBucket::new(Rate::per(1, Duration::from_nanos(t)), burst)
     }
 }
 
@@ -60,7 +60,7 @@ impl Decision {
     ///
     /// Seconds are rounded as redis-cell rounds them: truncated, plus one when the remainder is
     /// at least 1 ms.
-    pub fn cl_throttle(&self, quota: &Quota) -> ClThrottle {
+    pub fn cl_throttle(&self, quota: &TokenBucket) -> ClThrottle {
         let retry_after = match (self.outcome(), self.retry_after_nanos()) {
             (Outcome::Denied, Some(wait)) => redis_cell_seconds(wait),
             _ => -1,
@@ -98,16 +98,16 @@ mod tests {
 
     #[test]
     fn constructor_errors() {
-        assert_eq!(Quota::redis_cell(1, 0, Duration::from_secs(1)), Err(ConfigError::ZeroRate));
-        assert_eq!(Quota::redis_cell(1, 1, Duration::ZERO), Err(ConfigError::ZeroPeriod));
+        assert_eq!(TokenBucket::redis_cell(1, 0, Duration::from_secs(1)), Err(ConfigError::ZeroRate));
+        assert_eq!(TokenBucket::redis_cell(1, 1, Duration::ZERO), Err(ConfigError::ZeroPeriod));
         assert!(matches!(
-            Quota::redis_cell(1, 2, Duration::from_nanos(1)),
+            TokenBucket::redis_cell(1, 2, Duration::from_nanos(1)),
             Err(ConfigError::RateTooHigh { .. })
         ));
         assert!(matches!(
-            Quota::redis_cell(u64::MAX, 1, Duration::from_secs(1)),
+            TokenBucket::redis_cell(u64::MAX, 1, Duration::from_secs(1)),
             Err(ConfigError::BurstTooLarge { .. })
         ));
-        assert_eq!(Quota::gcra(Duration::ZERO, 1), Err(ConfigError::ZeroPeriod));
+        assert_eq!(TokenBucket::gcra(Duration::ZERO, 1), Err(ConfigError::ZeroPeriod));
     }
 }

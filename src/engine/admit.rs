@@ -9,8 +9,7 @@
 
 use core::fmt;
 
-use crate::policy::{Direct, Policy};
-use crate::{Clock, Decision, Limiter, Nanos, Outcome};
+use crate::{Decision, Nanos, Outcome};
 
 /// What [`Admit::charge`] took, for [`Admit::refund`]. Opaque, and neither `Clone` nor `Copy`:
 /// a refund consumes it, so nothing is refunded twice. It names the limit (and key) that issued
@@ -76,49 +75,6 @@ pub trait Admit {
     fn peek(&self, n: u64) -> Decision;
 }
 
-impl<C: Clock> Admit for Limiter<C> {
-    #[inline]
-    fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
-        let (d, floor) = self.charge_now(n);
-        (d, floor.map(|floor| Receipt::new(self.id(), 0, [floor, 0, 0], n)))
-    }
-
-    /// Gives back `n·t − (floor now − floor at the charge)`, at least nothing (see
-    /// `AtomicBucket::refund`): exact at the charge's instant, in any order of refunds.
-    #[inline]
-    fn refund(&self, r: Receipt) {
-        if let Some(([floor, _, _], n)) = r.take(self.id(), 0) {
-            self.refund_charge(floor, n);
-        }
-    }
-
-    #[inline]
-    fn peek(&self, n: u64) -> Decision {
-        self.peek_n(n)
-    }
-}
-
-impl<P: Policy, C: Clock> Admit for Direct<P, C> {
-    #[inline]
-    fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
-        let (d, words) = Direct::charge(self, n);
-        (d, words.map(|(prior, stored)| Receipt::new(self.id(), 0, [prior, stored, 0], n)))
-    }
-
-    /// Through the policy's [`Policy::refund`].
-    #[inline]
-    fn refund(&self, r: Receipt) {
-        if let Some(([prior, stored, _], n)) = r.take(self.id(), 0) {
-            self.refund_receipt((prior, stored), n);
-        }
-    }
-
-    #[inline]
-    fn peek(&self, n: u64) -> Decision {
-        self.peek_n(n)
-    }
-}
-
 impl fmt::Debug for dyn Admit + '_ {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("dyn Admit")
@@ -139,17 +95,17 @@ impl fmt::Debug for dyn Admit + '_ {
 /// No lock, no allocation: the recursion is one frame per limit. An empty slice admits.
 ///
 /// ```
-/// use tollgate::{check_all, Admit, Limiter, ManualClock, NginxLimiter, NginxQuota, Quota};
+/// use tollgate::{check_all, Admit, Limiter, ManualClock, NginxLimiter, Nginx, TokenBucket};
 ///
-/// let per_client = Limiter::with_clock(Quota::per_second(2)?, ManualClock::new());
-/// let per_server = NginxLimiter::with_clock(NginxQuota::per_second(1)?.burst(5)?, ManualClock::new());
+/// let per_client = Limiter::with_clock(TokenBucket::per_second(2)?, ManualClock::new());
+/// let per_server = NginxLimiter::with_clock(Nginx::per_second(1)?.burst(5)?, ManualClock::new());
 /// let limits: [&dyn Admit; 2] = [&per_client, &per_server];
 /// assert!(check_all(&limits, 1).is_allowed());
 /// assert!(check_all(&limits, 1).is_allowed()); // delayed 1 s by the server's limit
 /// let refused = check_all(&limits, 1); // the client's bucket is empty
 /// assert!(!refused.is_allowed());
 /// // Nothing was spent on the server's limit by the refused request:
-/// assert_eq!(per_server.peek(1).delay().as_secs(), 2);
+/// assert_eq!(per_server.peek_n(1).delay().as_secs(), 2);
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
 pub fn check_all(limits: &[&dyn Admit], n: u64) -> Decision {

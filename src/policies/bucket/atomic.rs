@@ -12,18 +12,19 @@
 //! `loom-tests/tests/bucket.rs`.
 
 use super::{BucketWord, Verdict};
-use crate::decision::Decision;
-use crate::quota::At;
+use crate::engine::decision::Decision;
+use crate::policies::token_bucket::At;
 use crate::sync::{
     AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
 };
 
-use crate::Quota;
+use crate::TokenBucket;
 
 /// One bucket's state word.
 #[derive(Debug)]
-pub(crate) struct AtomicBucket {
+#[doc(hidden)]
+pub struct AtomicBucket {
     word: AtomicU64,
     /// 1 while a refund runs (see `refund`). Decisions never touch it.
     refunding: AtomicU64,
@@ -47,7 +48,7 @@ impl AtomicBucket {
     /// between our load and our CAS, which means that thread's decision took effect: the loop
     /// is lock-free.
     #[inline]
-    pub(crate) fn charge(&self, q: &Quota, at: At, n: u64) -> (Decision, Option<BucketWord>) {
+    pub(crate) fn charge(&self, q: &TokenBucket, at: At, n: u64) -> (Decision, Option<BucketWord>) {
         let mut cur = self.load();
         loop {
             let next = match cur.decide(q, at, n) {
@@ -94,7 +95,7 @@ impl AtomicBucket {
     /// refusal). The new stamp is never below the refund's own floor, which limits the damage
     /// of a decision dated after the refund's clock (which the contract excludes).
     #[inline]
-    pub(crate) fn refund(&self, q: &Quota, charged_floor: u64, n: u64, at: impl Fn() -> At) {
+    pub(crate) fn refund(&self, q: &TokenBucket, charged_floor: u64, n: u64, at: impl Fn() -> At) {
         // Acquire, paired with the Release below: a refund starts after the previous one's CAS
         // in the word's modification order. Checked by loom-tests/tests/admit.rs.
         if self.refunding.compare_exchange(0, 1, Acquire, Relaxed).is_err() {

@@ -64,7 +64,7 @@ struct Args {
     /// charts beside it.
     #[arg(long, value_name = "FILE")]
     markdown: Option<PathBuf>,
-    /// Where the SVG charts go [default: `benchmarks/` beside the Markdown report].
+    /// Where the SVG charts go [default: `docs/charts/` beside the Markdown report].
     #[arg(long, value_name = "DIR")]
     charts: Option<PathBuf>,
     /// How long a timed batch of decisions lasts, in µs: the p50..max columns are of the time
@@ -400,10 +400,9 @@ fn main() {
         print!("{}", report.text(&workloads));
     }
     if let Some(path) = &args.markdown {
-        let charts = args
-            .charts
-            .clone()
-            .unwrap_or_else(|| path.parent().unwrap_or(std::path::Path::new(".")).join("benchmarks"));
+        let charts = args.charts.clone().unwrap_or_else(|| {
+            path.parent().unwrap_or(std::path::Path::new(".")).join("docs").join("charts")
+        });
         if let Err(e) = report.write_markdown(path, &charts, &workloads) {
             eprintln!("error: writing {}: {e}", path.display());
             std::process::exit(1);

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use tollgate::{
     Clock, CoarseClock, Decision, FixedWindow, FixedWindowLimiter, KeyedBuilder, KeyedLimiter, KeyedPolicy,
-    KeyedSlidingLog, Limiter, NginxLimiter, NginxQuota, Quota, Rate, SlidingLog, SlidingLogLimiter,
-    SlidingWindow, SlidingWindowLimiter, TscClock, WhenFull,
+    KeyedSlidingLog, Limiter, Nginx, NginxLimiter, Rate, SlidingLog, SlidingLogLimiter, SlidingWindow,
+    SlidingWindowLimiter, TokenBucket, TscClock, WhenFull,
 };
 
 use crate::driver::{Subject, BATCH};
@@ -39,11 +39,13 @@ impl Load {
         }
     }
 
-    fn quota(self) -> Quota {
+    fn quota(self) -> TokenBucket {
         match self {
-            Load::Allow => Quota::new(Rate::per_second(10_000_000_000), Quota::MAX_BURST).expect("valid"),
-            Load::Deny => Quota::per_hour(1).expect("valid"),
-            Load::Refill => Quota::new(Rate::per_second(10_000_000_000), 1).expect("valid"),
+            Load::Allow => {
+                TokenBucket::new(Rate::per_second(10_000_000_000), TokenBucket::MAX_BURST).expect("valid")
+            }
+            Load::Deny => TokenBucket::per_hour(1).expect("valid"),
+            Load::Refill => TokenBucket::new(Rate::per_second(10_000_000_000), 1).expect("valid"),
         }
     }
 
@@ -96,7 +98,7 @@ struct Bucket<C: Clock>(Limiter<C>);
 impl<C: Clock + Sync> Subject for Bucket<C> {
     fn run(&self, keys: &[u64]) {
         for _ in keys {
-            black_box(self.0.check());
+            let _ = black_box(self.0.check());
         }
     }
 }
@@ -109,14 +111,14 @@ macro_rules! direct_subject {
         impl Subject for $name {
             fn run(&self, keys: &[u64]) {
                 for _ in keys {
-                    black_box(self.0.check());
+                    let _ = black_box(self.0.check());
                 }
             }
         }
     };
 }
 
-direct_subject!(Nginx, NginxLimiter);
+direct_subject!(NginxDirect, NginxLimiter);
 direct_subject!(Fixed, FixedWindowLimiter);
 direct_subject!(Sliding, SlidingWindowLimiter);
 direct_subject!(Log, SlidingLogLimiter);
@@ -161,7 +163,7 @@ impl Subject for MutexBucket {
     fn run(&self, keys: &[u64]) {
         for _ in keys {
             let now = Instant::now();
-            black_box(self.bucket.lock().expect("not poisoned").take(now, self.params));
+            let _ = black_box(self.bucket.lock().expect("not poisoned").take(now, self.params));
         }
     }
 }
@@ -180,28 +182,28 @@ pub fn direct_subjects() -> Vec<(&'static str, Maker)> {
         ("floor", |_| Box::new(DirectFloor { clock: TscClock::new(), word: AtomicU64::new(0) })),
         ("tollgate", |s| {
             Box::new(Bucket(spend(s.load, Limiter::new(s.load.quota()), |l| {
-                l.check();
+                let _ = l.check();
             })))
         }),
         ("tollgate-coarse", |s| {
             let clock = CoarseClock::new().expect("a coarse clock");
             Box::new(Bucket(spend(s.load, Limiter::with_clock(s.load.quota(), clock), |l| {
-                l.check();
+                let _ = l.check();
             })))
         }),
         ("tollgate-nginx", |s| {
-            Box::new(Nginx(spend(s.load, NginxLimiter::new(nginx_for(s.load)), |l| {
-                l.check();
+            Box::new(NginxDirect(spend(s.load, NginxLimiter::new(nginx_for(s.load)), |l| {
+                let _ = l.check();
             })))
         }),
         ("tollgate-fixed-window", |s| {
             Box::new(Fixed(spend(s.load, FixedWindowLimiter::new(fixed_for(s.load)), |l| {
-                l.check();
+                let _ = l.check();
             })))
         }),
         ("tollgate-sliding-window", |s| {
             Box::new(Sliding(spend(s.load, SlidingWindowLimiter::new(sliding_for(s.load)), |l| {
-                l.check();
+                let _ = l.check();
             })))
         }),
         ("tollgate-sliding-log", |s| {
@@ -211,7 +213,7 @@ pub fn direct_subjects() -> Vec<(&'static str, Maker)> {
                 Load::Deny => SlidingLog::new(1, Duration::from_secs(3600)),
             };
             Box::new(Log(spend(s.load, SlidingLogLimiter::new(q.expect("valid")), |l| {
-                l.check();
+                let _ = l.check();
             })))
         }),
         ("governor", |s| {
@@ -246,7 +248,7 @@ struct Keyed<C: Clock>(KeyedLimiter<u64, C>);
 impl<C: Clock + Sync> Subject for Keyed<C> {
     fn run(&self, keys: &[u64]) {
         for k in keys {
-            black_box(self.0.check(k));
+            let _ = black_box(self.0.check(k));
         }
     }
 }
@@ -257,28 +259,26 @@ struct KeyedPol<P: KeyedPolicy>(tollgate::Keyed<P, u64, TscClock>);
 impl<P: KeyedPolicy + Sync> Subject for KeyedPol<P> {
     fn run(&self, keys: &[u64]) {
         for k in keys {
-            black_box(self.0.check(k));
+            let _ = black_box(self.0.check(k));
         }
     }
 }
 
 fn keyed_policy<P: KeyedPolicy + Sync + 'static>(s: Setup, p: P) -> Box<dyn Subject> {
-    let l = tollgate::Keyed::builder(p)
+    let l = tollgate::Keyed::<_, u64>::builder(p)
         .capacity(s.capacity)
-        .build_with_clock::<u64, _>(TscClock::new())
+        .build_with_clock(TscClock::new())
         .expect("valid keyed configuration");
     Box::new(KeyedPol(l))
 }
 
 /// nginx `limit_req` per load: a rate never reached (1e9 r/s, burst 16,777, nodelay); one per
 /// minute; or 1e9 r/s without a burst, whose nodes drain within 1 ms (evictable soon after).
-fn nginx_for(load: Load) -> NginxQuota {
+fn nginx_for(load: Load) -> Nginx {
     match load {
-        Load::Allow => {
-            NginxQuota::per_second(1_000_000_000).and_then(|q| q.burst(16_777)).map(NginxQuota::nodelay)
-        }
-        Load::Deny => NginxQuota::per_minute(1),
-        Load::Refill => NginxQuota::per_second(1_000_000_000),
+        Load::Allow => Nginx::per_second(1_000_000_000).and_then(|q| q.burst(16_777)).map(Nginx::nodelay),
+        Load::Deny => Nginx::per_minute(1),
+        Load::Refill => Nginx::per_second(1_000_000_000),
     }
     .expect("valid")
 }
@@ -310,7 +310,7 @@ struct KeyedLog(KeyedSlidingLog<u64, TscClock>);
 impl Subject for KeyedLog {
     fn run(&self, keys: &[u64]) {
         for k in keys {
-            black_box(self.0.check(k));
+            let _ = black_box(self.0.check(k));
         }
     }
 }
@@ -334,7 +334,7 @@ impl Subject for KeyedBatch {
                 item.0 = k;
             }
             let n = chunk.len();
-            black_box(self.limiter.check_batch(&items[..n], &mut out[..n]));
+            let _ = black_box(self.limiter.check_batch(&items[..n], &mut out[..n]));
         }
     }
 }
@@ -382,7 +382,7 @@ impl Subject for MutexMap {
             let now = Instant::now();
             let mut map = self.map.lock().expect("not poisoned");
             let b = map.entry(k).or_insert(FloatBucket { tokens: self.params.1, last: now });
-            black_box(b.take(now, self.params));
+            let _ = black_box(b.take(now, self.params));
         }
     }
 
@@ -401,7 +401,7 @@ impl Subject for MutexMap {
 }
 
 fn keyed<C: Clock>(s: Setup, when_full: WhenFull, clock: C) -> KeyedLimiter<u64, C> {
-    KeyedBuilder::new(s.load.quota())
+    KeyedBuilder::<u64>::new(s.load.quota())
         .capacity(s.capacity)
         .when_full(when_full)
         .build_with_clock(clock)
@@ -410,14 +410,14 @@ fn keyed<C: Clock>(s: Setup, when_full: WhenFull, clock: C) -> KeyedLimiter<u64,
 
 /// Slots of tollgate's table for `capacity` keys: the keyed floor gets as many.
 pub fn slots_for(capacity: usize) -> usize {
-    let l = KeyedBuilder::new(Load::Allow.quota()).capacity(capacity).build::<u64>().expect("valid");
+    let l = KeyedBuilder::<u64>::new(Load::Allow.quota()).capacity(capacity).build().expect("valid");
     usize::try_from(l.stats().slots).expect("fits")
 }
 
 /// The keys tollgate's table asked for `capacity` keys holds at its maximum load (the builder
 /// rounds the slots up to a power of two).
 pub fn max_load_for(capacity: usize) -> u64 {
-    KeyedBuilder::new(Load::Allow.quota()).capacity(capacity).build::<u64>().expect("valid").capacity()
+    KeyedBuilder::<u64>::new(Load::Allow.quota()).capacity(capacity).build().expect("valid").capacity()
 }
 
 /// The keyed subjects, by name.
@@ -433,7 +433,7 @@ pub fn keyed_subject(name: &str) -> Option<Maker> {
             let blank = limiter.peek(&0);
             Box::new(KeyedBatch { limiter, blank })
         },
-        "tollgate-evict" => |s| Box::new(Keyed(keyed(s, WhenFull::EvictStalest, TscClock::new()))),
+        "tollgate-evict" => |s| Box::new(Keyed(keyed(s, WhenFull::EvictFullest, TscClock::new()))),
         "tollgate-nginx" => |s| keyed_policy(s, nginx_for(s.load)),
         "tollgate-fixed-window" => |s| keyed_policy(s, fixed_for(s.load)),
         "tollgate-sliding-window" => |s| keyed_policy(s, sliding_for(s.load)),
@@ -443,9 +443,9 @@ pub fn keyed_subject(name: &str) -> Option<Maker> {
                 Load::Allow | Load::Refill => SlidingLog::new(4, Duration::from_nanos(1)),
                 Load::Deny => SlidingLog::new(1, Duration::from_secs(3600)),
             };
-            let l = KeyedSlidingLog::builder(log.expect("valid"))
+            let l = KeyedSlidingLog::<u64>::builder(log.expect("valid"))
                 .capacity(s.capacity)
-                .build_with_clock::<u64, _>(TscClock::new())
+                .build_with_clock(TscClock::new())
                 .expect("valid keyed configuration");
             Box::new(KeyedLog(l))
         },

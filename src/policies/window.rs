@@ -19,8 +19,9 @@
 
 use core::time::Duration;
 
-use crate::policy::{Direct, Policy};
-use crate::quota::Divisor;
+use crate::engine::direct::Direct;
+use crate::policies::policy::Policy;
+use crate::policies::token_bucket::Divisor;
 use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome};
 
 const COUNT_BITS: u32 = 24;
@@ -145,6 +146,8 @@ const KEYED_MAX_INDEX: u64 = (1 << (62 - COUNT_BITS)) - 4;
 /// Keyed words: see `keyed/policy.rs`. Decided as direct ones: stored words only grow (the
 /// index never moves back, and within a window only the count grows).
 impl crate::keyed::sealed::KeyedWords for FixedWindow {
+    const NAME: &'static str = "fixed window";
+
     fn keyed_lifetime(&self) -> Nanos {
         // Windows 0 ..= KEYED_MAX_INDEX − 1, so that `i + 1` stays at or below the keyed maximum.
         Nanos::new(KEYED_MAX_INDEX.saturating_mul(self.window).min(MAX_ELAPSED + 1) - 1)
@@ -187,28 +190,23 @@ pub(crate) fn check_window(
     max_limit: u64,
     window: Duration,
 ) -> Result<u64, ConfigError> {
+    let algorithm = match kind {
+        "fixed-window" => "fixed window",
+        "sliding-log" => "sliding log",
+        _ => "sliding window",
+    };
     if limit == 0 {
-        return Err(ConfigError::ZeroBurst);
+        return Err(ConfigError::ZeroLimit { algorithm });
     }
     if limit > max_limit {
-        let what = match kind {
-            "fixed-window" => "fixed-window limit",
-            "sliding-log" => "sliding-log limit",
-            _ => "sliding-window limit",
-        };
-        return Err(ConfigError::OutOfRange { what, value: limit, max: max_limit });
+        return Err(ConfigError::LimitTooLarge { algorithm, limit, max: max_limit });
     }
     let window = Nanos::try_from(window)?.as_u64();
     if window == 0 {
-        return Err(ConfigError::ZeroPeriod);
+        return Err(ConfigError::ZeroWindow { algorithm });
     }
     if window > 1 << 62 {
-        let what = match kind {
-            "fixed-window" => "fixed-window length (ns)",
-            "sliding-log" => "sliding-log window (ns)",
-            _ => "sliding-window length (ns)",
-        };
-        return Err(ConfigError::OutOfRange { what, value: window, max: 1 << 62 });
+        return Err(ConfigError::WindowTooLong { algorithm, window_nanos: window, max_nanos: 1 << 62 });
     }
     Ok(window)
 }

@@ -26,9 +26,10 @@
 
 use core::time::Duration;
 
-use crate::policy::{Direct, Policy};
-use crate::quota::Divisor;
-use crate::window::check_window;
+use crate::engine::direct::Direct;
+use crate::policies::policy::Policy;
+use crate::policies::token_bucket::Divisor;
+use crate::policies::window::check_window;
 use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome};
 
 /// Elapsed time is clamped below 2^63 ns (292 years), the divisor's range.
@@ -229,6 +230,8 @@ impl SlidingWindow {
 /// `2^(62 − 2c) − 2`, so that every word keeps two bits free. Decided as direct ones: stored
 /// words only grow (the index never moves back, and within a window only `curr` grows).
 impl crate::keyed::sealed::KeyedWords for SlidingWindow {
+    const NAME: &'static str = "sliding window";
+
     fn keyed_lifetime(&self) -> Nanos {
         // Two below the most a word with two bits free holds, so that `above` fits.
         let max_index = (1u64 << (62 - 2 * self.bits)) - 4;

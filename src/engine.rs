@@ -1,0 +1,8 @@
+//! The engine every algorithm shares: decisions, the direct limiter, multi-limit admission,
+//! time and errors.
+
+pub(crate) mod admit;
+pub(crate) mod decision;
+pub(crate) mod direct;
+pub(crate) mod error;
+pub(crate) mod time;

@@ -1,0 +1,222 @@
+//! `Direct<A>`: one limiter type for every algorithm, with one set of methods.
+//!
+//! What differs between algorithms is how a decision is made and committed on their state, and
+//! that is [`Algorithm`]'s: every [`Policy`](crate::Policy) by one load and one CAS
+//! (`policy.rs`), the token bucket by its own tuned loop (`limiter.rs`), the sliding log under
+//! a lock (`log.rs`). Everything a caller touches is here, once.
+
+use core::fmt;
+
+use crate::engine::admit::{Admit, Receipt};
+use crate::{Clock, Decision, DefaultClock, Nanos};
+
+/// An algorithm a [`Direct`] limiter runs: every [`Policy`](crate::Policy) (nginx, the windows,
+/// your own), [`TokenBucket`](crate::TokenBucket) and [`SlidingLog`](crate::SlidingLog).
+///
+/// Its methods are the engine's and hidden: to add an algorithm, implement
+/// [`Policy`](crate::Policy), which gives this trait.
+pub trait Algorithm {
+    /// The limiter's state.
+    #[doc(hidden)]
+    type State: Send + Sync;
+    /// A fresh state.
+    #[doc(hidden)]
+    fn new_state(&self) -> Self::State;
+    /// Decides and commits `n` units at `now` on a limiter created at `origin`.
+    #[doc(hidden)]
+    fn direct_check(&self, state: &Self::State, now: Nanos, origin: Nanos, n: u64) -> Decision;
+    /// What `n` units would get at `now`, taking nothing.
+    #[doc(hidden)]
+    fn direct_peek(&self, state: &Self::State, now: Nanos, origin: Nanos, n: u64) -> Decision;
+    /// `direct_check`, also returning what a refund needs when units were taken.
+    #[doc(hidden)]
+    fn direct_charge(
+        &self,
+        state: &Self::State,
+        now: Nanos,
+        origin: Nanos,
+        n: u64,
+    ) -> (Decision, Option<[u64; 3]>);
+    /// Gives back what a charge of `n` took; `now` reads the limiter's clock.
+    #[doc(hidden)]
+    fn direct_refund(
+        &self,
+        state: &Self::State,
+        receipt: [u64; 3],
+        n: u64,
+        origin: Nanos,
+        now: impl Fn() -> Nanos,
+    );
+}
+
+/// A single-state limiter running any [`Algorithm`]: [`Limiter`](crate::Limiter) (the token
+/// bucket), [`NginxLimiter`](crate::NginxLimiter), [`FixedWindowLimiter`](crate::FixedWindowLimiter),
+/// [`SlidingWindowLimiter`](crate::SlidingWindowLimiter),
+/// [`SlidingLogLimiter`](crate::SlidingLogLimiter), or `Direct<YourPolicy>`.
+///
+/// Every decision is one clock read and the algorithm's commit: lock-free and allocation-free
+/// for the single-word algorithms (one load, one CAS when units are taken), a short lock for the
+/// sliding log. Concurrent callers are never jointly granted more than the limit.
+///
+/// ```
+/// use tollgate::{Direct, FixedWindow, Limiter, Nginx, TokenBucket};
+///
+/// let bucket = Limiter::new("2/s".parse::<TokenBucket>()?);
+/// let nginx = Direct::new("10r/s burst=5 nodelay".parse::<Nginx>()?);
+/// let window: Direct<FixedWindow> = Direct::new("100/min".parse()?);
+/// for _ in 0..2 {
+///     assert!(bucket.check().is_allowed_now());
+/// }
+/// assert!(!bucket.allow());
+/// assert!(nginx.check_n(3).is_allowed_now());
+/// assert_eq!(window.peek().remaining(), 99); // what `check` would leave
+/// # Ok::<(), tollgate::ParseError>(())
+/// ```
+///
+/// The `*_at` methods take `now` from the caller, on this limiter's clock's timeline
+/// ([`now`](Direct::now)), so a batch can share one clock read. A `now` before the limiter's
+/// creation counts as its creation.
+pub struct Direct<A: Algorithm, C: Clock = DefaultClock> {
+    state: A::State,
+    algorithm: A,
+    origin: Nanos,
+    clock: C,
+    /// The identity its multi-limit receipts carry.
+    id: u64,
+}
+
+impl<A: Algorithm> Direct<A, DefaultClock> {
+    /// A limiter on the default clock ([`TscClock`](crate::TscClock) with the `quanta`
+    /// feature), with a fresh state.
+    pub fn new(algorithm: A) -> Direct<A, DefaultClock> {
+        Direct::with_clock(algorithm, DefaultClock::new())
+    }
+}
+
+impl<A: Algorithm, C: Clock> Direct<A, C> {
+    /// A limiter on `clock`, with a fresh state, counting time from the clock's current reading.
+    pub fn with_clock(algorithm: A, clock: C) -> Direct<A, C> {
+        let origin = clock.now();
+        Direct { state: algorithm.new_state(), algorithm, origin, clock, id: crate::sync::next_id() }
+    }
+
+    /// One unit now, or how long to wait.
+    #[inline]
+    pub fn check(&self) -> Decision {
+        self.check_n_at(self.clock.now(), 1)
+    }
+
+    /// `n` units now, all or none. `n = 0` is always allowed and takes nothing; an `n` the
+    /// limit can never admit at once is [`Outcome::Insufficient`](crate::Outcome::Insufficient).
+    #[inline]
+    pub fn check_n(&self, n: u64) -> Decision {
+        self.check_n_at(self.clock.now(), n)
+    }
+
+    /// [`check`](Direct::check) at a caller-supplied `now`.
+    #[inline]
+    pub fn check_at(&self, now: Nanos) -> Decision {
+        self.check_n_at(now, 1)
+    }
+
+    /// [`check_n`](Direct::check_n) at a caller-supplied `now`.
+    // Always inline: out of line, its 24-byte decision is returned through memory (see
+    // `policy.rs`).
+    #[inline(always)]
+    pub fn check_n_at(&self, now: Nanos, n: u64) -> Decision {
+        self.algorithm.direct_check(&self.state, now, self.origin, n)
+    }
+
+    /// Whether one unit was taken now: [`check`](Direct::check) without the details.
+    /// True for every admission, delayed ones too ([`Decision::is_allowed`]).
+    #[inline]
+    pub fn allow(&self) -> bool {
+        self.check().is_allowed()
+    }
+
+    /// Whether `n` units were taken now.
+    #[inline]
+    pub fn allow_n(&self, n: u64) -> bool {
+        self.check_n(n).is_allowed()
+    }
+
+    /// Whether `n` units were taken at a caller-supplied `now`.
+    #[inline]
+    pub fn allow_n_at(&self, now: Nanos, n: u64) -> bool {
+        self.check_n_at(now, n).is_allowed()
+    }
+
+    /// What [`check`](Direct::check) would answer now, taking nothing.
+    #[inline]
+    pub fn peek(&self) -> Decision {
+        self.peek_n_at(self.clock.now(), 1)
+    }
+
+    /// What [`check_n`](Direct::check_n) would answer now, taking nothing.
+    #[inline]
+    pub fn peek_n(&self, n: u64) -> Decision {
+        self.peek_n_at(self.clock.now(), n)
+    }
+
+    /// [`peek`](Direct::peek) at a caller-supplied `now`.
+    #[inline]
+    pub fn peek_at(&self, now: Nanos) -> Decision {
+        self.peek_n_at(now, 1)
+    }
+
+    /// [`peek_n`](Direct::peek_n) at a caller-supplied `now`.
+    #[inline]
+    pub fn peek_n_at(&self, now: Nanos, n: u64) -> Decision {
+        self.algorithm.direct_peek(&self.state, now, self.origin, n)
+    }
+
+    /// The current time on this limiter's clock, for the `*_at` methods.
+    #[inline]
+    pub fn now(&self) -> Nanos {
+        self.clock.now()
+    }
+
+    /// The algorithm and its configuration.
+    pub fn policy(&self) -> &A {
+        &self.algorithm
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+}
+
+/// Every direct limiter is a limit of [`check_all`](crate::check_all): its charge is its own
+/// decision, and its refund gives back what is still owed (exactly for the token bucket at the
+/// charge's instant and for the windows while their window counts; for nginx and the sliding
+/// log, exactly if nothing else changed the state since, and nothing otherwise).
+impl<A: Algorithm, C: Clock> Admit for Direct<A, C> {
+    #[inline]
+    fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
+        let (d, taken) = self.algorithm.direct_charge(&self.state, self.clock.now(), self.origin, n);
+        (d, taken.map(|words| Receipt::new(self.id, 0, words, n)))
+    }
+
+    #[inline]
+    fn refund(&self, r: Receipt) {
+        if let Some((words, n)) = r.take(self.id, 0) {
+            self.algorithm.direct_refund(&self.state, words, n, self.origin, || self.clock.now());
+        }
+    }
+
+    #[inline]
+    fn peek(&self, n: u64) -> Decision {
+        self.peek_n(n)
+    }
+}
+
+impl<A: Algorithm + fmt::Debug, C: Clock> fmt::Debug for Direct<A, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Direct")
+            .field("policy", &self.algorithm)
+            .field("origin", &self.origin)
+            .field("remaining", &self.peek_n(0).remaining())
+            .finish_non_exhaustive()
+    }
+}

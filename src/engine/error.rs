@@ -1,0 +1,285 @@
+//! Construction errors. A denial is an outcome ([`Decision`](crate::Decision)), never an error.
+
+use core::fmt;
+
+use crate::policies::token_bucket::{MAX_BURST, MAX_FILL_UNITS, MAX_UNITS_PER_NANO};
+
+/// Why a limit's configuration, a limiter or a clock could not be built.
+///
+/// Every variant names the limit that was crossed, so the message alone says how to fix it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The rate's token count is zero. Zero rates are not supported: use a burst and no refill
+    /// by choosing a very long period instead, or do not build a limiter.
+    ZeroRate,
+    /// The rate's period is zero.
+    ZeroPeriod,
+    /// The burst (the bucket's capacity) is zero.
+    ZeroBurst,
+    /// The burst exceeds [`TokenBucket::MAX_BURST`](crate::TokenBucket::MAX_BURST).
+    BurstTooLarge {
+        /// The burst that was asked for.
+        burst: u64,
+    },
+    /// The initial level exceeds the burst.
+    InitialAboveBurst {
+        /// The initial level that was asked for.
+        initial: u64,
+        /// The quota's burst.
+        burst: u64,
+    },
+    /// A duration does not fit in `u64` nanoseconds (584 years).
+    DurationTooLong {
+        /// The duration, in nanoseconds.
+        nanos: u128,
+    },
+    /// The rate is faster than one token per 1/64 ns (64 tokens per nanosecond, 6.4e10/s).
+    RateTooHigh {
+        /// Tokens per period.
+        tokens: u64,
+        /// The period, in nanoseconds.
+        period_nanos: u64,
+    },
+    /// Refilling the whole burst takes longer than the packed word can count
+    /// (`burst × period / tokens` above 2^62 ns ≈ 146 years at 1 ns resolution).
+    FillTimeTooLong {
+        /// The burst.
+        burst: u64,
+        /// Tokens per period.
+        tokens: u64,
+        /// The period, in nanoseconds.
+        period_nanos: u64,
+    },
+    /// An nginx rate above what its fixed-point arithmetic holds.
+    NginxRateTooHigh {
+        /// The rate asked for, in requests per second (or per minute, as configured).
+        rate: u64,
+        /// The largest supported rate.
+        max: u64,
+    },
+    /// An nginx burst above what the packed excess holds.
+    NginxBurstTooLarge {
+        /// The burst asked for.
+        burst: u64,
+        /// The largest supported burst.
+        max: u64,
+    },
+    /// A window algorithm's limit of zero: it would admit nothing.
+    ZeroLimit {
+        /// The algorithm: `"fixed window"`, `"sliding window"` or `"sliding log"`.
+        algorithm: &'static str,
+    },
+    /// A window algorithm's limit above what its packed word (or log) holds.
+    LimitTooLarge {
+        /// The algorithm.
+        algorithm: &'static str,
+        /// The limit asked for.
+        limit: u64,
+        /// The largest supported limit.
+        max: u64,
+    },
+    /// A window of zero length.
+    ZeroWindow {
+        /// The algorithm.
+        algorithm: &'static str,
+    },
+    /// A window longer than 2^62 ns (146 years).
+    WindowTooLong {
+        /// The algorithm.
+        algorithm: &'static str,
+        /// The window, in nanoseconds.
+        window_nanos: u64,
+        /// The longest supported window, in nanoseconds.
+        max_nanos: u64,
+    },
+    /// A keyed table with room for no key.
+    ZeroCapacity,
+    /// A keyed table larger than the table can address (or, for the sliding log, whose logs
+    /// would exceed 2^34 entries in all).
+    CapacityTooLarge {
+        /// The capacity asked for, in keys.
+        capacity: u64,
+        /// The largest supported capacity for this table.
+        max: u64,
+    },
+    /// A shard count that is not a power of two from 1 to 64.
+    InvalidShards {
+        /// The shard count asked for.
+        shards: u64,
+    },
+    /// More tiers than a keyed table can name.
+    TooManyTiers {
+        /// The tiers asked for, the default included.
+        tiers: u64,
+        /// The most tiers, the default included.
+        max: u64,
+    },
+    /// Room for more per-key overrides than a table can address.
+    TooManyOverrides {
+        /// The overrides asked for.
+        overrides: u64,
+        /// The most overrides.
+        max: u64,
+    },
+    /// A keyed tier's fill time (`burst × period / tokens`, or the `max_fill_time` headroom)
+    /// beyond what the table's shared time base can count.
+    TierFillTooLong {
+        /// The fill time asked for, in nanoseconds (saturated).
+        fill_nanos: u64,
+        /// The longest supported fill time, in nanoseconds.
+        max_nanos: u64,
+    },
+    /// A table-full policy the table cannot apply: [`WhenFull::EvictFullest`](crate::WhenFull)
+    /// keeps ghosts that only a token bucket's state can be summarized by.
+    EvictionUnsupported {
+        /// The table's algorithm.
+        algorithm: &'static str,
+    },
+    /// A sliding window too short for its limit: the packed window index would run out within
+    /// 100 years.
+    WindowTooShort {
+        /// The limit.
+        limit: u64,
+        /// The window, in nanoseconds.
+        window_nanos: u64,
+        /// The shortest window this limit supports, in nanoseconds.
+        min_nanos: u64,
+    },
+    /// The coarse clock's upkeep thread could not be started.
+    Upkeep(String),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::ZeroRate => {
+                f.write_str("zero rates are not supported: tokens per period must be at least 1")
+            }
+            ConfigError::ZeroPeriod => f.write_str("the rate's period must be at least 1 ns"),
+            ConfigError::ZeroBurst => f.write_str("the burst must be at least 1 token"),
+            ConfigError::BurstTooLarge { burst } => {
+                write!(f, "burst {burst} exceeds the maximum of {MAX_BURST} tokens")
+            }
+            ConfigError::InitialAboveBurst { initial, burst } => {
+                write!(f, "initial level {initial} exceeds the burst of {burst} tokens")
+            }
+            ConfigError::DurationTooLong { nanos } => {
+                write!(f, "duration of {nanos} ns exceeds the maximum of {} ns (584 years)", u64::MAX)
+            }
+            ConfigError::RateTooHigh { tokens, period_nanos } => write!(
+                f,
+                "rate of {tokens} tokens per {period_nanos} ns exceeds the maximum of \
+                 {MAX_UNITS_PER_NANO} tokens per nanosecond"
+            ),
+            ConfigError::FillTimeTooLong { burst, tokens, period_nanos } => write!(
+                f,
+                "refilling a burst of {burst} at {tokens} tokens per {period_nanos} ns takes longer \
+                 than the maximum fill time of {MAX_FILL_UNITS} ns (about 146 years); \
+                 lower the burst or raise the rate"
+            ),
+            ConfigError::NginxRateTooHigh { rate, max } => {
+                write!(f, "nginx rate of {rate} r/s exceeds the maximum of {max} r/s")
+            }
+            ConfigError::NginxBurstTooLarge { burst, max } => {
+                write!(f, "nginx burst of {burst} exceeds the maximum of {max} requests")
+            }
+            ConfigError::ZeroLimit { algorithm } => {
+                write!(f, "a {algorithm} limit of 0 admits nothing: the limit must be at least 1")
+            }
+            ConfigError::LimitTooLarge { algorithm, limit, max } => {
+                write!(f, "a {algorithm} limit of {limit} exceeds the maximum of {max}")
+            }
+            ConfigError::ZeroWindow { algorithm } => {
+                write!(f, "a {algorithm} of zero length: the window must be at least 1 ns")
+            }
+            ConfigError::WindowTooLong { algorithm, window_nanos, max_nanos } => write!(
+                f,
+                "a {algorithm} of {window_nanos} ns exceeds the longest supported window of \
+                 {max_nanos} ns (146 years)"
+            ),
+            ConfigError::ZeroCapacity => f.write_str("a keyed table's capacity must be at least 1 key"),
+            ConfigError::CapacityTooLarge { capacity, max } => {
+                write!(f, "a keyed capacity of {capacity} keys exceeds this table's maximum of {max}")
+            }
+            ConfigError::InvalidShards { shards } => {
+                write!(f, "{shards} shards: the shard count must be a power of two from 1 to 64")
+            }
+            ConfigError::TooManyTiers { tiers, max } => {
+                write!(f, "{tiers} tiers (the default included) exceed the maximum of {max}")
+            }
+            ConfigError::TooManyOverrides { overrides, max } => {
+                write!(f, "room for {overrides} per-key overrides exceeds the maximum of {max}")
+            }
+            ConfigError::TierFillTooLong { fill_nanos, max_nanos } => write!(
+                f,
+                "a keyed tier's fill time of {fill_nanos} ns exceeds the table's maximum of \
+                 {max_nanos} ns"
+            ),
+            ConfigError::EvictionUnsupported { algorithm } => write!(
+                f,
+                "WhenFull::EvictFullest needs a token bucket's state, and a keyed {algorithm} \
+                 has none: use WhenFull::Deny or WhenFull::Allow"
+            ),
+            ConfigError::WindowTooShort { limit, window_nanos, min_nanos } => write!(
+                f,
+                "a sliding window of {window_nanos} ns is too short for a limit of {limit}: \
+                 it needs at least {min_nanos} ns to last 100 years"
+            ),
+            ConfigError::Upkeep(why) => write!(f, "could not start the coarse clock: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Why a change to a running limiter (a tier's quota, a key's override) was refused. Nothing
+/// changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UpdateError {
+    /// The tier is not one of this limiter's.
+    UnknownTier {
+        /// The tier's index.
+        tier: usize,
+        /// How many tiers the limiter has, the default included.
+        tiers: usize,
+    },
+    /// The per-key overrides are full (at most half their room is used, so that look-ups of
+    /// absent keys stay short); see `KeyedBuilder::max_overrides`.
+    OverridesFull {
+        /// The most overrides the limiter holds.
+        max: u64,
+    },
+    /// The new configuration does not fit this limiter.
+    Config(ConfigError),
+}
+
+impl fmt::Display for UpdateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UpdateError::UnknownTier { tier, tiers } => {
+                write!(f, "tier {tier} is not one of this limiter's {tiers} tiers")
+            }
+            UpdateError::OverridesFull { max } => {
+                write!(f, "the per-key overrides are full ({max} keys): raise max_overrides")
+            }
+            UpdateError::Config(e) => write!(f, "the new configuration does not fit: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for UpdateError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            UpdateError::Config(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<ConfigError> for UpdateError {
+    fn from(e: ConfigError) -> UpdateError {
+        UpdateError::Config(e)
+    }
+}

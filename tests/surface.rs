@@ -1,0 +1,144 @@
+//! The public surface as a newcomer meets it: each friction point of the old surface, now a
+//! line that compiles (the ones that must not compile are doc tests on `Decision` and `Key`).
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use tollgate::{
+    check_all, Admit, ConfigError, Decision, FixedWindow, IpPrefix, Keyed, KeyedLimiter, KeyedNginx,
+    KeyedSlidingLog, ManualClock, Nanos, Nginx, Outcome, ParseError, SlidingLog, SlidingWindow, TokenBucket,
+    UpdateError, WhenFull,
+};
+
+#[test]
+fn builders_are_called_on_the_typed_limiter() {
+    let q = TokenBucket::per_second(10).unwrap();
+    let by_ip = KeyedLimiter::<IpAddr>::builder(q).capacity(100).build().unwrap();
+    assert!(by_ip.check(&"192.0.2.1".parse::<IpAddr>().unwrap()).is_allowed());
+    let nginx = KeyedNginx::<u64>::builder("1r/s burst=1".parse().unwrap()).capacity(100).build().unwrap();
+    assert!(nginx.check(&1).is_allowed());
+    let log = KeyedSlidingLog::<str>::builder("2/s".parse().unwrap()).capacity(100).build().unwrap();
+    assert!(log.check("a").is_allowed());
+    // The binding's type names the key too.
+    let windows: Keyed<SlidingWindow, u32> = Keyed::builder("5/min".parse().unwrap()).build().unwrap();
+    assert!(windows.check(&3).is_allowed());
+}
+
+#[test]
+fn string_keys_take_borrowed_lookups() {
+    let l = KeyedLimiter::<String>::new(TokenBucket::per_minute(1).unwrap(), 100).unwrap();
+    assert!(l.check("alice").is_allowed());
+    assert!(!l.check(&String::from("alice")).is_allowed(), "one key, however it is spelled");
+    assert!(l.peek("bob").is_allowed());
+    let per_tenant = Keyed::<FixedWindow, Vec<u8>>::new("1/min".parse().unwrap(), 100).unwrap();
+    assert!(per_tenant.check(b"t1".as_slice()).is_allowed());
+    assert!(!per_tenant.check(&b"t1".to_vec()).is_allowed());
+    let global = tollgate::Limiter::new(TokenBucket::per_second(100).unwrap());
+    assert!(check_all(&[&l.limit("carol") as &dyn Admit, &global], 1).is_allowed());
+}
+
+#[test]
+fn tuple_and_prefix_keys() {
+    let per_port = KeyedLimiter::<(IpAddr, u16)>::new(TokenBucket::per_minute(1).unwrap(), 100).unwrap();
+    let ip: IpAddr = "2001:db8::7".parse().unwrap();
+    assert!(per_port.check(&(ip, 443)).is_allowed());
+    assert!(!per_port.check(&(ip, 443)).is_allowed());
+    assert!(per_port.check(&(ip, 80)).is_allowed());
+    // One /64: a host that sprays addresses across its block gets one limit.
+    let per_host = KeyedLimiter::<IpPrefix>::new(TokenBucket::per_minute(3).unwrap(), 100).unwrap();
+    let admitted = (1..=10u16)
+        .filter(|i| {
+            let addr: IpAddr = format!("2001:db8:0:7::{i:x}").parse().unwrap();
+            per_host.check(&IpPrefix::new(addr)).is_allowed()
+        })
+        .count();
+    assert_eq!(admitted, 3);
+}
+
+#[test]
+fn decisions_say_what_to_do_now() {
+    let clock = ManualClock::new();
+    let q: Nginx = "1r/s burst=1".parse().unwrap();
+    let l = tollgate::NginxLimiter::with_clock(q, clock.clone());
+    let first = l.check();
+    assert!(first.is_allowed() && first.is_allowed_now());
+    let second = l.check();
+    assert_eq!(second.outcome(), Outcome::Delayed);
+    assert!(second.is_allowed() && !second.is_allowed_now(), "admitted, but only after its delay");
+    assert!(second.delay() > Duration::ZERO);
+    let debug = format!("{second:?}");
+    assert!(debug.contains("delay: 1s") && debug.contains("reset_after: "), "{debug}");
+    assert!(!debug.contains("units") && !debug.contains("missing"), "{debug}");
+
+    // Constructors for middleware and tests.
+    let d = Decision::denied(0, Duration::from_millis(250), Duration::from_secs(1));
+    assert_eq!((d.outcome(), d.retry_after()), (Outcome::Denied, Some(Duration::from_millis(250))));
+    assert_eq!(d.reset_after(), Duration::from_secs(1));
+    assert!(Decision::allowed(4, Duration::ZERO).is_allowed_now());
+    assert!(!Decision::delayed(0, Duration::from_secs(1), Duration::ZERO).is_allowed_now());
+    assert_eq!(Decision::insufficient(0, Duration::ZERO).retry_after(), None);
+    assert_eq!(Decision::table_full().retry_after(), None);
+    assert!(Decision::untracked().is_allowed_now());
+    assert_eq!(Decision::denied(1, Duration::MAX, Duration::MAX).retry_after_nanos(), Some(Nanos::MAX));
+}
+
+#[test]
+fn errors_name_what_was_wrong() {
+    let messages = [
+        Keyed::<FixedWindow, u64>::builder("1/s".parse().unwrap()).capacity(0).build().unwrap_err(),
+        Keyed::<FixedWindow, u64>::builder("1/s".parse().unwrap()).shards(3).build().unwrap_err(),
+        FixedWindow::new(0, Duration::from_secs(1)).unwrap_err(),
+        Keyed::<FixedWindow, u64>::builder("1/s".parse().unwrap())
+            .when_full(WhenFull::EvictFullest)
+            .build()
+            .unwrap_err(),
+    ]
+    .map(|e: ConfigError| e.to_string());
+    assert!(messages[0].contains("capacity must be at least 1"), "{}", messages[0]);
+    assert!(messages[1].contains("3 shards") && messages[1].contains("power of two"), "{}", messages[1]);
+    assert!(
+        messages[2].contains("fixed window limit of 0") && !messages[2].contains("burst"),
+        "{}",
+        messages[2]
+    );
+    assert!(messages[3].contains("EvictFullest"), "{}", messages[3]);
+    // Runtime changes fail with their own type.
+    let l =
+        KeyedLimiter::<u64>::builder(TokenBucket::per_second(1).unwrap()).max_overrides(1).build().unwrap();
+    let default = tollgate::Tier::DEFAULT;
+    l.set_override(&1, default).unwrap();
+    assert!(matches!(l.set_override(&2, default), Err(UpdateError::OverridesFull { .. })));
+    let e: ParseError = "10r/fortnight".parse::<Nginx>().unwrap_err();
+    assert!(e.to_string().contains("fortnight"), "{e}");
+}
+
+#[test]
+fn configurations_parse_from_strings() {
+    assert_eq!("100/min".parse::<TokenBucket>().unwrap(), TokenBucket::per_minute(100).unwrap());
+    assert_eq!(
+        "10r/s burst=20 nodelay".parse::<Nginx>().unwrap(),
+        Nginx::per_second(10).unwrap().burst(20).unwrap().nodelay()
+    );
+    assert_eq!("7/h".parse::<SlidingLog>().unwrap(), SlidingLog::new(7, Duration::from_secs(3600)).unwrap());
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn configurations_deserialize_from_their_strings() {
+    #[derive(serde::Deserialize)]
+    struct Config {
+        per_client: TokenBucket,
+        per_ip: Nginx,
+        per_tenant: SlidingWindow,
+    }
+    let c: Config = serde_json::from_str(
+        r#"{"per_client": "100/min", "per_ip": "10r/s burst=20 nodelay", "per_tenant": "1000/h"}"#,
+    )
+    .unwrap();
+    assert_eq!(c.per_client, TokenBucket::per_minute(100).unwrap());
+    assert_eq!(c.per_ip, Nginx::per_second(10).unwrap().burst(20).unwrap().nodelay());
+    assert_eq!(c.per_tenant, SlidingWindow::new(1000, Duration::from_secs(3600)).unwrap());
+    let e = serde_json::from_str::<TokenBucket>(r#""100/fortnight""#).unwrap_err().to_string();
+    assert!(e.contains("fortnight"), "{e}");
+    assert!(serde_json::from_str::<TokenBucket>("100").is_err());
+}
