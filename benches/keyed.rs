@@ -109,7 +109,7 @@ fn batch_cycle<C: Clock>(l: &KeyedLimiter<u64, C>, items: &[(u64, u64)], iters: 
 
 fn one_thread_workload(g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>, dist: Dist, name: &str) {
     let keys = stream(dist, STREAM, 7);
-    let slots = KeyedBuilder::<u64>::new(Load::Allow.quota())
+    let slots = KeyedLimiter::<u64>::builder(Load::Allow.quota())
         .capacity(dist.keys() as usize)
         .build()
         .unwrap()
@@ -207,7 +207,7 @@ fn first_touch(c: &mut Criterion) {
     let mut g = c.benchmark_group("keyed/first-touch");
     g.throughput(Throughput::Elements(1));
     let q = TokenBucket::new(Rate::per_second(10_000_000_000), 1).unwrap();
-    let l = KeyedBuilder::<u64>::new(q).capacity(1 << 16).build().unwrap();
+    let l = KeyedLimiter::<u64>::builder(q).capacity(1 << 16).build().unwrap();
     let mut next = 0u64;
     for _ in 0..l.capacity() {
         let _ = l.check(&key(next));
@@ -295,7 +295,7 @@ fn all_cores(c: &mut Criterion) {
 
 fn memory(_: &mut Criterion) {
     // Not a timing: the table's bytes per key at its maximum load, printed for the README.
-    let l = KeyedBuilder::<u64>::new(Load::Allow.quota()).capacity(1 << 20).build().unwrap();
+    let l = KeyedLimiter::<u64>::builder(Load::Allow.quota()).capacity(1 << 20).build().unwrap();
     let per_key = l.memory_bytes() as f64 / l.capacity() as f64;
     eprintln!(
         "keyed/memory: {} bytes for {} keys at 7/8 load: {per_key:.1} B per u64 key",

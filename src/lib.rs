@@ -32,13 +32,13 @@ pub use engine::direct::{Algorithm, Direct};
 pub use engine::error::{ConfigError, UpdateError};
 pub use engine::time::Nanos;
 pub use keyed::{
-    Hashed, IpPrefix, Key, KeyHasher, Keyed, KeyedBuilder, KeyedFixedWindow, KeyedLimit, KeyedLimiter,
-    KeyedNginx, KeyedPolicy, KeyedPolicyBuilder, KeyedPolicyLimit, KeyedSlidingWindow, KeyedStats, Tier,
-    WhenFull, Words,
+    Hashed, IpPrefix, Key, KeyHasher, Keyed, KeyedAlgorithm, KeyedBuilder, KeyedFixedWindow, KeyedLimit,
+    KeyedLimiter, KeyedNginx, KeyedPolicy, KeyedSlidingLog, KeyedSlidingWindow, KeyedStats, Tier, WhenFull,
+    Words,
 };
 pub use policies::compat::ClThrottle;
 pub use policies::limiter::Limiter;
-pub use policies::log::{KeyedSlidingLog, KeyedSlidingLogBuilder, SlidingLog, SlidingLogLimiter};
+pub use policies::log::{SlidingLog, SlidingLogLimiter};
 pub use policies::nginx::{Nginx, NginxLimiter};
 pub use policies::parse::ParseError;
 pub use policies::policy::Policy;

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::{
-    check_all, Admit, Clock, Decision, FixedWindow, FixedWindowLimiter, Keyed, KeyedBuilder, KeyedLimiter,
-    KeyedPolicy, Limiter, ManualClock, Nanos, Nginx, NginxLimiter, Outcome, Rate, Receipt, SlidingLog,
+    check_all, Admit, Clock, Decision, FixedWindow, FixedWindowLimiter, Keyed, KeyedAlgorithm, KeyedBuilder,
+    KeyedLimiter, Limiter, ManualClock, Nanos, Nginx, NginxLimiter, Outcome, Rate, Receipt, SlidingLog,
     SlidingLogLimiter, SlidingWindow, SlidingWindowLimiter, TokenBucket,
 };
 
@@ -43,8 +43,8 @@ enum Spec {
         per_sec: u64,
         burst: u64,
     },
-    /// One key of a keyed table of another policy (`Keyed<P, u64>`): a fixed window, a sliding
-    /// window or nginx, as the direct specs above.
+    /// One key of a keyed table of another algorithm (`Keyed<A, u64>`): a fixed window, a
+    /// sliding window, nginx or the sliding log, as the direct specs above.
     KeyedPolicy(Box<Spec>),
 }
 
@@ -54,16 +54,7 @@ trait Table {
     fn check(&self, key: u64);
 }
 
-impl Table for KeyedLimiter<u64, ManualClock> {
-    fn limit<'a>(&'a self, key: &'a u64) -> Box<dyn Admit + 'a> {
-        Box::new(KeyedLimiter::limit(self, key))
-    }
-    fn check(&self, key: u64) {
-        let _ = KeyedLimiter::check(self, &key);
-    }
-}
-
-impl<P: KeyedPolicy> Table for Keyed<P, u64, ManualClock> {
+impl<P: KeyedAlgorithm> Table for Keyed<P, u64, ManualClock> {
     fn limit<'a>(&'a self, key: &'a u64) -> Box<dyn Admit + 'a> {
         Box::new(Keyed::limit(self, key))
     }
@@ -94,7 +85,7 @@ impl<T: Table> Admit for OneKey<T> {
     }
 }
 
-fn one_policy_key<P: KeyedPolicy + 'static>(p: P, clock: ManualClock) -> Box<dyn Admit> {
+fn one_policy_key<P: KeyedAlgorithm + 'static>(p: P, clock: ManualClock) -> Box<dyn Admit> {
     let limiter = Keyed::builder(p).capacity(64).seeds([5; 8]).build_with_clock(clock).unwrap();
     Box::new(OneKey { limiter, key: 42 })
 }
@@ -139,7 +130,10 @@ impl Spec {
                     let q = Nginx::per_second(per_sec).unwrap().burst(burst).unwrap();
                     one_policy_key(if nodelay { q.nodelay() } else { q.delay(delay) }, c)
                 }
-                _ => unreachable!("keyed policies are nginx and the window counters"),
+                Spec::Log { limit, window_ms } => {
+                    one_policy_key(SlidingLog::new(limit, Duration::from_millis(window_ms)).unwrap(), c)
+                }
+                _ => unreachable!("keyed tables of another algorithm: nginx, the windows, the log"),
             },
         }
     }
@@ -159,6 +153,8 @@ fn specs() -> impl Strategy<Value = Spec> {
         (1u64..20, 1u64..6).prop_map(|(per_sec, burst)| Spec::Bucket { per_sec, burst }),
         word_specs(),
         word_specs().prop_map(|s| Spec::KeyedPolicy(Box::new(s))),
+        (1u64..6, 50u64..2000)
+            .prop_map(|(limit, window_ms)| Spec::KeyedPolicy(Box::new(Spec::Log { limit, window_ms }))),
         (1u64..6, 50u64..2000).prop_map(|(limit, window_ms)| Spec::Log { limit, window_ms }),
         (1u64..20, 1u64..6).prop_map(|(per_sec, burst)| Spec::Keyed { per_sec, burst }),
     ]
@@ -398,7 +394,7 @@ fn refunds_in_charge_order_after_a_refill_give_back_nothing_absorbed() {
 #[test]
 fn keyed_refunds_account_for_every_tier() {
     let clock = ManualClock::new();
-    let l = KeyedBuilder::<u64>::new(TokenBucket::per_second(1).unwrap().with_burst(10).unwrap())
+    let l = KeyedLimiter::<u64>::builder(TokenBucket::per_second(1).unwrap().with_burst(10).unwrap())
         .tier("tight", TokenBucket::per_second(1).unwrap())
         .capacity(16)
         .build_with_clock(clock.clone())
@@ -421,7 +417,7 @@ fn receipts_belong_to_their_limit() {
     assert!(b.check().is_allowed());
     Admit::refund(&b, r.unwrap());
     assert!(!b.check().is_allowed(), "another limiter's receipt refunded b");
-    let keyed = KeyedBuilder::<u64>::new(TokenBucket::per_second(1).unwrap())
+    let keyed = KeyedLimiter::<u64>::builder(TokenBucket::per_second(1).unwrap())
         .capacity(16)
         .build_with_clock(clock.clone())
         .unwrap();
@@ -429,7 +425,7 @@ fn receipts_belong_to_their_limit() {
     assert!(keyed.check(&2).is_allowed());
     keyed.limit(&2).refund(r.unwrap());
     assert!(!keyed.check(&2).is_allowed(), "key 1's receipt refunded key 2");
-    let stalest = KeyedBuilder::<u64>::new(TokenBucket::per_second(1).unwrap())
+    let stalest = KeyedLimiter::<u64>::builder(TokenBucket::per_second(1).unwrap())
         .capacity(16)
         .when_full(tollgate::WhenFull::EvictFullest)
         .build_with_clock(clock)

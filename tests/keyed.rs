@@ -195,7 +195,7 @@ proptest! {
     ) {
         let qs = pool();
         let clock = ManualClock::new();
-        let l = KeyedBuilder::<u64>::new(qs[picks.0])
+        let l = KeyedLimiter::<u64>::builder(qs[picks.0])
             .tier("pro", qs[picks.1])
             .tier("free", qs[picks.2])
             .max_fill_time(Duration::from_nanos(headroom))
@@ -263,7 +263,7 @@ proptest! {
 #[test]
 fn tier_errors_are_typed() {
     let q = TokenBucket::per_second(1).unwrap();
-    let l = KeyedBuilder::<u64>::new(q)
+    let l = KeyedLimiter::<u64>::builder(q)
         .tier("pro", TokenBucket::per_second(10).unwrap())
         .max_overrides(2)
         .build()
@@ -287,14 +287,15 @@ fn tier_errors_are_typed() {
     ));
     // Tier names from configuration (owned strings); a tier of another limiter is unknown here.
     let names: Vec<String> = (0..9).map(|i| format!("plan-{i}")).collect();
-    let big = names.iter().fold(KeyedBuilder::<u64>::new(q), |b, n| b.tier(n.clone(), q)).build().unwrap();
+    let big =
+        names.iter().fold(KeyedLimiter::<u64>::builder(q), |b, n| b.tier(n.clone(), q)).build().unwrap();
     let ninth = big.tier("plan-8").unwrap();
     assert_eq!(big.tier_name(ninth), "plan-8");
     assert_eq!(l.set_tier_quota(ninth, q), Err(UpdateError::UnknownTier { tier: 9, tiers: 2 }));
     assert_eq!(l.set_override(&5, ninth), Err(UpdateError::UnknownTier { tier: 9, tiers: 2 }));
     assert_eq!(l.tier_quota(pro).burst(), 10);
     // With headroom it is accepted.
-    let roomy = KeyedBuilder::<u64>::new(q).max_fill_time(Duration::from_secs(2)).build().unwrap();
+    let roomy = KeyedLimiter::<u64>::builder(q).max_fill_time(Duration::from_secs(2)).build().unwrap();
     roomy.set_tier_quota(tollgate::Tier::DEFAULT, longer).unwrap();
     assert_eq!(roomy.quota().burst(), 2);
 }
@@ -371,7 +372,7 @@ fn key_types() {
 #[test]
 fn configuration_errors_are_typed() {
     let q = TokenBucket::per_second(1).unwrap();
-    let err = |b: KeyedBuilder<u64>| b.build().unwrap_err();
+    let err = |b: KeyedBuilder<TokenBucket, u64>| b.build().unwrap_err();
     assert!(matches!(err(KeyedBuilder::new(q).capacity(0)), ConfigError::ZeroCapacity));
     assert!(matches!(err(KeyedBuilder::new(q).capacity(1 << 40)), ConfigError::CapacityTooLarge { .. }));
     assert_eq!(err(KeyedBuilder::new(q).shards(3)), ConfigError::InvalidShards { shards: 3 });
@@ -401,8 +402,9 @@ fn costs_outside_one_to_burst_never_insert() {
 fn batch_matches_single_decisions() {
     let q = TokenBucket::new(Rate::per_second(10), 3).unwrap();
     let clock = ManualClock::new();
-    let build =
-        || KeyedBuilder::<u64>::new(q).capacity(1_000).seeds(SEEDS).build_with_clock(clock.clone()).unwrap();
+    let build = || {
+        KeyedLimiter::<u64>::builder(q).capacity(1_000).seeds(SEEDS).build_with_clock(clock.clone()).unwrap()
+    };
     let (a, b) = (build(), build());
     let items: Vec<(u64, u64)> = (0..500u64).map(|i| ((i * 7919) % 97, 1 + i % 3)).collect();
     let mut out = vec![a.peek(&0); 500];
@@ -420,8 +422,10 @@ fn batch_matches_single_decisions() {
 fn key_flood_keeps_memory_flat_and_limits_intact() {
     let q = TokenBucket::new(Rate::per_second(1), 5).unwrap();
     let clock = ManualClock::new();
-    let l =
-        KeyedBuilder::<std::net::Ipv6Addr>::new(q).capacity(1 << 12).build_with_clock(clock.clone()).unwrap();
+    let l = KeyedLimiter::<std::net::Ipv6Addr>::builder(q)
+        .capacity(1 << 12)
+        .build_with_clock(clock.clone())
+        .unwrap();
     let memory = l.memory_bytes();
     let good: Vec<std::net::Ipv6Addr> = (0..100u128).map(|i| (0x2001_0db8u128 << 96 | i).into()).collect();
     for k in &good {

@@ -5,9 +5,9 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use tollgate::{
-    check_all, Admit, ConfigError, Decision, FixedWindow, IpPrefix, Keyed, KeyedLimiter, KeyedNginx,
-    KeyedSlidingLog, ManualClock, Nanos, Nginx, Outcome, ParseError, SlidingLog, SlidingWindow, TokenBucket,
-    UpdateError, WhenFull,
+    check_all, Admit, Algorithm, ConfigError, Decision, Direct, FixedWindow, IpPrefix, Keyed, KeyedAlgorithm,
+    KeyedLimiter, KeyedNginx, KeyedSlidingLog, Limiter, ManualClock, Nanos, Nginx, Outcome, ParseError,
+    SlidingLog, SlidingWindow, TokenBucket, UpdateError, WhenFull,
 };
 
 #[test]
@@ -141,4 +141,65 @@ fn configurations_deserialize_from_their_strings() {
     let e = serde_json::from_str::<TokenBucket>(r#""100/fortnight""#).unwrap_err().to_string();
     assert!(e.contains("fortnight"), "{e}");
     assert!(serde_json::from_str::<TokenBucket>("100").is_err());
+}
+
+/// Every keyed algorithm through one generic function: one type, one set of methods.
+fn exercise<A: KeyedAlgorithm>(name: &str, config: A) {
+    let clock = ManualClock::new();
+    let table: Keyed<A, u64, ManualClock> =
+        Keyed::builder(config).capacity(64).seeds([7; 8]).build_with_clock(clock.clone()).unwrap();
+    let t0 = table.now();
+    assert!(table.peek(&1).is_allowed(), "{name}: a fresh key");
+    assert!(table.peek_at(&1, t0).is_allowed() && table.peek_n(&1, 1).is_allowed());
+    assert!(table.check(&1).is_allowed() && table.check_at(&2, t0).is_allowed());
+    assert!(table.allow(&3) && table.allow_n(&4, 1));
+    assert!(table.check_n_at(&5, t0, 0).is_allowed(), "{name}: n = 0 is a report");
+    let mut out = [Decision::table_full(); 3];
+    assert_eq!(table.check_batch(&[(6u64, 1), (7, 1), (8, 1)], &mut out), 3);
+    assert!(out.iter().all(Decision::is_allowed), "{name}: {out:?}");
+    let global = Limiter::with_clock(TokenBucket::per_second(1).unwrap(), clock.clone());
+    assert!(check_all(&[&table.limit(&9) as &dyn Admit, &global], 1).is_allowed());
+    // The global limit is spent: key 9's charge is refunded, exactly.
+    let before = table.peek(&9);
+    assert!(!check_all(&[&table.limit(&9) as &dyn Admit, &global], 1).is_allowed());
+    assert_eq!(table.peek(&9), before, "{name}: a refused request is charged to neither");
+    let stats = table.stats();
+    assert_eq!((stats.live, table.len()), (8, 8), "{name}: {stats:?}");
+    assert!(stats.inserts >= 8 && stats.capacity == table.capacity() && table.memory_bytes() > 0);
+    assert!(table.lifetime() > Nanos::new(1 << 50) && table.when_full() == WhenFull::Deny);
+    let _: A = table.policy();
+    // An hour later every key decides as a fresh one, and a sweep reclaims them all.
+    clock.advance(Duration::from_secs(3600));
+    assert_eq!(table.sweep(), 8, "{name}");
+    assert!(table.is_empty());
+}
+
+#[test]
+fn every_keyed_algorithm_has_the_same_surface() {
+    exercise("token bucket", "10/s".parse::<TokenBucket>().unwrap());
+    exercise("nginx", "10r/s burst=10 nodelay".parse::<Nginx>().unwrap());
+    exercise("fixed window", "10/s".parse::<FixedWindow>().unwrap());
+    exercise("sliding window", "10/s".parse::<SlidingWindow>().unwrap());
+    exercise("sliding log", "10/s".parse::<SlidingLog>().unwrap());
+}
+
+#[test]
+fn every_direct_algorithm_has_the_same_surface() {
+    fn exercise<A: Algorithm>(name: &str, config: A) {
+        let clock = ManualClock::new();
+        let l = Direct::with_clock(config, clock.clone());
+        let t0 = l.now();
+        assert!(l.peek().is_allowed() && l.peek_n(1).is_allowed() && l.peek_at(t0).is_allowed(), "{name}");
+        assert!(l.check().is_allowed() && l.check_at(t0).is_allowed() && l.check_n(1).is_allowed());
+        assert!(l.allow() && l.allow_n(1) && l.allow_n_at(t0, 1));
+        assert!(l.check_n_at(t0, 0).is_allowed());
+        let _: &A = l.policy();
+        let other = Limiter::with_clock(TokenBucket::per_second(1).unwrap(), clock.clone());
+        assert!(check_all(&[&l as &dyn Admit, &other], 1).is_allowed());
+    }
+    exercise("token bucket", "10/s".parse::<TokenBucket>().unwrap());
+    exercise("nginx", "10r/s burst=10 nodelay".parse::<Nginx>().unwrap());
+    exercise("fixed window", "10/s".parse::<FixedWindow>().unwrap());
+    exercise("sliding window", "10/s".parse::<SlidingWindow>().unwrap());
+    exercise("sliding log", "10/s".parse::<SlidingLog>().unwrap());
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tollgate::{Limiter, ManualClock, Nanos, TokenBucket, Rate};
+use tollgate::{Limiter, ManualClock, Nanos, Rate, TokenBucket};
 
 #[path = "../../tests/common/model.rs"]
 mod model;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tollgate::{Clock, KeyedBuilder, ManualClock, Outcome, TokenBucket, Rate, Tier, WhenFull};
+use tollgate::{Clock, KeyedLimiter, ManualClock, Outcome, Rate, Tier, TokenBucket, WhenFull};
 
 #[path = "../../tests/common/model.rs"]
 mod model;
@@ -55,7 +55,7 @@ fuzz_target!(|input: Input| {
     let policy = [WhenFull::Deny, WhenFull::Allow, WhenFull::EvictFullest][usize::from(input.policy % 3)];
     let headroom = Duration::from_millis(u64::from(input.headroom_ms % 5_000));
     let clock = ManualClock::new();
-    let l = KeyedBuilder::<u64>::new(quota(input.picks[0]))
+    let l = KeyedLimiter::<u64>::builder(quota(input.picks[0]))
         .tier("pro", quota(input.picks[1]))
         .tier("free", quota(input.picks[2]))
         .max_fill_time(headroom)

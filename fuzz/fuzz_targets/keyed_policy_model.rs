@@ -12,12 +12,12 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use tollgate::{FixedWindow, KeyedPolicy, Nginx, SlidingWindow};
 
+#[path = "../../tests/common/keyed_models.rs"]
+mod keyed_models;
 #[path = "../../tests/common/nginx_model.rs"]
 mod nginx_model;
 #[path = "../../tests/common/window_model.rs"]
 mod window_model;
-#[path = "../../tests/common/keyed_models.rs"]
-mod keyed_models;
 
 use keyed_models::{compare, RefModel};
 use nginx_model::NginxModel;

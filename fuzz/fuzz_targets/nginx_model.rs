@@ -5,7 +5,7 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tollgate::{ManualClock, Nanos, NginxLimiter, Nginx, Outcome};
+use tollgate::{ManualClock, Nanos, Nginx, NginxLimiter, Outcome};
 
 #[path = "../../tests/common/nginx_model.rs"]
 mod nginx_model;

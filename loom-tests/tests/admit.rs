@@ -73,7 +73,7 @@ fn keyed_key_and_bucket_conserve() {
     model(|| {
         let q = |burst| TokenBucket::new(Rate::per_second(1), burst).unwrap();
         let keyed = Arc::new(
-            KeyedBuilder::new(q(1))
+            KeyedLimiter::<u64>::builder(q(1))
                 .capacity(3)
                 .shards(1)
                 .seeds([1; 8])

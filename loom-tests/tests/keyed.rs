@@ -109,7 +109,7 @@ fn tier_quota_reads_are_never_torn() {
         let b = TokenBucket::new(Rate::per_second(2), 2).unwrap();
         let c = TokenBucket::new(Rate::per_second(4), 4).unwrap();
         let l = Arc::new(
-            KeyedBuilder::<u64>::new(a)
+            KeyedLimiter::<u64>::builder(a)
                 .capacity(3)
                 .shards(1)
                 .max_fill_time(std::time::Duration::from_secs(1))

@@ -1,4 +1,4 @@
-//! `Keyed<P, K>`: any single-word [`KeyedPolicy`] per key (nginx's `limit_req`, the fixed
+//! The table of [`Keyed<P, K>`](crate::Keyed) for any single-word [`KeyedPolicy`] per key (nginx's `limit_req`, the fixed
 //! window, the sliding-window counter), in the same lock-free table as the token bucket.
 //!
 //! The table reuses a slot only when no thread can still commit on the old key, because a
@@ -35,17 +35,21 @@ use core::marker::PhantomData;
 use super::key::{Key, KeyHasher, Words};
 use super::table::{Rule, Table};
 use super::{
-    deny_or_allow, hashers, prefetch, shard_count, stats_of, table_slots, KeyedStats, Target, WhenFull,
+    deny_or_allow, hashers, prefetch, shard_count, stats_of, table_slots, KeyedBuilder, KeyedStats, Target,
+    WhenFull,
 };
-use crate::engine::admit::{Admit, Receipt};
-use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome, Policy};
+use crate::engine::admit::Receipt;
+use crate::{Clock, ConfigError, Decision, Nanos, Outcome, Policy};
 
 pub(crate) mod sealed {
     use crate::{Decision, Nanos, Policy};
 
     /// What a policy must provide to live in a keyed table (see the module docs). Sealed: the
     /// table's safety rests on these answers.
-    pub trait KeyedWords: Policy {
+    /// The algorithms a keyed table can hold.
+    pub trait Algorithm {}
+
+    pub trait KeyedWords: Policy + Clone {
         /// The algorithm's name, for error messages.
         const NAME: &'static str;
         /// Elapsed time is clamped here, so that every word stays below 2^62 − 1.
@@ -197,17 +201,10 @@ impl<P: KeyedPolicy> Rule for ChargeNow<'_, P> {
     }
 }
 
-/// One key of a [`Keyed`] limiter, as a limit of [`check_all`](crate::check_all): from
-/// [`Keyed::limit`].
-pub struct KeyedPolicyLimit<'a, P: KeyedPolicy, K: Key + ?Sized, C: Clock> {
-    limiter: &'a Keyed<P, K, C>,
-    key: K::Words,
-}
-
-impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Admit for KeyedPolicyLimit<'_, P, K, C> {
-    fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
-        let l = self.limiter;
-        let t = l.target(self.key);
+impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
+    pub(crate) fn charge_words(&self, words: K::Words, n: u64) -> (Decision, Option<Receipt>) {
+        let l = self;
+        let t = l.target(words);
         prefetch(t.shard.home_ptr(t.home));
         let elapsed = l.elapsed(l.clock.now());
         let rule = ChargeNow { rule: l.rule(elapsed), stored: Cell::new(None) };
@@ -225,9 +222,9 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Admit for KeyedPolicyLimit<'_, P
     /// the window still counts; nginx exactly if nothing changed the key since), on the key's
     /// slot, one refund per shard at a time, never below the evictable line. Nothing if the key
     /// was evicted meanwhile (its state had become a fresh key's: the charge was absorbed).
-    fn refund(&self, r: Receipt) {
-        let l = self.limiter;
-        let t = l.target(self.key);
+    pub(crate) fn refund_words(&self, words: K::Words, r: Receipt) {
+        let l = self;
+        let t = l.target(words);
         let Some(([prior, stored, _], n)) = r.take(l.id, t.hash) else { return };
         let step = |w: u64| {
             // After the word's Acquire load (in `Shard::refund`), as the bucket's refunds: the
@@ -238,17 +235,6 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Admit for KeyedPolicyLimit<'_, P
             Some(next.max(l.policy.evictable(elapsed)))
         };
         t.shard.refund(t.words, t.home, step);
-    }
-
-    fn peek(&self, n: u64) -> Decision {
-        let l = self.limiter;
-        l.peek_target(&l.target(self.key), l.elapsed(l.clock.now()), n)
-    }
-}
-
-impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> fmt::Debug for KeyedPolicyLimit<'_, P, K, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyedPolicyLimit").finish_non_exhaustive()
     }
 }
 
@@ -264,124 +250,14 @@ fn stored(w: u64, answer: (Option<u64>, Decision)) -> Result<(u64, Decision), De
     }
 }
 
-impl<P: Clone, K: ?Sized> Clone for KeyedPolicyBuilder<P, K> {
-    fn clone(&self) -> Self {
-        KeyedPolicyBuilder { _key: PhantomData, policy: self.policy.clone(), ..*self }
-    }
-}
-
-impl<P: fmt::Debug, K: ?Sized> fmt::Debug for KeyedPolicyBuilder<P, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyedPolicyBuilder")
-            .field("policy", &self.policy)
-            .field("capacity", &self.capacity)
-            .field("shards", &self.shards)
-            .field("when_full", &self.when_full)
-            .finish_non_exhaustive()
-    }
-}
-
-/// How to build a [`Keyed`] limiter.
-pub struct KeyedPolicyBuilder<P, K: ?Sized> {
-    _key: PhantomData<fn(&K)>,
-    policy: P,
-    capacity: usize,
-    shards: Option<usize>,
-    when_full: WhenFull,
-    seeds: Option<[u64; 8]>,
-}
-
-impl<P: KeyedPolicy, K: Key + ?Sized> KeyedPolicyBuilder<P, K> {
-    /// Room for at least `keys` keys (default 65,536), as
-    /// [`KeyedBuilder::capacity`](crate::KeyedBuilder::capacity).
-    pub fn capacity(mut self, keys: usize) -> Self {
-        self.capacity = keys;
-        self
-    }
-
-    /// The number of shards: a power of two up to 64 (default: 4 per available core).
-    pub fn shards(mut self, shards: usize) -> Self {
-        self.shards = Some(shards);
-        self
-    }
-
-    /// The table-full policy: [`WhenFull::Deny`] (the default) or [`WhenFull::Allow`].
-    /// [`WhenFull::EvictFullest`] is refused at [`build`](Self::build): its ghosts summarize a
-    /// token bucket, and these states have no such summary.
-    pub fn when_full(mut self, policy: WhenFull) -> Self {
-        self.when_full = policy;
-        self
-    }
-
-    /// Fixed hash seeds, as [`KeyedBuilder::seeds`](crate::KeyedBuilder::seeds).
-    pub fn seeds(mut self, seeds: [u64; 8]) -> Self {
-        self.seeds = Some(seeds);
-        self
-    }
-
-    /// A limiter on the default clock.
-    pub fn build(self) -> Result<Keyed<P, K, DefaultClock>, ConfigError> {
-        self.build_with_clock(DefaultClock::new())
-    }
-
-    /// A limiter on `clock`.
-    pub fn build_with_clock<C: Clock>(self, clock: C) -> Result<Keyed<P, K, C>, ConfigError> {
-        deny_or_allow(self.when_full, P::NAME)?;
-        let (slots, shards) = table_slots(self.capacity, shard_count(self.shards)?)?;
-        let (place, fingerprint) = hashers(self.seeds);
-        let origin = clock.now();
-        Ok(Keyed {
-            table: Table::new(slots, shards),
-            lifetime: self.policy.keyed_lifetime(),
-            policy: self.policy,
-            when_full: self.when_full,
-            hasher: place,
-            fingerprint,
-            origin,
-            clock,
-            id: crate::sync::next_id(),
-            _key: PhantomData,
-        })
-    }
-}
-
-/// A [`KeyedPolicy`] per key — nginx's `limit_req`, a fixed window or a sliding-window counter
-/// — for any number of keys, in memory fixed at construction: [`KeyedLimiter`]'s table and
-/// protocol with another word in its slots.
-///
-/// A decision on a tracked key is one clock read, one hash, a probe of the key's home group
-/// and one CAS; new keys are inserted lock-free, and a key whose state has become a fresh
-/// key's (its window is over, its excess has leaked away) is evicted whenever the room is
-/// needed, or by [`sweep`](Keyed::sweep): no decision changes. Per key: 16 bytes per slot for
-/// one-word keys (20.6 per `u64` key at the maximum load), as for the bucket.
-///
-/// ```
-/// use std::time::Duration;
-/// use tollgate::{FixedWindow, Keyed, KeyedNginx, ManualClock, Nanos, Nginx, Outcome};
-///
-/// // nginx: `limit_req zone=per_ip rate=1r/s burst=2 nodelay;`, per client address.
-/// let q = Nginx::per_second(1)?.burst(2)?.nodelay();
-/// let per_ip: KeyedNginx<std::net::IpAddr, ManualClock> =
-///     Keyed::builder(q).capacity(100_000).build_with_clock(ManualClock::new())?;
-/// let alice = "192.0.2.1".parse().unwrap();
-/// let outcomes: Vec<_> = (0..4).map(|_| per_ip.check_at(&alice, Nanos::ZERO).outcome()).collect();
-/// assert_eq!(outcomes, [Outcome::Allowed, Outcome::Allowed, Outcome::Allowed, Outcome::Denied]);
-/// assert!(per_ip.check_at(&"192.0.2.2".parse().unwrap(), Nanos::ZERO).is_allowed());
-///
-/// // 100 per minute per tenant, in fixed windows.
-/// let per_tenant = Keyed::<_, str>::builder(FixedWindow::new(100, Duration::from_secs(60))?).build()?;
-/// assert!(per_tenant.check("tenant-a").is_allowed());
-/// # Ok::<(), tollgate::ConfigError>(())
-/// ```
-///
-/// [`KeyedLimiter`]: crate::KeyedLimiter
-pub struct Keyed<P: KeyedPolicy, K: Key + ?Sized, C: Clock = DefaultClock> {
+#[doc(hidden)]
+pub struct PolicyTable<P: KeyedPolicy, K: Key + ?Sized, C: Clock> {
     table: Table<K::Words>,
     policy: P,
     lifetime: Nanos,
     when_full: WhenFull,
     hasher: ahash::RandomState,
-    fingerprint: KeyHasher,
+    pub(crate) fingerprint: KeyHasher,
     origin: Nanos,
     clock: C,
     /// The identity its receipts carry.
@@ -389,35 +265,7 @@ pub struct Keyed<P: KeyedPolicy, K: Key + ?Sized, C: Clock = DefaultClock> {
     _key: PhantomData<fn(&K)>,
 }
 
-/// nginx's `limit_req` per key.
-pub type KeyedNginx<K, C = DefaultClock> = Keyed<crate::Nginx, K, C>;
-/// A fixed window per key.
-pub type KeyedFixedWindow<K, C = DefaultClock> = Keyed<crate::FixedWindow, K, C>;
-/// A sliding-window counter per key.
-pub type KeyedSlidingWindow<K, C = DefaultClock> = Keyed<crate::SlidingWindow, K, C>;
-
-impl<P: KeyedPolicy, K: Key + ?Sized> Keyed<P, K, DefaultClock> {
-    /// A builder for a table of `policy` per key of `K`: `KeyedNginx::<IpAddr>::builder(q)`,
-    /// or `Keyed::builder(q)` where the binding's type names the key.
-    pub fn builder(policy: P) -> KeyedPolicyBuilder<P, K> {
-        KeyedPolicyBuilder {
-            _key: PhantomData,
-            policy,
-            capacity: 1 << 16,
-            shards: None,
-            when_full: WhenFull::Deny,
-            seeds: None,
-        }
-    }
-
-    /// Room for `capacity` keys under `policy`, on the default clock, refusing new keys when
-    /// full.
-    pub fn new(policy: P, capacity: usize) -> Result<Keyed<P, K, DefaultClock>, ConfigError> {
-        Keyed::builder(policy).capacity(capacity).build()
-    }
-}
-
-impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
+impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
     /// Time since creation, stopped at the lifetime.
     #[inline]
     fn elapsed(&self, now: Nanos) -> Nanos {
@@ -439,38 +287,14 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
         Target::new(&self.table, words, hash)
     }
 
-    /// One unit for `key` now.
-    #[inline]
-    pub fn check<Q>(&self, key: &Q) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Key<Words = K::Words> + ?Sized,
-    {
-        self.check_n(key, 1)
-    }
-
     /// `n` units for `key` now, all or none, with the policy's answer for `n = 0` and for
     /// more than it can ever admit (neither inserts the key).
     #[inline(always)]
-    pub fn check_n<Q>(&self, key: &Q, n: u64) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Key<Words = K::Words> + ?Sized,
-    {
+    pub(crate) fn check_n_words(&self, words: K::Words, n: u64) -> Decision {
         // Hash and start fetching the key's group before reading the clock, as the bucket does.
-        let t = self.target(key.words(&self.fingerprint));
+        let t = self.target(words);
         prefetch(t.shard.home_ptr(t.home));
         self.decide(&t, self.elapsed(self.clock.now()), n)
-    }
-
-    /// [`check`](Keyed::check) at a caller-supplied `now` ([`now`](Keyed::now)).
-    #[inline]
-    pub fn check_at<Q>(&self, key: &Q, now: Nanos) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Key<Words = K::Words> + ?Sized,
-    {
-        self.check_n_at(key, now, 1)
     }
 
     /// [`check_n`](Keyed::check_n) at a caller-supplied `now`. Times must not run back: a key
@@ -479,12 +303,8 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
     /// later time: never more permissive, as a stored window never moves back, but not what the
     /// earlier time alone would give).
     #[inline(always)]
-    pub fn check_n_at<Q>(&self, key: &Q, now: Nanos, n: u64) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Key<Words = K::Words> + ?Sized,
-    {
-        let t = self.target(key.words(&self.fingerprint));
+    pub(crate) fn check_n_at_words(&self, words: K::Words, now: Nanos, n: u64) -> Decision {
+        let t = self.target(words);
         self.decide(&t, self.elapsed(now), n)
     }
 
@@ -556,24 +376,9 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
         )
     }
 
-    /// What [`check`](Keyed::check) would answer now, without counting anything or inserting
-    /// the key.
-    #[inline]
-    pub fn peek<Q>(&self, key: &Q) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Key<Words = K::Words> + ?Sized,
-    {
-        self.peek_n_at(key, self.clock.now(), 1)
-    }
-
     /// What [`check_n`](Keyed::check_n) would answer at `now`, without counting anything.
-    pub fn peek_n_at<Q>(&self, key: &Q, now: Nanos, n: u64) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Key<Words = K::Words> + ?Sized,
-    {
-        let t = self.target(key.words(&self.fingerprint));
+    pub(crate) fn peek_n_at_words(&self, words: K::Words, now: Nanos, n: u64) -> Decision {
+        let t = self.target(words);
         self.peek_target(&t, self.elapsed(now), n)
     }
 
@@ -582,14 +387,8 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
         self.past_lifetime(self.policy.decide_keyed(word, elapsed, n).1, elapsed)
     }
 
-    /// Decides a batch of `(key, cost)` requests with one clock read, as
-    /// [`KeyedLimiter::check_batch`](crate::KeyedLimiter::check_batch).
-    pub fn check_batch<Q: Borrow<K>>(&self, items: &[(Q, u64)], out: &mut [Decision]) -> usize {
-        self.check_batch_at(self.clock.now(), items, out)
-    }
-
     /// [`check_batch`](Keyed::check_batch) at a caller-supplied `now`.
-    pub fn check_batch_at<Q: Borrow<K>>(
+    pub(crate) fn check_batch_at<Q: Borrow<K>>(
         &self,
         now: Nanos,
         items: &[(Q, u64)],
@@ -608,85 +407,81 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> Keyed<P, K, C> {
         )
     }
 
-    /// `key` as one limit of a multi-limit admission ([`check_all`](crate::check_all)): several
-    /// nginx `limit_req` zones, per client and per server, in one call.
-    ///
-    /// ```
-    /// use tollgate::{check_all, Admit, Keyed, NginxLimiter, Nginx};
-    ///
-    /// let per_ip = Keyed::<_, std::net::IpAddr>::builder(Nginx::per_second(10)?.burst(20)?).build()?;
-    /// let per_server = NginxLimiter::new(Nginx::per_second(1000)?.burst(200)?);
-    /// let ip = "192.0.2.7".parse().unwrap();
-    /// assert!(check_all(&[&per_ip.limit(&ip) as &dyn Admit, &per_server], 1).is_allowed());
-    /// # Ok::<(), tollgate::ConfigError>(())
-    /// ```
-    pub fn limit<Q>(&self, key: &Q) -> KeyedPolicyLimit<'_, P, K, C>
-    where
-        K: Borrow<Q>,
-        Q: Key<Words = K::Words> + ?Sized,
-    {
-        KeyedPolicyLimit { limiter: self, key: key.words(&self.fingerprint) }
-    }
-
     /// Evicts every key whose state is a fresh key's, and returns how many.
-    pub fn sweep(&self) -> usize {
+    pub(crate) fn sweep(&self) -> usize {
         let below = self.policy.evictable(self.elapsed(self.clock.now()));
         self.table.shards().map(|s| s.sweep(below, &self.hasher)).sum()
     }
 
     /// Keys tracked now, approximately under concurrent inserts.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.table.shards().map(|s| s.len()).sum()
     }
 
-    /// Whether no key is tracked.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The most keys the table holds (7/8 of its slots).
-    pub fn capacity(&self) -> u64 {
+    pub(crate) fn capacity(&self) -> u64 {
         self.table.shards().map(|s| s.capacity()).sum()
     }
 
     /// Bytes the table owns.
-    pub fn memory_bytes(&self) -> usize {
+    pub(crate) fn memory_bytes(&self) -> usize {
         self.table.memory()
     }
 
     /// A snapshot of the table's figures (`forced_evictions` is always 0). Walks every slot.
-    pub fn stats(&self) -> KeyedStats {
+    pub(crate) fn stats(&self) -> KeyedStats {
         stats_of(&self.table, &self.hasher, self.memory_bytes())
     }
 
-    /// The current time on this limiter's clock, for the `*_at` methods.
-    #[inline]
-    pub fn now(&self) -> Nanos {
-        self.clock.now()
-    }
-
     /// How long after its creation this limiter's clock runs (see the module docs).
-    pub fn lifetime(&self) -> Nanos {
+    pub(crate) fn lifetime(&self) -> Nanos {
         self.lifetime
     }
 
     /// The policy every key is decided by.
-    pub fn policy(&self) -> &P {
+    pub(crate) fn policy(&self) -> &P {
         &self.policy
     }
 
     /// The clock.
-    pub fn clock(&self) -> &C {
+    pub(crate) fn when_full(&self) -> WhenFull {
+        self.when_full
+    }
+
+    pub(crate) fn clock(&self) -> &C {
         &self.clock
     }
 }
 
-impl<P: KeyedPolicy + fmt::Debug, K: Key + ?Sized, C: Clock> fmt::Debug for Keyed<P, K, C> {
+impl<P: KeyedPolicy + fmt::Debug, K: Key + ?Sized, C: Clock> fmt::Debug for PolicyTable<P, K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Keyed")
+        f.debug_struct("PolicyTable")
             .field("policy", &self.policy)
             .field("capacity", &self.capacity())
             .field("when_full", &self.when_full)
             .finish_non_exhaustive()
     }
+}
+
+/// Builds a policy's table.
+pub(crate) fn build<P: KeyedPolicy, K: Key + ?Sized, C: Clock>(
+    b: KeyedBuilder<P, K>,
+    clock: C,
+) -> Result<PolicyTable<P, K, C>, ConfigError> {
+    deny_or_allow(b.when_full, P::NAME)?;
+    let (slots, shards) = table_slots(b.capacity, shard_count(b.shards)?)?;
+    let (place, fingerprint) = hashers(b.seeds);
+    let origin = clock.now();
+    Ok(PolicyTable {
+        table: Table::new(slots, shards),
+        lifetime: b.config.keyed_lifetime(),
+        policy: b.config,
+        when_full: b.when_full,
+        hasher: place,
+        fingerprint,
+        origin,
+        clock,
+        id: crate::sync::next_id(),
+        _key: PhantomData,
+    })
 }

@@ -16,14 +16,12 @@
 //! back: a decision whose clock reads earlier than the newest admission is stored as if at
 //! that admission (its units expire later than they would: fewer admissions, never more).
 
-mod keyed;
+pub(crate) mod keyed;
 
 use core::time::Duration;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crossbeam_utils::CachePadded;
-
-pub use keyed::{KeyedSlidingLog, KeyedSlidingLogBuilder};
 
 use crate::engine::direct::{Algorithm, Direct};
 use crate::policies::window::check_window;

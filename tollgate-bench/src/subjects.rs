@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tollgate::{
-    Clock, CoarseClock, Decision, FixedWindow, FixedWindowLimiter, KeyedBuilder, KeyedLimiter, KeyedPolicy,
+    Clock, CoarseClock, Decision, FixedWindow, FixedWindowLimiter, KeyedLimiter, KeyedPolicy,
     KeyedSlidingLog, Limiter, Nginx, NginxLimiter, Rate, SlidingLog, SlidingLogLimiter, SlidingWindow,
     SlidingWindowLimiter, TokenBucket, TscClock, WhenFull,
 };
@@ -401,7 +401,7 @@ impl Subject for MutexMap {
 }
 
 fn keyed<C: Clock>(s: Setup, when_full: WhenFull, clock: C) -> KeyedLimiter<u64, C> {
-    KeyedBuilder::<u64>::new(s.load.quota())
+    KeyedLimiter::<u64>::builder(s.load.quota())
         .capacity(s.capacity)
         .when_full(when_full)
         .build_with_clock(clock)
@@ -410,14 +410,14 @@ fn keyed<C: Clock>(s: Setup, when_full: WhenFull, clock: C) -> KeyedLimiter<u64,
 
 /// Slots of tollgate's table for `capacity` keys: the keyed floor gets as many.
 pub fn slots_for(capacity: usize) -> usize {
-    let l = KeyedBuilder::<u64>::new(Load::Allow.quota()).capacity(capacity).build().expect("valid");
+    let l = KeyedLimiter::<u64>::builder(Load::Allow.quota()).capacity(capacity).build().expect("valid");
     usize::try_from(l.stats().slots).expect("fits")
 }
 
 /// The keys tollgate's table asked for `capacity` keys holds at its maximum load (the builder
 /// rounds the slots up to a power of two).
 pub fn max_load_for(capacity: usize) -> u64 {
-    KeyedBuilder::<u64>::new(Load::Allow.quota()).capacity(capacity).build().expect("valid").capacity()
+    KeyedLimiter::<u64>::builder(Load::Allow.quota()).capacity(capacity).build().expect("valid").capacity()
 }
 
 /// The keyed subjects, by name.

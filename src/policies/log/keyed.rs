@@ -1,4 +1,5 @@
-//! `KeyedSlidingLog`: a sliding log per key, in a table whose memory is fixed at construction.
+//! The sliding log's keyed table ([`KeyedSlidingLog`](crate::KeyedSlidingLog)): a sliding log
+//! per key, in a table whose memory is fixed at construction.
 //!
 //! Layout: power-of-two shards, each a `Mutex` over an open-addressing array of slots (the key's
 //! identity words and the position of its log's oldest entry) and a side arena with `N` expiries
@@ -12,127 +13,72 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crossbeam_utils::CachePadded;
 
-use super::SlidingLog;
-use crate::keyed::{Key, KeyHasher, Words};
-use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, Outcome, WhenFull};
+use super::{SlidingLog, MAX_ELAPSED};
+use crate::engine::admit::Receipt;
+use crate::keyed::{Key, KeyHasher, KeyedBuilder, KeyedStats, Words};
+use crate::{Clock, ConfigError, Decision, Nanos, Outcome, WhenFull};
 
 /// Slots probed from a key's home.
 const PROBE: usize = 32;
 /// The most log entries a table may hold (capacity × limit): 2^34, 128 GiB.
 const MAX_ENTRIES: u64 = 1 << 34;
 
-impl<K: ?Sized> Clone for KeyedSlidingLogBuilder<K> {
-    fn clone(&self) -> Self {
-        KeyedSlidingLogBuilder { _key: PhantomData, ..*self }
+/// Builds the sliding log's table. Every slot and every log entry is allocated and written here:
+/// the table's memory is all resident from the start and never grows.
+pub(crate) fn build<K: Key + ?Sized, C: Clock>(
+    b: KeyedBuilder<SlidingLog, K>,
+    clock: C,
+) -> Result<LogTable<K, C>, ConfigError> {
+    crate::keyed::deny_or_allow(b.when_full, "sliding log")?;
+    // Slots are `capacity·8/7` rounded up to a power of two (at least 32); their logs must
+    // total at most 2^34 entries.
+    let most_slots = 1u64 << (63 - (MAX_ENTRIES / b.config.limit).leading_zeros());
+    let max_capacity = most_slots / 8 * 7;
+    if b.capacity == 0 {
+        return Err(ConfigError::ZeroCapacity);
     }
-}
-
-impl<K: ?Sized> fmt::Debug for KeyedSlidingLogBuilder<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyedSlidingLogBuilder")
-            .field("log", &self.log)
-            .field("capacity", &self.capacity)
-            .field("shards", &self.shards)
-            .field("when_full", &self.when_full)
-            .finish_non_exhaustive()
+    if b.capacity as u64 > max_capacity {
+        return Err(ConfigError::CapacityTooLarge { capacity: b.capacity as u64, max: max_capacity });
     }
-}
-
-/// How to build a [`KeyedSlidingLog`].
-pub struct KeyedSlidingLogBuilder<K: ?Sized> {
-    _key: PhantomData<fn(&K)>,
-    log: SlidingLog,
-    capacity: usize,
-    shards: Option<usize>,
-    when_full: WhenFull,
-    seeds: Option<[u64; 8]>,
-}
-
-impl<K: Key + ?Sized> KeyedSlidingLogBuilder<K> {
-    /// The most keys tracked at once (default 2^16). The table has the next power of two at or
-    /// above `capacity·8/7` slots.
-    pub fn capacity(mut self, keys: usize) -> Self {
-        self.capacity = keys;
-        self
-    }
-
-    /// The number of shards, each with its own lock: a power of two up to 64 (default: 4 per
-    /// available core).
-    pub fn shards(mut self, shards: usize) -> Self {
-        self.shards = Some(shards);
-        self
-    }
-
-    /// What a new key gets when its 32 probed slots all hold live logs: [`WhenFull::Deny`]
-    /// (the default, [`Outcome::TableFull`]) or [`WhenFull::Allow`] ([`Outcome::Untracked`]).
-    /// [`WhenFull::EvictFullest`] is refused: a sliding log cannot be summarized in a ghost.
-    pub fn when_full(mut self, policy: WhenFull) -> Self {
-        self.when_full = policy;
-        self
-    }
-
-    /// Fixed hash seeds (placement, then fingerprints), for reproducible tests. By default
-    /// both are random per table.
-    pub fn seeds(mut self, seeds: [u64; 8]) -> Self {
-        self.seeds = Some(seeds);
-        self
-    }
-
-    /// Builds the table on the default clock.
-    pub fn build(self) -> Result<KeyedSlidingLog<K, DefaultClock>, ConfigError> {
-        self.build_with_clock(DefaultClock::new())
-    }
-
-    /// Builds the table on `clock`. Every slot and every log entry is allocated and written
-    /// here: the table's memory is all resident from the start and never grows.
-    pub fn build_with_clock<C: Clock>(self, clock: C) -> Result<KeyedSlidingLog<K, C>, ConfigError> {
-        crate::keyed::deny_or_allow(self.when_full, "sliding log")?;
-        // Slots are `capacity·8/7` rounded up to a power of two (at least 32); their logs must
-        // total at most 2^34 entries.
-        let most_slots = 1u64 << (63 - (MAX_ENTRIES / self.log.limit).leading_zeros());
-        let max_capacity = most_slots / 8 * 7;
-        if self.capacity == 0 {
-            return Err(ConfigError::ZeroCapacity);
-        }
-        if self.capacity as u64 > max_capacity {
-            return Err(ConfigError::CapacityTooLarge { capacity: self.capacity as u64, max: max_capacity });
-        }
-        let shards = crate::keyed::shard_count(self.shards)?;
-        let slots = (self.capacity + self.capacity.div_ceil(7)).next_power_of_two().max(PROBE);
-        let shards = shards.min(slots / PROBE);
-        let per_shard = slots / shards;
-        let entries = self.log.entries();
-        let (place, fingerprint) = crate::keyed::hashers(self.seeds);
-        let shards: Box<[Locked<K::Words>]> = (0..shards)
-            .map(|_| {
-                CachePadded::new(Mutex::new(Shard {
-                    slots: huge(per_shard, Slot { key: K::Words::default(), newest: 0, head: 0 }),
-                    rings: huge(per_shard * entries, 0),
-                    live: 0,
-                }))
-            })
-            .collect();
-        let bases = shards
-            .iter()
-            .map(|m| {
-                let s = m.lock().unwrap_or_else(PoisonError::into_inner);
-                (s.slots.as_ptr() as usize, s.rings.as_ptr() as usize)
-            })
-            .collect();
-        let origin = clock.now();
-        Ok(KeyedSlidingLog {
-            shards,
-            bases,
-            per_shard,
-            log: self.log,
-            when_full: self.when_full,
-            place,
-            fingerprint,
-            origin,
-            clock,
-            _key: PhantomData,
+    let shards = crate::keyed::shard_count(b.shards)?;
+    let slots = (b.capacity + b.capacity.div_ceil(7)).next_power_of_two().max(PROBE);
+    let shards = shards.min(slots / PROBE);
+    let per_shard = slots / shards;
+    let entries = b.config.entries();
+    let (place, fingerprint) = crate::keyed::hashers(b.seeds);
+    let shards: Box<[Locked<K::Words>]> = (0..shards)
+        .map(|_| {
+            CachePadded::new(Mutex::new(Shard {
+                slots: huge(per_shard, Slot { key: K::Words::default(), newest: 0, head: 0, admitted: 0 }),
+                rings: huge(per_shard * entries, 0),
+                live: 0,
+                inserts: 0,
+                reclaimed: 0,
+                refused: 0,
+            }))
         })
-    }
+        .collect();
+    let bases = shards
+        .iter()
+        .map(|m| {
+            let s = m.lock().unwrap_or_else(PoisonError::into_inner);
+            (s.slots.as_ptr() as usize, s.rings.as_ptr() as usize)
+        })
+        .collect();
+    let origin = clock.now();
+    Ok(LogTable {
+        shards,
+        bases,
+        per_shard,
+        log: b.config,
+        when_full: b.when_full,
+        place,
+        fingerprint,
+        origin,
+        clock,
+        id: crate::sync::next_id(),
+        _key: PhantomData,
+    })
 }
 
 /// `len` copies of `value`, in memory for which huge pages were requested before it was first
@@ -158,6 +104,9 @@ struct Slot<W> {
     newest: u64,
     /// The position of the log's oldest entry.
     head: u32,
+    /// Units admitted on this slot, wrapping: a refund gives units back only if none were
+    /// admitted since its charge (in the padding after `head`: no memory of its own).
+    admitted: u32,
 }
 
 /// One shard: its slots and their logs (`N` entries per slot, in slot order).
@@ -166,32 +115,16 @@ struct Shard<W> {
     rings: Box<[u64]>,
     /// Slots that have held a key (some may have expired and not yet been taken over).
     live: u64,
+    /// Keys placed in a slot.
+    inserts: u64,
+    /// Keys placed in a slot whose log had wholly expired (the table's evictions).
+    reclaimed: u64,
+    /// New keys refused or admitted untracked because every probed slot held a live log.
+    refused: u64,
 }
 
-/// A sliding log per key: at most `N` in any window `W` for each key, exactly, with memory
-/// fixed at construction: `capacity·8/7` rounded up to a power of two slots, each with `8·N`
-/// bytes of log and its key.
-///
-/// A decision locks the key's shard for one probe (up to 32 slots) and one log decision; it
-/// never allocates. A key whose log has wholly expired is the same as a key never seen, so its
-/// slot is free for the next new key: memory stays bounded under any flood of keys, and a key
-/// flooding requests only fills its own log. When every probed slot holds a live log, a new key
-/// is refused ([`Outcome::TableFull`], by default) or admitted untracked
-/// ([`WhenFull::Allow`]); tracked keys are never displaced.
-///
-/// ```
-/// use std::time::Duration;
-/// use tollgate::{KeyedSlidingLog, ManualClock, SlidingLog};
-///
-/// let log = SlidingLog::new(2, Duration::from_secs(10))?;
-/// let l = KeyedSlidingLog::<str>::builder(log).capacity(1000).build_with_clock(ManualClock::new())?;
-/// assert!(l.check("alice").is_allowed());
-/// assert!(l.check("alice").is_allowed());
-/// assert!(!l.check("alice").is_allowed());
-/// assert!(l.check("bob").is_allowed());
-/// # Ok::<(), tollgate::ConfigError>(())
-/// ```
-pub struct KeyedSlidingLog<K: Key + ?Sized, C: Clock = DefaultClock> {
+#[doc(hidden)]
+pub struct LogTable<K: Key + ?Sized, C: Clock> {
     shards: Box<[Locked<K::Words>]>,
     /// Where each shard's slots and logs start (the boxes never move), to prefetch a key's home
     /// before taking the lock. Addresses only: nothing is read through them.
@@ -200,79 +133,115 @@ pub struct KeyedSlidingLog<K: Key + ?Sized, C: Clock = DefaultClock> {
     log: SlidingLog,
     when_full: WhenFull,
     place: ahash::RandomState,
-    fingerprint: KeyHasher,
+    pub(crate) fingerprint: KeyHasher,
     origin: Nanos,
     clock: C,
+    /// The identity its receipts carry.
+    id: u64,
     _key: PhantomData<fn(&K)>,
 }
 
-impl<K: Key + ?Sized> KeyedSlidingLog<K, DefaultClock> {
-    /// A builder for a table of sliding logs per key of `K`.
-    pub fn builder(log: SlidingLog) -> KeyedSlidingLogBuilder<K> {
-        KeyedSlidingLogBuilder {
-            _key: PhantomData,
-            log,
-            capacity: 1 << 16,
-            shards: None,
-            when_full: WhenFull::Deny,
-            seeds: None,
-        }
-    }
-}
-
-impl<K: Key + ?Sized, C: Clock> KeyedSlidingLog<K, C> {
+impl<K: Key + ?Sized, C: Clock> LogTable<K, C> {
     fn lock(&self, i: usize) -> MutexGuard<'_, Shard<K::Words>> {
         // Nothing panics while a shard is locked; a poisoned shard is still consistent.
         self.shards[i].lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// One unit for `key` now.
-    pub fn check<Q>(&self, key: &Q) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Key<Words = K::Words> + ?Sized,
-    {
-        self.decide(key, || self.clock.now(), 1, true)
+    /// The shard and home slot of a key's hash. Shards and slots per shard are powers of two
+    /// below 2^32: the truncations keep the bits the masks keep.
+    fn place(&self, hash: u64) -> (usize, usize) {
+        #[expect(clippy::cast_possible_truncation, reason = "masked below 2^32")]
+        let (shard, low) = ((hash >> 32) as usize & (self.shards.len() - 1), hash as usize);
+        (shard, low & (self.per_shard - 1))
     }
 
-    /// `n` units for `key` now, all or none.
-    pub fn check_n<Q>(&self, key: &Q, n: u64) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Key<Words = K::Words> + ?Sized,
-    {
-        self.decide(key, || self.clock.now(), n, true)
+    /// `n` units for the key now: the clock is read under the shard's lock.
+    pub(crate) fn check_n_words(&self, words: K::Words, n: u64) -> Decision {
+        self.decide(words, || self.clock.now(), n, true).0
     }
 
-    /// `n` units for `key` at `now` on this table's clock.
+    /// `n` units for the key at `now`.
     ///
     /// Times must not run behind ones already given to the table: a key whose log had wholly
     /// expired as of a later time may have lost its slot to another key, and is then judged
     /// at the earlier time with an empty log. (`check` and `check_n` read the clock under the
     /// shard's lock, so they never do this.)
-    pub fn check_n_at<Q>(&self, key: &Q, now: Nanos, n: u64) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Key<Words = K::Words> + ?Sized,
-    {
-        self.decide(key, || now, n, true)
+    pub(crate) fn check_n_at_words(&self, words: K::Words, now: Nanos, n: u64) -> Decision {
+        self.decide(words, || now, n, true).0
     }
 
-    /// What `n` units for `key` would get at `now`, taking nothing (and inserting nothing).
-    pub fn peek_n_at<Q>(&self, key: &Q, now: Nanos, n: u64) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Key<Words = K::Words> + ?Sized,
-    {
-        self.decide(key, || now, n, false)
+    /// What `n` units would get at `now`, taking nothing and inserting nothing.
+    pub(crate) fn peek_n_at_words(&self, words: K::Words, now: Nanos, n: u64) -> Decision {
+        self.decide(words, || now, n, false).0
     }
 
-    fn decide<Q>(&self, key: &Q, now: impl FnOnce() -> Nanos, n: u64, take: bool) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Key<Words = K::Words> + ?Sized,
-    {
-        let words = key.words(&self.fingerprint);
+    /// `n` units now, with the receipt of what was stored.
+    pub(crate) fn charge_words(&self, words: K::Words, n: u64) -> (Decision, Option<Receipt>) {
+        let (d, taken) = self.decide(words, || self.clock.now(), n, true);
+        let hash = words.hash_with(&self.place);
+        (d, taken.map(|t| Receipt::new(self.id, hash, t, n)))
+    }
+
+    /// Gives back a charge exactly when nothing was admitted on the key's log since it and its
+    /// units still count (see `SlidingLog::refund`); otherwise nothing, which errs toward
+    /// refusal.
+    pub(crate) fn refund_words(&self, words: K::Words, r: Receipt) {
+        let hash = words.hash_with(&self.place);
+        let Some(([at, expiry, admitted], n)) = r.take(self.id, hash) else { return };
+        let (shard_index, home) = self.place(hash);
+        let entries = self.log.entries();
+        let mask = self.per_shard - 1;
+        let mut shard = self.lock(shard_index);
+        let e = self.clock.now().saturating_sub(self.origin).as_u64();
+        let Shard { slots, rings, .. } = &mut *shard;
+        for i in 0..PROBE.min(self.per_shard) {
+            let s = (home + i) & mask;
+            let slot = &mut slots[s];
+            if slot.newest == 0 || slot.key != words {
+                continue;
+            }
+            // Units that no longer count (or a slot taken over since) are not given back.
+            if expiry <= e || u64::from(slot.admitted) != admitted {
+                return;
+            }
+            let ring = &mut rings[s * entries..(s + 1) * entries];
+            let head = slot.head as usize;
+            if SlidingLog::refund(ring, head, at, expiry, n) {
+                #[expect(clippy::cast_possible_truncation, reason = "n ≤ the limit ≤ 2^16")]
+                let units = n as u32;
+                slot.admitted = slot.admitted.wrapping_sub(units);
+                // The newest entry may have left; 1 (never 0, a slot never used) if it was the
+                // only one and was charged at the origin.
+                slot.newest = ring[(head + entries - 1) % entries].max(1);
+            }
+            return;
+        }
+    }
+
+    /// A batch with one clock read, in order.
+    pub(crate) fn check_batch_at<Q: Borrow<K>>(
+        &self,
+        now: Nanos,
+        items: &[(Q, u64)],
+        out: &mut [Decision],
+    ) -> usize {
+        let count = items.len().min(out.len());
+        for ((key, n), d) in items.iter().zip(out.iter_mut()) {
+            *d = self.check_n_at_words(key.borrow().words(&self.fingerprint), now, *n);
+        }
+        count
+    }
+
+    /// Decides `n` units for the key `words` at the time `now` gives (read under the shard's
+    /// lock), storing them when `take`; when units were stored, also what a refund needs: the
+    /// instant, the expiry written and the slot's count of units admitted after them.
+    fn decide(
+        &self,
+        words: K::Words,
+        now: impl FnOnce() -> Nanos,
+        n: u64,
+        take: bool,
+    ) -> (Decision, Option<[u64; 3]>) {
         let hash = words.hash_with(&self.place);
         // Shards and slots per shard are powers of two below 2^32: the truncations keep the
         // bits the masks keep.
@@ -290,7 +259,7 @@ impl<K: Key + ?Sized, C: Clock> KeyedSlidingLog<K, C> {
         // they take effect: a key whose log expired as of one decision is never judged at an
         // earlier time by the next (see `check_n_at`).
         let e = now().saturating_sub(self.origin).as_u64();
-        let Shard { slots, rings, live } = &mut *shard;
+        let Shard { slots, rings, live, inserts, reclaimed, refused } = &mut *shard;
         let mut free = None;
         let mut found = None;
         for i in 0..PROBE.min(self.per_shard) {
@@ -310,22 +279,26 @@ impl<K: Key + ?Sized, C: Clock> KeyedSlidingLog<K, C> {
                 // An unknown key has an empty log; peeks, zero costs and costs that can never
                 // fit insert nothing. (A new key's first `n ≤ N` always fits, so every slot
                 // taken stores an entry.)
-                return self.fresh_answer(n);
+                return (self.fresh_answer(n), None);
             }
             (None, Some(s)) => {
                 if slots[s].newest == 0 {
                     *live += 1;
+                } else {
+                    *reclaimed += 1;
                 }
+                *inserts += 1;
                 // The log there has wholly expired: it answers as an empty one.
                 slots[s].key = words;
                 s
             }
             (None, None) => {
+                *refused += 1;
                 let outcome = match self.when_full {
                     WhenFull::Allow => Outcome::Untracked,
                     _ => Outcome::TableFull,
                 };
-                return Decision::from_nanos(outcome, 0, Nanos::ZERO, Nanos::ZERO);
+                return (Decision::from_nanos(outcome, 0, Nanos::ZERO, Nanos::ZERO), None);
             }
         };
         let slot = &mut slots[index];
@@ -335,10 +308,12 @@ impl<K: Key + ?Sized, C: Clock> KeyedSlidingLog<K, C> {
         #[expect(clippy::cast_possible_truncation, reason = "a position in a log of at most 2^16")]
         let head = head as u32;
         slot.head = head;
-        if let Some(expiry) = stored {
-            slot.newest = expiry;
-        }
-        decision
+        let Some(expiry) = stored else { return (decision, None) };
+        slot.newest = expiry;
+        #[expect(clippy::cast_possible_truncation, reason = "n ≤ the limit ≤ 2^16")]
+        let units = n as u32;
+        slot.admitted = slot.admitted.wrapping_add(units);
+        (decision, Some([e.min(MAX_ELAPSED), expiry, u64::from(slot.admitted)]))
     }
 
     /// The answer for a key with an empty log.
@@ -355,44 +330,96 @@ impl<K: Key + ?Sized, C: Clock> KeyedSlidingLog<K, C> {
         Decision::from_nanos(outcome, remaining, Nanos::ZERO, reset)
     }
 
+    /// Frees every slot whose log has wholly expired (no decision changes: such a log answers
+    /// as an empty one) and returns how many.
+    pub(crate) fn sweep(&self) -> usize {
+        let mut freed = 0;
+        for i in 0..self.shards.len() {
+            let mut shard = self.lock(i);
+            let e = self.clock.now().saturating_sub(self.origin).as_u64();
+            let Shard { slots, live, .. } = &mut *shard;
+            for slot in slots.iter_mut().filter(|s| s.newest != 0 && s.newest <= e) {
+                slot.newest = 0;
+                *live -= 1;
+                freed += 1;
+            }
+        }
+        freed
+    }
+
     /// Slots holding a key, some of them possibly expired and not yet taken over.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         (0..self.shards.len()).map(|i| self.lock(i).live).sum()
     }
 
-    /// Whether no key has been tracked.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The number of slots: the most keys tracked at once.
-    pub fn capacity(&self) -> u64 {
+    pub(crate) fn capacity(&self) -> u64 {
         (self.per_shard * self.shards.len()) as u64
     }
 
-    /// Bytes the table owns, all allocated at construction: per slot, the log (`8·N`) and 24
-    /// bytes (32 for two-word keys) of key, newest expiry and head.
-    pub fn memory_bytes(&self) -> usize {
-        let per_slot =
-            self.log.log_bytes() + core::mem::size_of::<K::Words>() + core::mem::size_of::<usize>() + 1;
+    /// Bytes the table owns, all allocated at construction: per slot, the log (`8·N`) and its
+    /// slot (key, newest expiry, head and count: 24 bytes for one-word keys, 32 for two).
+    pub(crate) fn memory_bytes(&self) -> usize {
+        let per_slot = self.log.log_bytes() + core::mem::size_of::<Slot<K::Words>>();
         self.per_shard * self.shards.len() * per_slot
             + self.shards.len() * core::mem::size_of::<Locked<K::Words>>()
     }
 
-    /// The current time on this table's clock.
-    pub fn now(&self) -> Nanos {
-        self.clock.now()
+    /// The table's figures: walks every slot, one shard lock at a time.
+    pub(crate) fn stats(&self) -> KeyedStats {
+        let mut stats = KeyedStats {
+            capacity: self.capacity(),
+            slots: self.capacity(),
+            memory_bytes: self.memory_bytes() as u64,
+            probe_histogram: vec![0; PROBE.min(self.per_shard)],
+            ..KeyedStats::default()
+        };
+        let mask = self.per_shard - 1;
+        let mut total_probe = 0u64;
+        for i in 0..self.shards.len() {
+            let shard = self.lock(i);
+            stats.inserts += shard.inserts;
+            stats.evictions += shard.reclaimed;
+            stats.refused += shard.refused;
+            for (s, slot) in shard.slots.iter().enumerate().filter(|(_, s)| s.newest != 0) {
+                let (_, home) = self.place(slot.key.hash_with(&self.place));
+                let distance = (s.wrapping_sub(home) & mask) as u64;
+                stats.live += 1;
+                total_probe += distance;
+                stats.max_probe = stats.max_probe.max(distance);
+                if let Some(h) = stats.probe_histogram.get_mut(s.wrapping_sub(home) & mask) {
+                    *h += 1;
+                }
+            }
+        }
+        #[expect(clippy::cast_precision_loss, reason = "an average")]
+        let mean = if stats.live == 0 { 0.0 } else { total_probe as f64 / stats.live as f64 };
+        stats.mean_probe = mean;
+        stats
+    }
+
+    /// How long the table's clock runs: 2^63 − 1 ns (292 years).
+    pub(crate) fn lifetime(&self) -> Nanos {
+        Nanos::new(MAX_ELAPSED)
     }
 
     /// The configuration.
-    pub fn log(&self) -> &SlidingLog {
+    pub(crate) fn log(&self) -> &SlidingLog {
         &self.log
+    }
+
+    pub(crate) fn when_full(&self) -> WhenFull {
+        self.when_full
+    }
+
+    pub(crate) fn clock(&self) -> &C {
+        &self.clock
     }
 }
 
-impl<K: Key + ?Sized, C: Clock> fmt::Debug for KeyedSlidingLog<K, C> {
+impl<K: Key + ?Sized, C: Clock> fmt::Debug for LogTable<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyedSlidingLog")
+        f.debug_struct("LogTable")
             .field("log", &self.log)
             .field("capacity", &self.capacity())
             .field("when_full", &self.when_full)
