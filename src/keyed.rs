@@ -15,6 +15,7 @@ use core::borrow::Borrow;
 use core::fmt;
 use core::marker::PhantomData;
 use core::time::Duration;
+use std::sync::Arc;
 
 use bucket::BucketTable;
 pub use key::{Hashed, IpPrefix, Key, KeyHasher, Words};
@@ -26,7 +27,10 @@ pub use tiers::Tier;
 
 use crate::engine::admit::{Admit, Receipt};
 use crate::policies::log::keyed::LogTable;
-use crate::{Clock, ConfigError, Decision, DefaultClock, Nanos, SlidingLog, TokenBucket, UpdateError};
+use crate::{
+    Clock, ConfigError, CounterSnapshot, Counters, Decision, DefaultClock, Nanos, SlidingLog, TokenBucket,
+    UpdateError,
+};
 
 /// What a keyed table does with a new key when the table has no room for it: every slot
 /// of the key's window holds a bucket that is not yet full (full buckets are evicted on the
@@ -71,6 +75,7 @@ pub struct KeyedBuilder<A, K: ?Sized> {
     pub(crate) tiers: Vec<(String, TokenBucket)>,
     pub(crate) fill_headroom: Nanos,
     pub(crate) max_overrides: usize,
+    counters: bool,
     _key: PhantomData<fn(&K)>,
 }
 
@@ -111,8 +116,18 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized> KeyedBuilder<A, K> {
             tiers: Vec::new(),
             fill_headroom: Nanos::ZERO,
             max_overrides: 1024,
+            counters: false,
             _key: PhantomData,
         }
+    }
+
+    /// Count decisions by outcome ([`Keyed::counters`]); off by default. A table without
+    /// counters pays one predicted branch per decision; one with them, an atomic add on a
+    /// cache line of the deciding thread's own. What the table itself did (inserts, clean and
+    /// forced evictions) is counted either way.
+    pub fn counters(mut self, on: bool) -> Self {
+        self.counters = on;
+        self
     }
 
     /// Room for at least `keys` keys (default 65,536). The table allocates the next power of
@@ -151,7 +166,8 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized> KeyedBuilder<A, K> {
 
     /// A table on `clock`.
     pub fn build_with_clock<C: Clock>(self, clock: C) -> Result<Keyed<A, K, C>, ConfigError> {
-        Ok(Keyed { table: A::build(self, clock)? })
+        let counters = self.counters.then(|| Arc::new(Counters::new()));
+        Ok(Keyed { table: A::build(self, clock)?, counters })
     }
 }
 
@@ -264,6 +280,8 @@ pub trait KeyedTable<K: Key + ?Sized, C: Clock> {
     fn capacity(&self) -> u64;
     fn memory_bytes(&self) -> usize;
     fn stats(&self) -> KeyedStats;
+    /// Inserts, clean evictions and forced evictions, from the shards' counters.
+    fn table_counts(&self) -> [u64; 3];
     fn lifetime(&self) -> Nanos;
     fn config(&self) -> Self::Config;
     fn when_full(&self) -> WhenFull;
@@ -324,6 +342,9 @@ macro_rules! forward_table {
         }
         fn stats(&self) -> KeyedStats {
             self.stats()
+        }
+        fn table_counts(&self) -> [u64; 3] {
+            self.table_counts()
         }
         fn lifetime(&self) -> Nanos {
             self.lifetime()
@@ -441,6 +462,7 @@ impl KeyedAlgorithm for SlidingLog {
 /// Past it, nothing refills or resets: the table only denies.
 pub struct Keyed<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock = DefaultClock> {
     table: A::Table<K, C>,
+    counters: Option<Arc<Counters>>,
 }
 
 /// A token bucket per key: tiers, per-key overrides, [`WhenFull::EvictFullest`].
@@ -491,7 +513,9 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Keyed<A, K, C> {
         K: Borrow<Q>,
         Q: Key<Words = K::Words> + ?Sized,
     {
-        self.table.check_n_words(key.words(self.table.fingerprint()), n)
+        let d = self.table.check_n_words(key.words(self.table.fingerprint()), n);
+        self.record(&d);
+        d
     }
 
     /// [`check`](Keyed::check) at a caller-supplied `now` ([`now`](Keyed::now)).
@@ -517,7 +541,9 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Keyed<A, K, C> {
         K: Borrow<Q>,
         Q: Key<Words = K::Words> + ?Sized,
     {
-        self.table.check_n_at_words(key.words(self.table.fingerprint()), now, n)
+        let d = self.table.check_n_at_words(key.words(self.table.fingerprint()), now, n);
+        self.record(&d);
+        d
     }
 
     /// Whether one unit was taken for `key` now. True for every admission, delayed ones too.
@@ -586,7 +612,7 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Keyed<A, K, C> {
     /// for cache misses in parallel (slots are prefetched a few keys ahead). Decides
     /// `min(items.len(), out.len())` requests and returns that count.
     pub fn check_batch<Q: Borrow<K>>(&self, items: &[(Q, u64)], out: &mut [Decision]) -> usize {
-        self.table.check_batch_at(self.now(), items, out)
+        self.check_batch_at(self.now(), items, out)
     }
 
     /// [`check_batch`](Keyed::check_batch) at a caller-supplied `now`.
@@ -596,7 +622,37 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Keyed<A, K, C> {
         items: &[(Q, u64)],
         out: &mut [Decision],
     ) -> usize {
-        self.table.check_batch_at(now, items, out)
+        let count = self.table.check_batch_at(now, items, out);
+        if self.counters.is_some() {
+            out[..count].iter().for_each(|d| self.record(d));
+        }
+        count
+    }
+
+    /// Counts a decision, if the table counts them.
+    #[inline(always)]
+    fn record(&self, d: &Decision) {
+        if let Some(c) = &self.counters {
+            c.record(d.outcome());
+        }
+    }
+
+    /// The decisions so far by outcome, and what the table did (inserts, clean and forced
+    /// evictions), if the table counts decisions ([`KeyedBuilder::counters`]). Reads a few
+    /// counters per shard: it does not walk the table.
+    pub fn counters(&self) -> Option<CounterSnapshot> {
+        let mut snapshot = self.counters.as_ref()?.snapshot();
+        let [inserts, clean, forced] = self.table.table_counts();
+        snapshot.inserts = inserts;
+        snapshot.evicted_clean = clean;
+        snapshot.evicted_forced = forced;
+        Some(snapshot)
+    }
+
+    /// The decision counters themselves, for a metrics exporter that polls them apart from
+    /// the table (decisions only: the table's own counts are in [`counters`](Keyed::counters)).
+    pub fn counters_handle(&self) -> Option<Arc<Counters>> {
+        self.counters.clone()
     }
 
     /// `key` as one limit of a multi-limit admission ([`check_all`](crate::check_all)): a
@@ -616,7 +672,11 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Keyed<A, K, C> {
         K: Borrow<Q>,
         Q: Key<Words = K::Words> + ?Sized,
     {
-        KeyedLimit { table: &self.table, words: key.words(self.table.fingerprint()) }
+        KeyedLimit {
+            table: &self.table,
+            counters: self.counters.as_deref(),
+            words: key.words(self.table.fingerprint()),
+        }
     }
 
     /// Reclaims every key whose state is a fresh key's (no decision changes) and returns how
@@ -700,7 +760,9 @@ impl<K: Key + ?Sized, C: Clock> Keyed<TokenBucket, K, C> {
         K: Borrow<Q>,
         Q: Key<Words = K::Words> + ?Sized,
     {
-        self.table.check_n_in_at_words(key.words(self.table.fingerprint()), tier, now, n)
+        let d = self.table.check_n_in_at_words(key.words(self.table.fingerprint()), tier, now, n);
+        self.record(&d);
+        d
     }
 
     /// The tier named `name`, if the limiter was built with it (`"default"` is the default).
@@ -793,13 +855,18 @@ impl<A: KeyedAlgorithm + fmt::Debug, K: Key + ?Sized, C: Clock> fmt::Debug for K
 /// changed the key since the charge, and nothing otherwise.
 pub struct KeyedLimit<'a, A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> {
     table: &'a A::Table<K, C>,
+    counters: Option<&'a Counters>,
     words: K::Words,
 }
 
 impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Admit for KeyedLimit<'_, A, K, C> {
     #[inline]
     fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
-        self.table.charge_words(self.words, n)
+        let (d, receipt) = self.table.charge_words(self.words, n);
+        if let Some(c) = self.counters {
+            c.record(d.outcome());
+        }
+        (d, receipt)
     }
 
     #[inline]

@@ -8,6 +8,8 @@ pub mod guide {
     pub mod keyed {}
     #[doc = include_str!("../docs/guide/several-limits.md")]
     pub mod several_limits {}
+    #[doc = include_str!("../docs/guide/counters.md")]
+    pub mod counters {}
     #[doc = include_str!("../docs/guide/clocks.md")]
     pub mod clocks {}
     #[doc = include_str!("../docs/guide/guarantees-and-testing.md")]
@@ -27,6 +29,7 @@ pub use clock::{Clock, DefaultClock, ManualClock, StdClock};
 #[cfg(feature = "quanta")]
 pub use clock::{CoarseClock, TscClock};
 pub use engine::admit::{check_all, Admit, Receipt};
+pub use engine::counters::{CounterSnapshot, Counters};
 pub use engine::decision::{Decision, Outcome};
 pub use engine::direct::{Algorithm, Direct};
 pub use engine::error::{ConfigError, UpdateError};

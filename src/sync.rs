@@ -27,6 +27,14 @@ pub(crate) fn next_id() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The next thread's counter stripe (`engine/counters.rs`): round-robin, any value correct.
+/// Not part of any modelled protocol, so a plain `std` atomic even under loom.
+pub(crate) fn next_stripe() -> usize {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    // Relaxed: only spreads threads over stripes.
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Orders a clock read after the loads before it: a refund reads the clock after loading the
 /// word, and needs the reading no earlier than any decision that load saw (`AtomicBucket::refund`).
 /// A hardware counter read may otherwise run ahead of an earlier load: on x86_64 an `lfence`

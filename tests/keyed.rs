@@ -451,3 +451,45 @@ fn key_flood_keeps_memory_flat_and_limits_intact() {
         assert_eq!(l.check(k).outcome(), Outcome::Denied, "{k} got a fresh bucket");
     }
 }
+
+/// Issue 13, bug 2: a keyed table's contract is that a state it may reclaim decides exactly as
+/// a fresh key's. With `initial < burst` a refilled key has `burst` tokens and a fresh one
+/// `initial`, so reclaiming a refilled key would cut it to `initial`: such quotas are refused
+/// for keyed tables, every tier included (they stay valid for direct limiters).
+#[test]
+fn keyed_tables_refuse_an_initial_level_below_the_burst() {
+    let q = TokenBucket::per_second(10).unwrap().with_initial(0).unwrap();
+    assert_eq!(
+        KeyedLimiter::<u64>::new(q, 100).unwrap_err(),
+        ConfigError::KeyedInitialBelowBurst { initial: 0, burst: 10 }
+    );
+    let full = TokenBucket::per_second(10).unwrap();
+    let tiered = KeyedLimiter::<u64>::builder(full).tier("new", q).build();
+    assert!(matches!(tiered, Err(ConfigError::KeyedInitialBelowBurst { .. })));
+    let l = KeyedLimiter::<u64>::new(full, 100).unwrap();
+    assert_eq!(
+        l.set_tier_quota(tollgate::Tier::DEFAULT, q),
+        Err(UpdateError::Config(ConfigError::KeyedInitialBelowBurst { initial: 0, burst: 10 }))
+    );
+    let e = KeyedLimiter::<u64>::new(q, 100).unwrap_err().to_string();
+    assert!(e.contains("initial level 0") && e.contains("burst of 10"), "{e}");
+    // A direct limiter keeps it.
+    assert_eq!(tollgate::Limiter::new(q).peek().outcome(), Outcome::Denied);
+}
+
+/// What the refusal prevents, on a full quota: a key idle long enough to refill has its whole
+/// burst before a sweep and after it (a reclaimed key is a fresh one, and a fresh one is full).
+#[test]
+fn a_sweep_never_takes_tokens_from_a_refilled_key() {
+    let clock = ManualClock::new();
+    let l = KeyedLimiter::<u64>::builder(TokenBucket::per_second(10).unwrap())
+        .build_with_clock(clock.clone())
+        .unwrap();
+    for _ in 0..10 {
+        assert!(l.check(&7).is_allowed());
+    }
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(l.peek_n(&7, 0).remaining(), 10);
+    assert_eq!(l.sweep(), 1);
+    assert_eq!(l.peek_n(&7, 0).remaining(), 10);
+}

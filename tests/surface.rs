@@ -203,3 +203,51 @@ fn every_direct_algorithm_has_the_same_surface() {
     exercise("sliding window", "10/s".parse::<SlidingWindow>().unwrap());
     exercise("sliding log", "10/s".parse::<SlidingLog>().unwrap());
 }
+
+#[test]
+fn counters_count_every_outcome_without_walking_the_table() {
+    let clock = ManualClock::new();
+    let plain = Limiter::with_clock(TokenBucket::per_second(1).unwrap(), clock.clone());
+    assert_eq!(plain.counters(), None, "off unless asked for");
+    let l =
+        tollgate::NginxLimiter::with_clock("1r/s burst=1".parse().unwrap(), clock.clone()).with_counters();
+    let handle = l.counters_handle().unwrap();
+    let outcomes: Vec<Outcome> = (0..4).map(|_| l.check().outcome()).collect();
+    assert_eq!(outcomes, [Outcome::Allowed, Outcome::Delayed, Outcome::Denied, Outcome::Denied]);
+    let _ = l.check_n(10); // more than burst + 1: insufficient
+    let _ = l.peek(); // peeks are not decisions
+    let c = l.counters().unwrap();
+    assert_eq!((c.allowed, c.delayed, c.denied, c.insufficient, c.decisions()), (1, 1, 2, 1, 5));
+    // An exporter polls from another thread, apart from the limiter.
+    let polled = std::thread::spawn(move || handle.snapshot()).join().unwrap();
+    assert_eq!(polled, c);
+
+    let table = KeyedLimiter::<u64>::builder(TokenBucket::per_minute(1).unwrap())
+        .capacity(8)
+        .shards(1)
+        .when_full(WhenFull::Allow)
+        .counters(true)
+        .build_with_clock(clock.clone())
+        .unwrap();
+    let keys = table.capacity() + 5;
+    for k in 0..keys {
+        let _ = table.check(&k);
+    }
+    let _ = table.check(&0);
+    let c = table.counters().unwrap();
+    assert_eq!(c.allowed + c.untracked, keys, "{c:?}");
+    assert!(c.untracked > 0 && c.denied == 1 && c.inserts == table.capacity(), "{c:?}");
+    assert_eq!(c.evicted_clean + c.evicted_forced, 0);
+    // Past a minute every bucket is full again: new keys evict them, cleanly.
+    clock.advance(Duration::from_secs(61));
+    for k in 100..104u64 {
+        let _ = table.check(&k);
+    }
+    let c = table.counters().unwrap();
+    assert_eq!((c.evicted_clean, c.inserts), (4, table.capacity() + 4), "{c:?}");
+    // Batches and check_all's own decisions count too.
+    let mut out = [Decision::table_full(); 2];
+    let _ = table.check_batch(&[(100u64, 1), (101, 1)], &mut out);
+    assert!(check_all(&[&table.limit(&7u64) as &dyn Admit], 1).is_allowed());
+    assert_eq!(table.counters().unwrap().decisions(), c.decisions() + 3);
+}

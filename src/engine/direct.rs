@@ -6,9 +6,10 @@
 //! a lock (`log.rs`). Everything a caller touches is here, once.
 
 use core::fmt;
+use std::sync::Arc;
 
 use crate::engine::admit::{Admit, Receipt};
-use crate::{Clock, Decision, DefaultClock, Nanos};
+use crate::{Clock, CounterSnapshot, Counters, Decision, DefaultClock, Nanos};
 
 /// An algorithm a [`Direct`] limiter runs: every [`Policy`](crate::Policy) (nginx, the windows,
 /// your own), [`TokenBucket`](crate::TokenBucket) and [`SlidingLog`](crate::SlidingLog).
@@ -81,6 +82,8 @@ pub struct Direct<A: Algorithm, C: Clock = DefaultClock> {
     algorithm: A,
     origin: Nanos,
     clock: C,
+    /// Decision counters, when asked for ([`with_counters`](Direct::with_counters)).
+    counters: Option<Arc<Counters>>,
     /// The identity its multi-limit receipts carry.
     id: u64,
 }
@@ -97,7 +100,32 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
     /// A limiter on `clock`, with a fresh state, counting time from the clock's current reading.
     pub fn with_clock(algorithm: A, clock: C) -> Direct<A, C> {
         let origin = clock.now();
-        Direct { state: algorithm.new_state(), algorithm, origin, clock, id: crate::sync::next_id() }
+        Direct {
+            state: algorithm.new_state(),
+            algorithm,
+            origin,
+            clock,
+            counters: None,
+            id: crate::sync::next_id(),
+        }
+    }
+
+    /// This limiter, counting its decisions by outcome ([`counters`](Direct::counters)). A
+    /// limiter without counters pays one predicted branch per decision; one with them, an
+    /// atomic add on a cache line of the deciding thread's own.
+    pub fn with_counters(mut self) -> Direct<A, C> {
+        self.counters = Some(Arc::new(Counters::new()));
+        self
+    }
+
+    /// The decisions so far by outcome, if the limiter counts them.
+    pub fn counters(&self) -> Option<CounterSnapshot> {
+        self.counters.as_ref().map(|c| c.snapshot())
+    }
+
+    /// The counters themselves, for a metrics exporter that polls them apart from the limiter.
+    pub fn counters_handle(&self) -> Option<Arc<Counters>> {
+        self.counters.clone()
     }
 
     /// One unit now, or how long to wait.
@@ -124,7 +152,11 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
     // `policy.rs`).
     #[inline(always)]
     pub fn check_n_at(&self, now: Nanos, n: u64) -> Decision {
-        self.algorithm.direct_check(&self.state, now, self.origin, n)
+        let d = self.algorithm.direct_check(&self.state, now, self.origin, n);
+        if let Some(c) = &self.counters {
+            c.record(d.outcome());
+        }
+        d
     }
 
     /// Whether one unit was taken now: [`check`](Direct::check) without the details.
@@ -195,6 +227,9 @@ impl<A: Algorithm, C: Clock> Admit for Direct<A, C> {
     #[inline]
     fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
         let (d, taken) = self.algorithm.direct_charge(&self.state, self.clock.now(), self.origin, n);
+        if let Some(c) = &self.counters {
+            c.record(d.outcome());
+        }
         (d, taken.map(|words| Receipt::new(self.id, 0, words, n)))
     }
 

@@ -130,6 +130,16 @@ pub enum ConfigError {
         /// The longest supported fill time, in nanoseconds.
         max_nanos: u64,
     },
+    /// A keyed token bucket whose new keys would start below a full bucket
+    /// ([`TokenBucket::with_initial`](crate::TokenBucket::with_initial)). A keyed table reclaims
+    /// a key once its bucket has refilled, because a full bucket decides as a fresh key's; with
+    /// `initial < burst` it would not, and reclaiming a refilled key would take tokens from it.
+    KeyedInitialBelowBurst {
+        /// The initial level asked for.
+        initial: u64,
+        /// The quota's burst.
+        burst: u64,
+    },
     /// A table-full policy the table cannot apply: [`WhenFull::EvictFullest`](crate::WhenFull)
     /// keeps ghosts that only a token bucket's state can be summarized by.
     EvictionUnsupported {
@@ -215,6 +225,12 @@ impl fmt::Display for ConfigError {
                 f,
                 "a keyed tier's fill time of {fill_nanos} ns exceeds the table's maximum of \
                  {max_nanos} ns"
+            ),
+            ConfigError::KeyedInitialBelowBurst { initial, burst } => write!(
+                f,
+                "a keyed table's buckets start full: an initial level {initial} below the burst of \
+                 {burst} would make a reclaimed key differ from a refilled one (use it on a \
+                 direct limiter)"
             ),
             ConfigError::EvictionUnsupported { algorithm } => write!(
                 f,

@@ -360,6 +360,11 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         stats_of(&self.table, &self.params.hasher, self.memory_bytes())
     }
 
+    /// Inserts, clean evictions and forced evictions, from the shards' counters.
+    pub(crate) fn table_counts(&self) -> [u64; 3] {
+        self.table.shards().map(|s| s.counts()).fold([0; 3], |[a, b, c], [x, y, z]| [a + x, b + y, c + z])
+    }
+
     /// How long after its creation this limiter's clock keeps refilling buckets.
     pub(crate) fn lifetime(&self) -> Nanos {
         Nanos::new(self.params.tiers.lifetime())

@@ -433,6 +433,11 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
         stats_of(&self.table, &self.hasher, self.memory_bytes())
     }
 
+    /// Inserts, clean evictions and forced evictions, from the shards' counters.
+    pub(crate) fn table_counts(&self) -> [u64; 3] {
+        self.table.shards().map(|s| s.counts()).fold([0; 3], |[a, b, c], [x, y, z]| [a + x, b + y, c + z])
+    }
+
     /// How long after its creation this limiter's clock runs (see the module docs).
     pub(crate) fn lifetime(&self) -> Nanos {
         self.lifetime

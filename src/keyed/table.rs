@@ -785,6 +785,12 @@ impl<'a, W: Words> Shard<'a, W> {
         evicted
     }
 
+    /// This shard's inserts, clean evictions and forced evictions so far.
+    pub(crate) fn counts(&self) -> [u64; 3] {
+        // Relaxed: statistics (see `Counters`).
+        [self.c().inserts.load(Relaxed), self.c().evicted.load(Relaxed), self.c().forced.load(Relaxed)]
+    }
+
     /// Adds this shard's figures to `stats`.
     pub(crate) fn add_stats(&self, stats: &mut TableStats, hasher: &ahash::RandomState) {
         stats.capacity += self.t.max_live;

@@ -132,10 +132,13 @@ impl At {
 ///
 /// # Precision
 ///
-/// Exact for every rate whose per-token time `period/tokens` is a whole multiple of `1/m` ns
-/// for some `m ≤ 64` (10/s, 1/day, 1.25e10/s, Envoy's 1 per 1 s, …). Any other rate is rounded
-/// *down*, by less than `1/(64·T)` relatively, where `T` is the per-token time in ns (under
-/// 2⁻²⁴ for any rate below 3,800/s). See [`units_per_token`](TokenBucket::units_per_token).
+/// The per-token time `T = period / tokens` is rounded **up** to `t/m` ns (the rate down).
+/// Exact ([`is_exact`](TokenBucket::is_exact)) when `T·m` is whole for some `m ≤ 64` whose
+/// fill time fits (`burst·T·m ≤ 2^62`): 10/s, 1/day, 1.25e10/s, Envoy's 1 per 1 s, …
+/// Otherwise the rate's relative error is at most `max(2⁻²⁴, 1/(M·T))`, `T` in ns and `M` the
+/// largest `m ≤ 64` with `burst·⌈T·m⌉ ≤ 2^62`: `M = 64` for fill times up to 2^55 ns (1.1
+/// years), and a larger burst forces a coarser unit, down to `m = 1`. See
+/// [`units_per_token`](TokenBucket::units_per_token).
 ///
 /// # Lifetime
 ///
@@ -287,6 +290,10 @@ impl TokenBucket {
     /// [`TokenBucket::new`] when `m` is the quota's own). `lifetime` is the table's. The fill time must
     /// stay within `max_fill` units.
     pub(crate) fn in_units(self, m: u64, max_fill: u64, lifetime: u64) -> Result<TokenBucket, ConfigError> {
+        // A keyed table reclaims full buckets as fresh keys: a fresh key must start full.
+        if self.initial < self.burst {
+            return Err(ConfigError::KeyedInitialBelowBurst { initial: self.initial, burst: self.burst });
+        }
         let period = u128::from(Nanos::try_from(self.rate.period)?.as_u64());
         let t = (period * u128::from(m)).div_ceil(u128::from(self.rate.tokens)).max(1);
         let fill = t * u128::from(self.burst);

@@ -69,6 +69,7 @@ fn color_of(palette: &[&str], subject: &str) -> RGBColor {
         "tollgate-coarse" => RGBColor(230, 159, 0),
         "tollgate-batch" => RGBColor(204, 121, 167),
         "tollgate-evict" => RGBColor(170, 30, 60),
+        "tollgate-counters" => RGBColor(240, 100, 60),
         "tollgate-nginx" => RGBColor(0, 158, 115),
         "tollgate-fixed-window" => RGBColor(86, 180, 233),
         "tollgate-sliding-window" => RGBColor(0, 90, 60),

@@ -119,16 +119,24 @@ const BOTH: &[Load] = &[Load::Allow, Load::Deny];
 fn workloads(quick: bool) -> Vec<Workload> {
     let big = if quick { 1 << 16 } else { 1 << 20 };
     let churn = if quick { 1 << 12 } else { 1 << 16 };
-    let keyed =
-        [&["floor", "tollgate", "tollgate-coarse", "tollgate-batch"], ALGORITHMS, KEYED_PEERS].concat();
+    let keyed = [
+        &["floor", "tollgate", "tollgate-counters", "tollgate-coarse", "tollgate-batch"],
+        ALGORITHMS,
+        KEYED_PEERS,
+    ]
+    .concat();
     vec![
         Workload {
             name: "direct",
             what: "one bucket (direct limiters); with several threads, all on that one bucket",
             kind: Kind::Direct,
             loads: BOTH,
-            subjects: [&["floor", "tollgate", "tollgate-coarse"], ALGORITHMS, &["governor", "mutex"]]
-                .concat(),
+            subjects: [
+                &["floor", "tollgate", "tollgate-counters", "tollgate-coarse"],
+                ALGORITHMS,
+                &["governor", "mutex"],
+            ]
+            .concat(),
             capacity: 1,
         },
         Workload {

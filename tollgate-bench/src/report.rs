@@ -259,6 +259,20 @@ impl Report {
                 met: worst <= 1.5,
             });
         }
+        // The surface issue: the cost of decision counters, direct and keyed (reported; the goal
+        // is that a limiter without them pays nothing, which the rows above measure).
+        for w in ["direct", "1K-keys"] {
+            for l in [Load::Allow, Load::Deny] {
+                if let (Some(t), Some(c)) = (ns(w, l, "tollgate", 1), ns(w, l, "tollgate-counters", 1)) {
+                    out.push(Target {
+                        what: format!("{w}, decision counters on, 1 thread, {}", l.name()),
+                        goal: "report the cost".into(),
+                        measured: format!("{c:.1} ns against {t:.1} without ({:+.1} ns)", c - t),
+                        met: true,
+                    });
+                }
+            }
+        }
         // The keyed issue.
         for w in ["1K-keys", "1M-keys"] {
             if let (Some(t), Some(f), Some(g)) =

@@ -185,6 +185,11 @@ pub fn direct_subjects() -> Vec<(&'static str, Maker)> {
                 let _ = l.check();
             })))
         }),
+        ("tollgate-counters", |s| {
+            Box::new(Bucket(spend(s.load, Limiter::new(s.load.quota()).with_counters(), |l| {
+                let _ = l.check();
+            })))
+        }),
         ("tollgate-coarse", |s| {
             let clock = CoarseClock::new().expect("a coarse clock");
             Box::new(Bucket(spend(s.load, Limiter::with_clock(s.load.quota(), clock), |l| {
@@ -434,6 +439,14 @@ pub fn keyed_subject(name: &str) -> Option<Maker> {
             Box::new(KeyedBatch { limiter, blank })
         },
         "tollgate-evict" => |s| Box::new(Keyed(keyed(s, WhenFull::EvictFullest, TscClock::new()))),
+        "tollgate-counters" => |s| {
+            let l = KeyedLimiter::<u64>::builder(s.load.quota())
+                .capacity(s.capacity)
+                .counters(true)
+                .build_with_clock(TscClock::new())
+                .expect("valid keyed configuration");
+            Box::new(Keyed(l))
+        },
         "tollgate-nginx" => |s| keyed_policy(s, nginx_for(s.load)),
         "tollgate-fixed-window" => |s| keyed_policy(s, fixed_for(s.load)),
         "tollgate-sliding-window" => |s| keyed_policy(s, sliding_for(s.load)),

@@ -398,6 +398,16 @@ impl<K: Key + ?Sized, C: Clock> LogTable<K, C> {
         stats
     }
 
+    /// Inserts, reclaimed slots (clean evictions) and forced evictions (none).
+    pub(crate) fn table_counts(&self) -> [u64; 3] {
+        (0..self.shards.len())
+            .map(|i| {
+                let s = self.lock(i);
+                [s.inserts, s.reclaimed, 0]
+            })
+            .fold([0; 3], |[a, b, c], [x, y, z]| [a + x, b + y, c + z])
+    }
+
     /// How long the table's clock runs: 2^63 − 1 ns (292 years).
     pub(crate) fn lifetime(&self) -> Nanos {
         Nanos::new(MAX_ELAPSED)
