@@ -120,7 +120,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
     let big = if quick { 1 << 16 } else { 1 << 20 };
     let churn = if quick { 1 << 12 } else { 1 << 16 };
     let keyed = [
-        &["floor", "tollgate", "tollgate-counters", "tollgate-coarse", "tollgate-batch"],
+        &["floor", "floor-coarse", "tollgate", "tollgate-counters", "tollgate-coarse", "tollgate-batch"],
         ALGORITHMS,
         KEYED_PEERS,
     ]
@@ -132,7 +132,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
             kind: Kind::Direct,
             loads: BOTH,
             subjects: [
-                &["floor", "tollgate", "tollgate-counters", "tollgate-coarse"],
+                &["floor", "floor-coarse", "tollgate", "tollgate-counters", "tollgate-coarse"],
                 ALGORITHMS,
                 &["governor", "mutex"],
             ]

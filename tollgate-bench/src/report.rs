@@ -286,6 +286,18 @@ impl Report {
                 });
             }
         }
+        // Issue 14's coarse-clock target: keyed check with `CoarseClock` against a floor that
+        // reads the same clock, in the same run.
+        for w in ["1K-keys", "1M-keys"] {
+            if let (Some(t), Some(f)) = (ns(w, a, "tollgate-coarse", 1), ns(w, a, "floor-coarse", 1)) {
+                out.push(Target {
+                    what: format!("keyed {w}, coarse clock, 1 thread"),
+                    goal: "≤ 1.5× the coarse floor".into(),
+                    measured: format!("{t:.1} ns: {:.2}× the coarse floor ({f:.1})", t / f),
+                    met: t / f <= 1.5,
+                });
+            }
+        }
         for s in ["tollgate-coarse", "tollgate-batch"] {
             for l in [Load::Allow, Load::Deny] {
                 if let (Some(t), Some(g)) = (ns("1M-keys", l, s, 1), ns("1M-keys", l, "governor", 1)) {

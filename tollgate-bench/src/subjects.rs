@@ -80,12 +80,12 @@ pub type Maker = fn(Setup) -> Box<dyn Subject>;
 // ---- direct ----------------------------------------------------------------------------------
 
 /// One clock read and one CAS on a single word (`workloads::floor_step`).
-struct DirectFloor {
-    clock: TscClock,
+struct DirectFloor<C: Clock> {
+    clock: C,
     word: AtomicU64,
 }
 
-impl Subject for DirectFloor {
+impl<C: Clock + Sync> Subject for DirectFloor<C> {
     fn run(&self, keys: &[u64]) {
         for _ in keys {
             floor_step(&self.clock, &self.word);
@@ -180,6 +180,10 @@ fn spend<T>(load: Load, l: T, check: impl Fn(&T)) -> T {
 pub fn direct_subjects() -> Vec<(&'static str, Maker)> {
     vec![
         ("floor", |_| Box::new(DirectFloor { clock: TscClock::new(), word: AtomicU64::new(0) })),
+        ("floor-coarse", |_| {
+            let clock = CoarseClock::new().expect("a coarse clock");
+            Box::new(DirectFloor { clock, word: AtomicU64::new(0) })
+        }),
         ("tollgate", |s| {
             Box::new(Bucket(spend(s.load, Limiter::new(s.load.quota()), |l| {
                 let _ = l.check();
@@ -238,9 +242,9 @@ pub fn direct_subjects() -> Vec<(&'static str, Maker)> {
 
 // ---- keyed -----------------------------------------------------------------------------------
 
-struct KeyedFloor(Floor<TscClock>);
+struct KeyedFloor<C: Clock>(Floor<C>);
 
-impl Subject for KeyedFloor {
+impl<C: Clock + Sync> Subject for KeyedFloor<C> {
     fn run(&self, keys: &[u64]) {
         for &k in keys {
             self.0.step(k);
@@ -429,6 +433,10 @@ pub fn max_load_for(capacity: usize) -> u64 {
 pub fn keyed_subject(name: &str) -> Option<Maker> {
     Some(match name {
         "floor" => |s| Box::new(KeyedFloor(Floor::new(slots_for(s.capacity), TscClock::new()))),
+        "floor-coarse" => |s| {
+            let clock = CoarseClock::new().expect("a coarse clock");
+            Box::new(KeyedFloor(Floor::new(slots_for(s.capacity), clock)))
+        },
         "tollgate" => |s| Box::new(Keyed(keyed(s, WhenFull::Deny, TscClock::new()))),
         "tollgate-coarse" => {
             |s| Box::new(Keyed(keyed(s, WhenFull::Deny, CoarseClock::new().expect("a coarse clock"))))
