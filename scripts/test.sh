@@ -61,6 +61,9 @@ print(f"{len(rows)} CSV rows")
 PY
 rm -rf "$scratch"
 
+step "crate docs: every link resolves"
+RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate --features serde
+
 step "crate builds without default features"
 cargo check -p tollgate --no-default-features
 

@@ -2,6 +2,7 @@
 //! time and errors.
 
 pub(crate) mod admit;
+pub(crate) mod config;
 pub(crate) mod counters;
 pub(crate) mod decision;
 pub(crate) mod direct;

@@ -38,18 +38,18 @@ use crate::{
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum WhenFull {
-    /// Refuse the request: [`Outcome::TableFull`]. Fails closed: a flood of new keys cannot
+    /// Refuse the request: [`Outcome::TableFull`](crate::Outcome::TableFull). Fails closed: a flood of new keys cannot
     /// take quota, but new legitimate keys wait until buckets refill or a sweep runs.
     #[default]
     Deny,
-    /// Admit the request without counting it: [`Outcome::Untracked`]. Fails open.
+    /// Admit the request without counting it: [`Outcome::Untracked`](crate::Outcome::Untracked). Fails open.
     Allow,
     /// Evict the bucket nearest to full in the key's window and track the new key there. The
     /// evicted key leaves a *ghost* (its stamp, rounded toward empty, under a 22-bit tag of
     /// its hash) in its home group, and comes back no fuller than it left, unlike Envoy's LRU
     /// or nginx's forced eviction, which hand a returning key a fresh bucket. A home keeps one
     /// ghost until it has refilled; a second forced eviction from the same home meanwhile is
-    /// refused ([`Outcome::TableFull`]). A new key whose tag collides with a ghost's starts
+    /// refused ([`Outcome::TableFull`](crate::Outcome::TableFull)). A new key whose tag collides with a ghost's starts
     /// from the ghost's level: less than it would have, never more.
     ///
     /// The new key starts no fuller than the bucket it displaced: a slot's stamps only grow
@@ -284,6 +284,7 @@ pub trait KeyedTable<K: Key + ?Sized, C: Clock> {
     fn table_counts(&self) -> [u64; 3];
     fn lifetime(&self) -> Nanos;
     fn config(&self) -> Self::Config;
+    fn set_config(&self, new: Self::Config) -> Result<(), UpdateError>;
     fn when_full(&self) -> WhenFull;
 }
 
@@ -352,6 +353,9 @@ macro_rules! forward_table {
         fn config(&self) -> $config {
             $config_of(self)
         }
+        fn set_config(&self, new: $config) -> Result<(), UpdateError> {
+            self.set_config(new)
+        }
         fn when_full(&self) -> WhenFull {
             self.when_full()
         }
@@ -363,11 +367,11 @@ impl<K: Key + ?Sized, C: Clock> KeyedTable<K, C> for BucketTable<K, C> {
 }
 
 impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> KeyedTable<K, C> for PolicyTable<P, K, C> {
-    forward_table!(P, |t: &Self| t.policy().clone());
+    forward_table!(P, |t: &Self| t.policy());
 }
 
 impl<K: Key + ?Sized, C: Clock> KeyedTable<K, C> for LogTable<K, C> {
-    forward_table!(SlidingLog, |t: &Self| *t.log());
+    forward_table!(SlidingLog, |t: &Self| t.log());
 }
 
 impl sealed::Algorithm for TokenBucket {}
@@ -726,6 +730,34 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Keyed<A, K, C> {
     /// current quota, as compiled for the table).
     pub fn policy(&self) -> A {
         self.table.config()
+    }
+
+    /// Replaces the configuration every key is decided by, at once and safely under
+    /// concurrent decisions: each decision uses either the old or the new one, and every key
+    /// keeps its state, read under the new configuration (as
+    /// [`Direct::set_policy`](crate::Direct::set_policy) describes for each algorithm).
+    ///
+    /// What may change, so that the table can keep reclaiming states by the lines it was
+    /// built with: the token bucket's quota up to the table's largest fill time (the default
+    /// tier's, as [`set_tier_quota`](Keyed::set_tier_quota)); a window's limit, not its
+    /// length (a sliding window's within the counts' width it was built with); nginx's burst
+    /// (up to the one built with) and delay, not its rate; the sliding log's window and its
+    /// limit up to the one built with (each key's log has that many entries). Fails, changing
+    /// nothing, with [`UpdateError`] saying what may not change.
+    ///
+    /// ```
+    /// use tollgate::{FixedWindow, KeyedFixedWindow};
+    ///
+    /// let per_tenant = KeyedFixedWindow::<str>::new("2/min".parse()?, 1_000)?;
+    /// assert!(per_tenant.check("a").is_allowed() && per_tenant.check("a").is_allowed());
+    /// assert!(!per_tenant.check("a").is_allowed());
+    /// per_tenant.set_policy("5/min".parse()?)?; // the same window, its two requests counted
+    /// assert_eq!(per_tenant.peek("a").remaining(), 2);
+    /// assert!(per_tenant.set_policy("5/h".parse::<FixedWindow>()?).is_err()); // another window
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_policy(&self, new: A) -> Result<(), UpdateError> {
+        self.table.set_config(new)
     }
 
     /// What the table does with a new key when it has no room.

@@ -61,3 +61,26 @@ fn three_threads_two_tokens() {
         assert_eq!(granted, 2);
     });
 }
+
+/// A quota replaced while decisions run (`Direct::set_policy`: a sequence-locked cell and a
+/// `changed` flag, `src/engine/config.rs`): each decision uses the old quota or the new one,
+/// whole. Burst 2 becoming burst 1 at one instant: both decisions under the old quota grant 2,
+/// the first under the old and the second under the new also 2 (the empty instant is kept),
+/// both under the new 1; never more, and the limiter ends under the new quota.
+#[test]
+fn a_quota_replaced_under_decisions() {
+    model(|| {
+        let q = |burst| TokenBucket::new(Rate::per_second(1), burst).unwrap();
+        let built = q(2).with_max_fill_time(std::time::Duration::from_secs(2)).unwrap();
+        let l = Arc::new(Limiter::with_clock(built, ManualClock::new()));
+        let writer = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.set_policy(q(1)).unwrap())
+        };
+        let granted = spawn_checks(&l, &[(0, 1), (0, 1)]).join().unwrap();
+        writer.join().unwrap();
+        assert!((1..=2).contains(&granted), "granted {granted}");
+        assert_eq!(l.policy().burst(), 1);
+        assert!(l.peek_n_at(Nanos::ZERO, 0).remaining() <= 1);
+    });
+}

@@ -41,7 +41,7 @@ impl Receipt {
 
 /// A limit that can take part in [`check_all`]: it can take units and give them back.
 ///
-/// Implemented by [`Limiter`], by every [`Direct`] limiter ([`NginxLimiter`],
+/// Implemented by [`Limiter`](crate::Limiter), by every [`Direct`](crate::Direct) limiter ([`NginxLimiter`],
 /// [`FixedWindowLimiter`], [`SlidingWindowLimiter`]), by
 /// [`SlidingLogLimiter`](crate::SlidingLogLimiter), and by one key of a
 /// [`KeyedLimiter`](crate::KeyedLimiter) ([`KeyedLimiter::limit`](crate::KeyedLimiter::limit)).

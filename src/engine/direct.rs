@@ -6,10 +6,12 @@
 //! a lock (`log.rs`). Everything a caller touches is here, once.
 
 use core::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::engine::admit::{Admit, Receipt};
-use crate::{Clock, CounterSnapshot, Counters, Decision, DefaultClock, Nanos};
+use crate::engine::config::{ConfigCell, WORDS};
+use crate::sync::{AtomicU64, Ordering::Relaxed, Ordering::Release};
+use crate::{Clock, CounterSnapshot, Counters, Decision, DefaultClock, Nanos, UpdateError};
 
 /// An algorithm a [`Direct`] limiter runs: every [`Policy`](crate::Policy) (nginx, the windows,
 /// your own), [`TokenBucket`](crate::TokenBucket) and [`SlidingLog`](crate::SlidingLog).
@@ -38,6 +40,39 @@ pub trait Algorithm {
         origin: Nanos,
         n: u64,
     ) -> (Decision, Option<[u64; 3]>);
+    /// This configuration as words, if it can change at runtime.
+    #[doc(hidden)]
+    fn config_words(&self) -> Option<[u64; WORDS]> {
+        None
+    }
+    /// A configuration from [`config_words`](Algorithm::config_words).
+    #[doc(hidden)]
+    fn from_config_words(words: [u64; WORDS]) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        let _ = words;
+        None
+    }
+    /// Checks `new` against a limiter built with `self` whose state is `state`: the
+    /// configuration to publish (`Some`), or `None` when the change was made in the state.
+    #[doc(hidden)]
+    fn direct_update(&self, state: &Self::State, new: Self) -> Result<Option<Self>, UpdateError>
+    where
+        Self: Sized,
+    {
+        let _ = (state, new);
+        Err(UpdateError::Unsupported)
+    }
+    /// The current configuration, when the state keeps it (the sliding log's).
+    #[doc(hidden)]
+    fn direct_current(&self, state: &Self::State) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        let _ = state;
+        None
+    }
     /// Gives back what a charge of `n` took; `now` reads the limiter's clock.
     #[doc(hidden)]
     fn direct_refund(
@@ -79,13 +114,21 @@ pub trait Algorithm {
 /// creation counts as its creation.
 pub struct Direct<A: Algorithm, C: Clock = DefaultClock> {
     state: A::State,
+    /// The configuration the limiter was built with, decided on until the first
+    /// [`set_policy`](Direct::set_policy).
     algorithm: A,
+    /// Nonzero once the configuration has been replaced: decisions then read `config`.
+    changed: AtomicU64,
     origin: Nanos,
     clock: C,
     /// Decision counters, when asked for ([`with_counters`](Direct::with_counters)).
     counters: Option<Arc<Counters>>,
     /// The identity its multi-limit receipts carry.
     id: u64,
+    /// The current configuration once replaced, with its generation.
+    config: ConfigCell,
+    /// Serializes [`set_policy`](Direct::set_policy) calls.
+    writer: Mutex<()>,
 }
 
 impl<A: Algorithm> Direct<A, DefaultClock> {
@@ -100,13 +143,17 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
     /// A limiter on `clock`, with a fresh state, counting time from the clock's current reading.
     pub fn with_clock(algorithm: A, clock: C) -> Direct<A, C> {
         let origin = clock.now();
+        let config = ConfigCell::new(algorithm.config_words().unwrap_or([0; WORDS]));
         Direct {
             state: algorithm.new_state(),
             algorithm,
+            changed: AtomicU64::new(0),
             origin,
             clock,
             counters: None,
             id: crate::sync::next_id(),
+            config,
+            writer: Mutex::new(()),
         }
     }
 
@@ -152,11 +199,84 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
     // `policy.rs`).
     #[inline(always)]
     pub fn check_n_at(&self, now: Nanos, n: u64) -> Decision {
-        let d = self.algorithm.direct_check(&self.state, now, self.origin, n);
+        // Relaxed: a decision that still reads 0 after a change uses the configuration as
+        // built, which the limiter had; `config` is valid from construction on, and its own
+        // loads are Acquire (see `engine/config.rs`).
+        let d = if self.changed.load(Relaxed) == 0 {
+            self.algorithm.direct_check(&self.state, now, self.origin, n)
+        } else {
+            self.check_changed(now, n)
+        };
         if let Some(c) = &self.counters {
             c.record(d.outcome());
         }
         d
+    }
+
+    /// [`check_n_at`](Direct::check_n_at) once the configuration has been replaced: out of
+    /// line, so that the common path stays one straight function.
+    #[cold]
+    #[inline(never)]
+    fn check_changed(&self, now: Nanos, n: u64) -> Decision {
+        match self.current() {
+            (Some(config), _) => config.direct_check(&self.state, now, self.origin, n),
+            (None, _) => self.algorithm.direct_check(&self.state, now, self.origin, n),
+        }
+    }
+
+    /// The published configuration and its generation (`None` before any change, or for an
+    /// algorithm that keeps its configuration in its state).
+    fn current(&self) -> (Option<A>, u64) {
+        // Relaxed: as in `check_n_at`.
+        if self.changed.load(Relaxed) == 0 {
+            return (None, 0);
+        }
+        let (words, generation) = self.config.load();
+        (A::from_config_words(words), generation)
+    }
+
+    /// Replaces the limiter's configuration, at once and safely under concurrent decisions:
+    /// each decision uses either the old or the new one. The state is kept and read under the
+    /// new configuration, as a keyed table's tiers are
+    /// ([`Keyed::set_tier_quota`](crate::Keyed::set_tier_quota)):
+    ///
+    /// - **token bucket**: the bucket keeps its *empty instant*; its level is the time it has
+    ///   been refilling, at the new rate, capped at the new burst. The new quota is counted in
+    ///   the limiter's time unit, and its fill time may be at most the one the limiter was built
+    ///   for ([`TokenBucket::with_max_fill_time`](crate::TokenBucket::with_max_fill_time));
+    /// - **nginx**: the excess and the last request's time are kept, and leak at the new rate;
+    ///   an excess above the new burst refuses until it has leaked below it (nginx's reload);
+    /// - **fixed and sliding windows**: the counts are kept and compared with the new limit; the
+    ///   window's length may not change (the state counts in windows), and a sliding window's
+    ///   limit stays within the counts' width it was built with (below the next power of two);
+    /// - **sliding log**: the newest entries are kept (as many as the new limit), each expiring
+    ///   when it was going to; a longer window applies to requests admitted from now on.
+    ///
+    /// Fails, changing nothing, with [`UpdateError`] saying what may not change. A multi-limit
+    /// charge made under the old configuration is not refunded under the new one.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Limiter, ManualClock, TokenBucket};
+    ///
+    /// let q: TokenBucket = "10/s".parse()?;
+    /// let l = Limiter::with_clock(q.with_max_fill_time(Duration::from_secs(10))?, ManualClock::new());
+    /// assert_eq!(l.peek().remaining(), 10); // full: empty 1 s ago, at 10/s
+    /// l.set_policy("100/s burst=50".parse()?)?;
+    /// // The same empty instant, 1 s ago: at 100/s, 100 tokens, capped at the new burst.
+    /// assert_eq!(l.peek().remaining(), 50);
+    /// assert_eq!(l.policy().burst(), 50);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_policy(&self, new: A) -> Result<(), UpdateError> {
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(published) = self.algorithm.direct_update(&self.state, new)? else { return Ok(()) };
+        let words = published.config_words().ok_or(UpdateError::Unsupported)?;
+        self.config.store(words);
+        // Release: the configuration stored above happens-before any decision that reads
+        // `changed` as nonzero and then loads it (the cell's loads are Acquire too).
+        self.changed.store(1, Release);
+        Ok(())
     }
 
     /// Whether one unit was taken now: [`check`](Direct::check) without the details.
@@ -199,7 +319,10 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
     /// [`peek_n`](Direct::peek_n) at a caller-supplied `now`.
     #[inline]
     pub fn peek_n_at(&self, now: Nanos, n: u64) -> Decision {
-        self.algorithm.direct_peek(&self.state, now, self.origin, n)
+        match self.current() {
+            (Some(config), _) => config.direct_peek(&self.state, now, self.origin, n),
+            (None, _) => self.algorithm.direct_peek(&self.state, now, self.origin, n),
+        }
     }
 
     /// The current time on this limiter's clock, for the `*_at` methods.
@@ -208,9 +331,16 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
         self.clock.now()
     }
 
-    /// The algorithm and its configuration.
-    pub fn policy(&self) -> &A {
-        &self.algorithm
+    /// The current configuration: as built, or as last set by
+    /// [`set_policy`](Direct::set_policy) (for the token bucket, as compiled for this limiter).
+    pub fn policy(&self) -> A
+    where
+        A: Clone,
+    {
+        if let Some(current) = self.algorithm.direct_current(&self.state) {
+            return current;
+        }
+        self.current().0.unwrap_or_else(|| self.algorithm.clone())
     }
 
     /// The clock.
@@ -226,17 +356,29 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
 impl<A: Algorithm, C: Clock> Admit for Direct<A, C> {
     #[inline]
     fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
-        let (d, taken) = self.algorithm.direct_charge(&self.state, self.clock.now(), self.origin, n);
+        let now = self.clock.now();
+        let (config, generation) = self.current();
+        let (d, taken) = match &config {
+            Some(c) => c.direct_charge(&self.state, now, self.origin, n),
+            None => self.algorithm.direct_charge(&self.state, now, self.origin, n),
+        };
         if let Some(c) = &self.counters {
             c.record(d.outcome());
         }
-        (d, taken.map(|words| Receipt::new(self.id, 0, words, n)))
+        // The receipt names the configuration's generation: a refund under another gives
+        // nothing back.
+        (d, taken.map(|words| Receipt::new(self.id, generation, words, n)))
     }
 
     #[inline]
     fn refund(&self, r: Receipt) {
-        if let Some((words, n)) = r.take(self.id, 0) {
-            self.algorithm.direct_refund(&self.state, words, n, self.origin, || self.clock.now());
+        let (config, generation) = self.current();
+        if let Some((words, n)) = r.take(self.id, generation) {
+            let now = || self.clock.now();
+            match &config {
+                Some(c) => c.direct_refund(&self.state, words, n, self.origin, now),
+                None => self.algorithm.direct_refund(&self.state, words, n, self.origin, now),
+            }
         }
     }
 
@@ -246,10 +388,10 @@ impl<A: Algorithm, C: Clock> Admit for Direct<A, C> {
     }
 }
 
-impl<A: Algorithm + fmt::Debug, C: Clock> fmt::Debug for Direct<A, C> {
+impl<A: Algorithm + Clone + fmt::Debug, C: Clock> fmt::Debug for Direct<A, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Direct")
-            .field("policy", &self.algorithm)
+            .field("policy", &self.policy())
             .field("origin", &self.origin)
             .field("remaining", &self.peek_n(0).remaining())
             .finish_non_exhaustive()

@@ -130,6 +130,14 @@ pub enum ConfigError {
         /// The longest supported fill time, in nanoseconds.
         max_nanos: u64,
     },
+    /// A new quota for a running direct limiter whose fill time exceeds the largest it was
+    /// built for ([`TokenBucket::with_max_fill_time`](crate::TokenBucket::with_max_fill_time)).
+    FillAboveMaxFillTime {
+        /// The new quota's fill time, in nanoseconds (saturated).
+        fill_nanos: u64,
+        /// The limiter's largest fill time, in nanoseconds.
+        max_nanos: u64,
+    },
     /// A keyed token bucket whose new keys would start below a full bucket
     /// ([`TokenBucket::with_initial`](crate::TokenBucket::with_initial)). A keyed table reclaims
     /// a key once its bucket has refilled, because a full bucket decides as a fresh key's; with
@@ -226,6 +234,11 @@ impl fmt::Display for ConfigError {
                 "a keyed tier's fill time of {fill_nanos} ns exceeds the table's maximum of \
                  {max_nanos} ns"
             ),
+            ConfigError::FillAboveMaxFillTime { fill_nanos, max_nanos } => write!(
+                f,
+                "a fill time of {fill_nanos} ns exceeds this limiter's largest of {max_nanos} ns: \
+                 build its quota with TokenBucket::with_max_fill_time to allow more"
+            ),
             ConfigError::KeyedInitialBelowBurst { initial, burst } => write!(
                 f,
                 "a keyed table's buckets start full: an initial level {initial} below the burst of \
@@ -269,6 +282,16 @@ pub enum UpdateError {
     },
     /// The new configuration does not fit this limiter.
     Config(ConfigError),
+    /// The limiter's algorithm cannot change its configuration at runtime (a [`Policy`] of
+    /// your own that does not say how).
+    ///
+    /// [`Policy`]: crate::Policy
+    Unsupported,
+    /// The new configuration cannot read the limiter's state: `reason` says what may not change.
+    Incompatible {
+        /// What may not change, and why.
+        reason: &'static str,
+    },
 }
 
 impl fmt::Display for UpdateError {
@@ -281,6 +304,12 @@ impl fmt::Display for UpdateError {
                 write!(f, "the per-key overrides are full ({max} keys): raise max_overrides")
             }
             UpdateError::Config(e) => write!(f, "the new configuration does not fit: {e}"),
+            UpdateError::Unsupported => {
+                f.write_str("this limiter's algorithm cannot change its configuration at runtime")
+            }
+            UpdateError::Incompatible { reason } => {
+                write!(f, "the new configuration cannot take over the limiter's state: {reason}")
+            }
         }
     }
 }

@@ -376,6 +376,11 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     }
 
     /// The clock.
+    /// The default tier's quota (see `Keyed::set_policy`).
+    pub(crate) fn set_config(&self, new: TokenBucket) -> Result<(), UpdateError> {
+        self.set_tier_quota(Tier::DEFAULT, new)
+    }
+
     pub(crate) fn when_full(&self) -> WhenFull {
         self.params.when_full
     }

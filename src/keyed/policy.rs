@@ -38,8 +38,15 @@ use super::{
     deny_or_allow, hashers, prefetch, shard_count, stats_of, table_slots, KeyedBuilder, KeyedStats, Target,
     WhenFull,
 };
+use std::sync::{Mutex, PoisonError};
+
 use crate::engine::admit::Receipt;
-use crate::{Clock, ConfigError, Decision, Nanos, Outcome, Policy};
+use crate::engine::config::{ConfigCell, WORDS};
+use crate::sync::{
+    AtomicU64,
+    Ordering::{Relaxed, Release},
+};
+use crate::{Clock, ConfigError, Decision, Nanos, Outcome, Policy, UpdateError};
 
 pub(crate) mod sealed {
     use crate::{Decision, Nanos, Policy};
@@ -52,6 +59,10 @@ pub(crate) mod sealed {
     pub trait KeyedWords: Policy + Clone {
         /// The algorithm's name, for error messages.
         const NAME: &'static str;
+        /// `new`, as it takes over a table built with `self`: the table keeps reclaiming words
+        /// by `self`'s lines (`fresh`, `evictable`, `above`), so `new` must decide every word
+        /// below them as a fresh key's too, and read every stored word as the same state.
+        fn keyed_update(&self, new: Self) -> Result<Self, crate::UpdateError>;
         /// Elapsed time is clamped here, so that every word stays below 2^62 − 1.
         fn keyed_lifetime(&self) -> Nanos;
         /// The most units one decision can admit (a larger `n` is never admitted).
@@ -81,14 +92,17 @@ pub(crate) mod sealed {
 
 /// A [`Policy`] that a keyed table can hold: [`Nginx`](crate::Nginx),
 /// [`FixedWindow`](crate::FixedWindow) and [`SlidingWindow`](crate::SlidingWindow). See
-/// [`Keyed`].
+/// [`Keyed`](crate::Keyed).
 pub trait KeyedPolicy: Policy + sealed::KeyedWords {}
 
 impl<P: Policy + sealed::KeyedWords> KeyedPolicy for P {}
 
-/// One decision's instant, for the table.
+/// One decision's instant, for the table: `policy` decides, `lines` (the policy the table was
+/// built with) says which words are a fresh key's. They differ once the policy has been
+/// replaced at runtime ([`Keyed::set_policy`](crate::Keyed::set_policy)).
 pub(crate) struct PolicyNow<'a, P> {
     policy: &'a P,
+    lines: &'a P,
     elapsed: Nanos,
     hasher: &'a ahash::RandomState,
     when_full: WhenFull,
@@ -100,12 +114,12 @@ impl<P: KeyedPolicy> Rule for PolicyNow<'_, P> {
 
     #[inline]
     fn fresh(&self) -> u64 {
-        self.policy.fresh(self.elapsed)
+        self.lines.fresh(self.elapsed)
     }
 
     #[inline]
     fn evictable(&self) -> u64 {
-        self.policy.evictable(self.elapsed)
+        self.lines.evictable(self.elapsed)
     }
 
     #[inline]
@@ -113,7 +127,7 @@ impl<P: KeyedPolicy> Rule for PolicyNow<'_, P> {
         if hwm <= first {
             first
         } else {
-            self.policy.above(hwm)
+            self.lines.above(hwm)
         }
     }
 
@@ -207,10 +221,14 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
         let t = l.target(words);
         prefetch(t.shard.home_ptr(t.home));
         let elapsed = l.elapsed(l.clock.now());
-        let rule = ChargeNow { rule: l.rule(elapsed), stored: Cell::new(None) };
-        let d = l.decide_with(&t, elapsed, n, &rule);
+        let current = l.current();
+        let rule = ChargeNow { rule: l.rule_under(&current, elapsed), stored: Cell::new(None) };
+        let d = l.decide_with(&current, &t, elapsed, n, &rule);
+        // Receipts for counted admissions only: an `Untracked` admission charged nothing
+        // (issue 13, bug 3: a commit whose slot was evicted before the retry found the table
+        // full could otherwise hand back the words of a charge that no longer stands).
         let receipt = match rule.stored.get() {
-            Some((prior, stored)) if d.is_allowed() => {
+            Some((prior, stored)) if matches!(d.outcome(), Outcome::Allowed | Outcome::Delayed) => {
                 Some(Receipt::new(l.id, t.hash, [prior, stored, 0], n))
             }
             _ => None,
@@ -231,7 +249,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
             // clamp below is then no earlier than the decisions the word reflects.
             crate::sync::clock_after_loads();
             let elapsed = l.elapsed(l.clock.now());
-            let next = l.policy.refund(w, prior, stored, elapsed, n)?;
+            let next = l.current().refund(w, prior, stored, elapsed, n)?;
             Some(next.max(l.policy.evictable(elapsed)))
         };
         t.shard.refund(t.words, t.home, step);
@@ -253,7 +271,13 @@ fn stored(w: u64, answer: (Option<u64>, Decision)) -> Result<(u64, Decision), De
 #[doc(hidden)]
 pub struct PolicyTable<P: KeyedPolicy, K: Key + ?Sized, C: Clock> {
     table: Table<K::Words>,
+    /// The policy the table was built with: its lines say which words are a fresh key's, and
+    /// it decides until the first change.
     policy: P,
+    /// Nonzero once the policy has been replaced: decisions then read `config`.
+    changed: AtomicU64,
+    config: ConfigCell,
+    writer: Mutex<()>,
     lifetime: Nanos,
     when_full: WhenFull,
     hasher: ahash::RandomState,
@@ -274,7 +298,49 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
 
     #[inline]
     fn rule(&self, elapsed: Nanos) -> PolicyNow<'_, P> {
-        PolicyNow { policy: &self.policy, elapsed, hasher: &self.hasher, when_full: self.when_full }
+        self.rule_under(&self.policy, elapsed)
+    }
+
+    /// The rule of a decision under `policy`, with the table's own lines.
+    #[inline]
+    fn rule_under<'a>(&'a self, policy: &'a P, elapsed: Nanos) -> PolicyNow<'a, P> {
+        PolicyNow { policy, lines: &self.policy, elapsed, hasher: &self.hasher, when_full: self.when_full }
+    }
+
+    /// The current policy: as built, or as last set by [`set_config`](PolicyTable::set_config).
+    fn current(&self) -> P {
+        // Relaxed: a reader that still sees 0 uses the policy as built, which the table had;
+        // the cell is valid from construction on and its loads are Acquire.
+        if self.changed.load(Relaxed) == 0 {
+            return self.policy.clone();
+        }
+        P::from_config_words(self.config.load().0).unwrap_or_else(|| self.policy.clone())
+    }
+
+    /// Replaces the policy (see [`Keyed::set_policy`](crate::Keyed::set_policy)).
+    pub(crate) fn set_config(&self, new: P) -> Result<(), UpdateError> {
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let published = self.policy.keyed_update(new)?;
+        let words = published.config_words().ok_or(UpdateError::Unsupported)?;
+        self.config.store(words);
+        // Release: pairs with the Relaxed load of `changed` followed by the cell's Acquire
+        // loads in `current` and `decide_changed`.
+        self.changed.store(1, Release);
+        Ok(())
+    }
+
+    /// A decision once the policy has been replaced: under the current policy, with the
+    /// table's lines. Out of line, so that the common path stays one straight function.
+    #[cold]
+    #[inline(never)]
+    fn decide_changed(&self, words: K::Words, hash: u64, elapsed: Nanos, n: u64) -> Decision {
+        let current = self.current();
+        let t = self.locate(words, hash);
+        if n.wrapping_sub(1) >= current.most_at_once() {
+            return self.peek_target(&t, elapsed, n);
+        }
+        let d = t.shard.acquire(t.words, t.hash, t.home, &self.rule_under(&current, elapsed), n);
+        self.past_lifetime(d, elapsed)
     }
 
     #[inline]
@@ -315,6 +381,10 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
     /// `KeyedLimiter::decide_in`).
     #[inline(always)]
     fn decide(&self, t: &Target<'_, K::Words>, elapsed: Nanos, n: u64) -> Decision {
+        // Relaxed: as in `current`.
+        if self.changed.load(Relaxed) != 0 {
+            return self.decide_changed(t.words, t.hash, elapsed, n);
+        }
         if self.beyond_reach(n) {
             return self.peek_located(t.words, t.hash, elapsed, n);
         }
@@ -343,10 +413,18 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
         self.peek_target(&self.locate(words, hash), elapsed, n)
     }
 
-    /// A decision through `rule` ([`ChargeNow`]: a charge, which records what it stored).
+    /// A decision through `rule` ([`ChargeNow`]: a charge, which records what it stored),
+    /// decided under `policy`.
     #[inline(always)]
-    fn decide_with<R: Rule>(&self, t: &Target<'_, K::Words>, elapsed: Nanos, n: u64, rule: &R) -> Decision {
-        if self.beyond_reach(n) {
+    fn decide_with<R: Rule>(
+        &self,
+        policy: &P,
+        t: &Target<'_, K::Words>,
+        elapsed: Nanos,
+        n: u64,
+        rule: &R,
+    ) -> Decision {
+        if n.wrapping_sub(1) >= policy.most_at_once() {
             return self.peek_target(t, elapsed, n);
         }
         self.past_lifetime(t.shard.acquire(t.words, t.hash, t.home, rule, n), elapsed)
@@ -384,7 +462,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
 
     fn peek_target(&self, t: &Target<'_, K::Words>, elapsed: Nanos, n: u64) -> Decision {
         let word = t.shard.find(t.words, t.home).unwrap_or_else(|| self.policy.fresh(elapsed));
-        self.past_lifetime(self.policy.decide_keyed(word, elapsed, n).1, elapsed)
+        self.past_lifetime(self.current().decide_keyed(word, elapsed, n).1, elapsed)
     }
 
     /// [`check_batch`](Keyed::check_batch) at a caller-supplied `now`.
@@ -444,8 +522,8 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
     }
 
     /// The policy every key is decided by.
-    pub(crate) fn policy(&self) -> &P {
-        &self.policy
+    pub(crate) fn policy(&self) -> P {
+        self.current()
     }
 
     /// The clock.
@@ -477,7 +555,11 @@ pub(crate) fn build<P: KeyedPolicy, K: Key + ?Sized, C: Clock>(
     let (slots, shards) = table_slots(b.capacity, shard_count(b.shards)?)?;
     let (place, fingerprint) = hashers(b.seeds);
     let origin = clock.now();
+    let config = ConfigCell::new(b.config.config_words().unwrap_or([0; WORDS]));
     Ok(PolicyTable {
+        changed: AtomicU64::new(0),
+        config,
+        writer: Mutex::new(()),
         table: Table::new(slots, shards),
         lifetime: b.config.keyed_lifetime(),
         policy: b.config,

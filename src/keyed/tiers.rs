@@ -7,11 +7,10 @@
 //! instant in every tier and a key can move between tiers without touching its slot.
 //!
 //! A tier's quota can be replaced at runtime. Until the first replacement, decisions read the
-//! quotas as built (plain memory, no atomics). After it, each tier is a pair of buffers behind an
-//! `active` index: a writer fills the inactive buffer under a per-buffer sequence lock, then
-//! flips the index. A reader retries only if the buffer it is reading is being rewritten,
-//! which takes two flips by a writer that is making progress: readers never wait for a stalled
-//! writer. Writers are serialized by a mutex (an administrative path, never a decision).
+//! quotas as built (plain memory, no atomics). After it, each tier is read from a
+//! [`ConfigCell`] (`engine/config.rs`: a double-buffered sequence lock whose readers never wait
+//! for a stalled writer). Writers are serialized by a mutex (an administrative path, never a
+//! decision).
 //!
 //! # Overrides
 //!
@@ -24,6 +23,7 @@
 use std::sync::Mutex;
 
 use super::key::Words;
+use crate::engine::config::ConfigCell;
 use crate::sync::{
     fence, AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
@@ -47,62 +47,22 @@ impl Tier {
 /// The most tiers a limiter has, the default included.
 pub(crate) const MAX_TIERS: usize = 255;
 
-/// One tier's quota as 8 words under a sequence lock.
+/// One tier's quota, changeable at runtime.
 #[derive(Debug)]
-struct Buf {
-    seq: AtomicU64,
-    words: [AtomicU64; 8],
-}
-
-#[derive(Debug)]
-struct Cell {
-    active: AtomicU64,
-    bufs: [Buf; 2],
-}
+struct Cell(ConfigCell);
 
 impl Cell {
     fn new(q: &TokenBucket) -> Cell {
-        let w = q.words();
-        let buf = || Buf { seq: AtomicU64::new(0), words: w.map(AtomicU64::new) };
-        Cell { active: AtomicU64::new(0), bufs: [buf(), buf()] }
+        Cell(ConfigCell::new(q.words()))
     }
 
     fn load(&self) -> TokenBucket {
-        loop {
-            // Acquire: pairs with the writer's Release store of `active`, after the buffer's
-            // last Release of `seq`.
-            let i = self.active.load(Acquire);
-            let buf = &self.bufs[(i & 1) as usize];
-            let before = buf.seq.load(Acquire);
-            if before & 1 == 0 {
-                let words = core::array::from_fn(|k| buf.words[k].load(Relaxed));
-                // Acquire fence: the word loads above happen before the `seq` load below, so a
-                // rewrite that any of them saw shows up as a changed `seq` (pairs with the
-                // writer's Release fence after its odd `seq`).
-                fence(Acquire);
-                if buf.seq.load(Relaxed) == before {
-                    return TokenBucket::from_words(words);
-                }
-            }
-            crate::sync::pause();
-        }
+        TokenBucket::from_words(self.0.load().0)
     }
 
-    /// Writes `q` into the inactive buffer and makes it active. Callers hold the writer lock.
+    /// Writes `q` and makes it current. Callers hold the writer lock.
     fn store(&self, q: &TokenBucket) {
-        let next = self.active.load(Relaxed) ^ 1;
-        let buf = &self.bufs[(next & 1) as usize];
-        let seq = buf.seq.load(Relaxed);
-        buf.seq.store(seq + 1, Relaxed);
-        // Release fence: the odd `seq` is visible before any of the new words (pairs with the
-        // reader's Acquire fence).
-        fence(Release);
-        for (a, w) in buf.words.iter().zip(q.words()) {
-            a.store(w, Relaxed);
-        }
-        // Release: the words happen-before the even `seq` and the flip.
-        buf.seq.store(seq + 2, Release);
-        self.active.store(next, Release);
+        self.0.store(q.words());
     }
 }
 

@@ -3,10 +3,11 @@
 
 use crossbeam_utils::CachePadded;
 
+use crate::engine::config::WORDS;
 use crate::engine::direct::{Algorithm, Direct};
 use crate::policies::bucket::atomic::AtomicBucket;
 use crate::policies::bucket::BucketWord;
-use crate::{Decision, DefaultClock, Nanos, TokenBucket};
+use crate::{Decision, DefaultClock, Nanos, TokenBucket, UpdateError};
 
 /// A single token bucket shared by any number of threads: [`Direct`] running a [`TokenBucket`].
 ///
@@ -36,6 +37,20 @@ pub type Limiter<C = DefaultClock> = Direct<TokenBucket, C>;
 /// at the quota's initial level (full by default) at the limiter's creation.
 impl Algorithm for TokenBucket {
     type State = CachePadded<AtomicBucket>;
+
+    fn config_words(&self) -> Option<[u64; WORDS]> {
+        Some(self.words())
+    }
+
+    fn from_config_words(words: [u64; WORDS]) -> Option<TokenBucket> {
+        Some(TokenBucket::from_words(words))
+    }
+
+    /// The new quota counted in this limiter's time unit, from its clock's start: the bucket's
+    /// empty instant means the same time under it.
+    fn direct_update(&self, _: &Self::State, new: TokenBucket) -> Result<Option<TokenBucket>, UpdateError> {
+        Ok(Some(new.for_running(self)?))
+    }
 
     fn new_state(&self) -> CachePadded<AtomicBucket> {
         let start = self.now_units(Nanos::ZERO);

@@ -25,7 +25,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::engine::direct::{Algorithm, Direct};
 use crate::policies::window::check_window;
-use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome};
+use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome, UpdateError};
 
 /// Elapsed time is clamped below 2^63 ns (292 years), so that `t + W` fits a `u64`.
 const MAX_ELAPSED: u64 = (1 << 63) - 1;
@@ -83,9 +83,12 @@ impl SlidingLog {
         let at = |i: usize| ring[(*head + i) % len];
         let now = now.min(MAX_ELAPSED);
         let newest = at(len - 1);
-        // Entries at or before `now` have expired; they are the oldest `expired` (the ring is
-        // sorted from `head`).
-        let expired = partition_point(len, |i| at(i) <= now);
+        // A keyed log whose limit was lowered at runtime keeps its longer ring: only the
+        // newest `limit` entries count, from `skip` on (0 when the ring is the limit's size).
+        let skip = len.saturating_sub(usize::try_from(self.limit).unwrap_or(len));
+        // Entries at or before `now` have expired; they are the oldest (the ring is sorted
+        // from `head`): `expired` of the counted ones.
+        let expired = partition_point(len, |i| at(i) <= now).saturating_sub(skip);
         #[expect(clippy::cast_possible_truncation, reason = "at most 2^16")]
         let remaining = |k: usize| k as u32;
         let reset = |newest: u64| Nanos::new(newest.saturating_sub(now));
@@ -102,7 +105,7 @@ impl SlidingLog {
             );
         }
         let n = usize::try_from(n).expect("at most the limit");
-        let nth = at(n - 1);
+        let nth = at(skip + n - 1);
         if nth > now {
             let retry = Nanos::new(nth - now);
             return (Decision::from_nanos(Outcome::Denied, remaining(expired), retry, reset(newest)), None);
@@ -166,13 +169,16 @@ fn partition_point(len: usize, pred: impl Fn(usize) -> bool) -> usize {
     lo
 }
 
-/// One log: the ring, the position of its oldest entry, and the units ever admitted.
+/// One log: the ring, the position of its oldest entry, the units ever admitted (less what
+/// refunds gave back; moved on by a configuration change, so that no earlier charge is
+/// refunded across it), and the current configuration.
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct State {
     ring: Box<[u64]>,
     head: usize,
     admitted: u64,
+    config: SlidingLog,
 }
 
 /// A direct sliding-log limiter: at most `N` in any window `W`, exactly, for one state.
@@ -209,7 +215,8 @@ impl Algorithm for SlidingLog {
     type State = CachePadded<Mutex<State>>;
 
     fn new_state(&self) -> Self::State {
-        let state = State { ring: vec![0; self.entries()].into_boxed_slice(), head: 0, admitted: 0 };
+        let state =
+            State { ring: vec![0; self.entries()].into_boxed_slice(), head: 0, admitted: 0, config: *self };
         CachePadded::new(Mutex::new(state))
     }
 
@@ -220,8 +227,8 @@ impl Algorithm for SlidingLog {
     fn direct_peek(&self, state: &Self::State, now: Nanos, origin: Nanos, n: u64) -> Decision {
         let e = elapsed(now, origin);
         let mut s = lock(state);
-        let State { ring, head, .. } = &mut *s;
-        self.decide(ring, head, e, n, false).0
+        let State { ring, head, config, .. } = &mut *s;
+        config.decide(ring, head, e, n, false).0
     }
 
     /// The receipt: the instant of the charge, the expiry it wrote and the count of units
@@ -235,8 +242,8 @@ impl Algorithm for SlidingLog {
     ) -> (Decision, Option<[u64; 3]>) {
         let e = elapsed(now, origin);
         let mut s = lock(state);
-        let State { ring, head, admitted } = &mut *s;
-        let (d, expiry) = self.decide(ring, head, e, n, true);
+        let State { ring, head, admitted, config } = &mut *s;
+        let (d, expiry) = config.decide(ring, head, e, n, true);
         let Some(expiry) = expiry else { return (d, None) };
         *admitted += n;
         (d, Some([e.min(MAX_ELAPSED), expiry, *admitted]))
@@ -261,5 +268,28 @@ impl Algorithm for SlidingLog {
                 s.admitted -= n;
             }
         }
+    }
+
+    fn direct_current(&self, state: &Self::State) -> Option<SlidingLog> {
+        Some(lock(state).config)
+    }
+
+    /// Keeps the newest entries, as many as the new limit holds, each expiring when it was
+    /// going to; the new ring is allocated before the lock is taken.
+    fn direct_update(&self, state: &Self::State, new: SlidingLog) -> Result<Option<SlidingLog>, UpdateError> {
+        let mut ring = vec![0; new.entries()].into_boxed_slice();
+        let mut s = lock(state);
+        let len = s.ring.len();
+        let keep = len.min(ring.len());
+        // The ring is sorted from `head`, oldest first: the newest `keep` go to the end of the
+        // new ring, in order, after expired (zero) entries.
+        for i in 0..keep {
+            ring[ring.len() - keep + i] = s.ring[(s.head + len - keep + i) % len];
+        }
+        s.ring = ring;
+        s.head = 0;
+        s.config = new;
+        s.admitted += 1;
+        Ok(None)
     }
 }

@@ -31,10 +31,11 @@
 //! else, and a decision takes effect at its CAS (a rejection at its load). Checked by
 //! `loom-tests/tests/nginx.rs`.
 
+use crate::engine::config::WORDS;
 use crate::engine::direct::Direct;
 use crate::policies::policy::Policy;
 use crate::policies::token_bucket::Divisor;
-use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome};
+use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome, UpdateError};
 
 const EXCESS_BITS: u32 = 24;
 const EXCESS_MASK: u64 = (1 << EXCESS_BITS) - 1;
@@ -216,6 +217,24 @@ const KEYED_MAX_MS: u64 = (1 << (LAST_BITS - 2)) - 3;
 impl crate::keyed::sealed::KeyedWords for Nginx {
     const NAME: &'static str = "nginx limit_req";
 
+    /// The same rate (a fresh key's word and how fast excess leaks), and a burst up to the one
+    /// built with (the table's eviction line waits for that burst to leak); any delay.
+    fn keyed_update(&self, new: Nginx) -> Result<Nginx, UpdateError> {
+        if new.rate != self.rate {
+            return Err(UpdateError::Incompatible {
+                reason: "a keyed nginx table's rate cannot change at runtime: it fixes when a key's \
+                         state is a fresh key's",
+            });
+        }
+        if new.burst > self.burst {
+            return Err(UpdateError::Incompatible {
+                reason: "a keyed nginx table's burst cannot grow past the one it was built with: \
+                         keys are reclaimed once that burst has leaked",
+            });
+        }
+        Ok(new)
+    }
+
     fn keyed_lifetime(&self) -> Nanos {
         Nanos::new((KEYED_MAX_MS - KEYED_START_MS) * 1_000_000 + 999_999)
     }
@@ -296,6 +315,22 @@ impl Policy for Nginx {
     #[inline]
     fn refund(&self, word: u64, prior: u64, stored: u64, _elapsed: Nanos, _n: u64) -> Option<u64> {
         (word == stored).then_some(prior)
+    }
+
+    fn config_words(&self) -> Option<[u64; WORDS]> {
+        let [magic, shift] = self.per_rate.to_words();
+        Some([self.rate, magic, shift, self.burst, self.delay, 0, 0, 0, 0])
+    }
+
+    fn from_config_words(w: [u64; WORDS]) -> Option<Nginx> {
+        let [rate, magic, shift, burst, delay, ..] = w;
+        Some(Nginx { rate, per_rate: Divisor::from_words([magic, shift]), burst, delay })
+    }
+
+    /// Any new `rate`, `burst` and `delay`: the excess and the last request's time mean the
+    /// same under each, as when nginx reloads a zone.
+    fn running_update(&self, new: Nginx) -> Result<Nginx, UpdateError> {
+        Ok(new)
     }
 }
 

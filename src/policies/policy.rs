@@ -7,15 +7,22 @@
 
 use crossbeam_utils::CachePadded;
 
+use crate::engine::config::WORDS;
 use crate::engine::direct::Algorithm;
 use crate::sync::{AtomicU64, Ordering::Relaxed};
-use crate::{Decision, Nanos};
+use crate::{Decision, Nanos, UpdateError};
 
 /// A rate-limiting algorithm over a one-word state.
 ///
 /// `decide` is a pure function of `(word, elapsed, n)`: it reads no clock and touches no
 /// atomic, so it can be tested, modelled and fuzzed on its own. A word of 0 is a state nobody
 /// has touched yet (a fresh key).
+///
+/// Open: an algorithm of your own implements it and runs on [`Direct`](crate::Direct) with
+/// every method and [`check_all`](crate::check_all), building its answers with [`Decision`]'s
+/// public constructors. Keyed tables take only the built-in policies (their safety rests on
+/// what each one's words promise), and a policy of your own cannot be replaced at runtime
+/// ([`UpdateError::Unsupported`]).
 pub trait Policy {
     /// Decides `n` units of cost at `elapsed` since the limiter's origin. Returns the word to
     /// store (`None`: store nothing, the decision is final as read) and the decision.
@@ -33,6 +40,34 @@ pub trait Policy {
         let _ = (word, prior, stored, elapsed, n);
         None
     }
+
+    /// This configuration as words, for a limiter whose configuration changes at runtime
+    /// (`None`: it cannot). The engine's, for the built-in policies.
+    #[doc(hidden)]
+    fn config_words(&self) -> Option<[u64; WORDS]> {
+        None
+    }
+
+    /// A configuration from [`config_words`](Policy::config_words).
+    #[doc(hidden)]
+    fn from_config_words(words: [u64; WORDS]) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        let _ = words;
+        None
+    }
+
+    /// `new`, as it takes over a running limiter built with `self`: what it may change and how
+    /// the state reads under it (see [`Direct::set_policy`](crate::Direct::set_policy)).
+    #[doc(hidden)]
+    fn running_update(&self, new: Self) -> Result<Self, UpdateError>
+    where
+        Self: Sized,
+    {
+        let _ = new;
+        Err(UpdateError::Unsupported)
+    }
 }
 
 /// Every [`Policy`] runs on [`Direct`](crate::Direct) by one load and one CAS: a decision that
@@ -40,6 +75,20 @@ pub trait Policy {
 /// decided on.
 impl<P: Policy> Algorithm for P {
     type State = CachePadded<AtomicU64>;
+
+    fn config_words(&self) -> Option<[u64; WORDS]> {
+        Policy::config_words(self)
+    }
+
+    fn from_config_words(words: [u64; WORDS]) -> Option<Self> {
+        <P as Policy>::from_config_words(words)
+    }
+
+    /// The word means the same under the new policy (each policy's `running_update` says what
+    /// may change so that it does).
+    fn direct_update(&self, _: &Self::State, new: Self) -> Result<Option<Self>, UpdateError> {
+        self.running_update(new).map(Some)
+    }
 
     fn new_state(&self) -> CachePadded<AtomicU64> {
         CachePadded::new(AtomicU64::new(0))

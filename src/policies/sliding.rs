@@ -26,11 +26,12 @@
 
 use core::time::Duration;
 
+use crate::engine::config::WORDS;
 use crate::engine::direct::Direct;
 use crate::policies::policy::Policy;
 use crate::policies::token_bucket::Divisor;
 use crate::policies::window::check_window;
-use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome};
+use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome, UpdateError};
 
 /// Elapsed time is clamped below 2^63 ns (292 years), the divisor's range.
 const MAX_ELAPSED: u64 = (1 << 63) - 1;
@@ -232,6 +233,12 @@ impl SlidingWindow {
 impl crate::keyed::sealed::KeyedWords for SlidingWindow {
     const NAME: &'static str = "sliding window";
 
+    /// As a direct limiter's: any limit within the counts' width, the same window (the lines
+    /// depend on the window and the width only).
+    fn keyed_update(&self, new: SlidingWindow) -> Result<SlidingWindow, UpdateError> {
+        self.running_update(new)
+    }
+
     fn keyed_lifetime(&self) -> Nanos {
         // Two below the most a word with two bits free holds, so that `above` fits.
         let max_index = (1u64 << (62 - 2 * self.bits)) - 4;
@@ -357,6 +364,50 @@ impl Policy for SlidingWindow {
         } else {
             None
         }
+    }
+
+    fn config_words(&self) -> Option<[u64; WORDS]> {
+        let [magic, shift] = self.per_window.to_words();
+        let small = u64::from(self.small);
+        Some([
+            self.limit,
+            self.window,
+            magic,
+            shift,
+            u64::from(self.bits),
+            self.mask,
+            self.max_index,
+            small,
+            0,
+        ])
+    }
+
+    fn from_config_words(w: [u64; WORDS]) -> Option<SlidingWindow> {
+        let [limit, window, magic, shift, bits, mask, max_index, small, _] = w;
+        #[expect(clippy::cast_possible_truncation, reason = "at most 20, as stored")]
+        let bits = bits as u32;
+        let per_window = Divisor::from_words([magic, shift]);
+        Some(SlidingWindow { limit, window, per_window, bits, mask, max_index, small: small != 0 })
+    }
+
+    /// Any new limit whose counts fit the width this limiter's word was laid out for (below
+    /// the next power of two of the limit it was built with); the window's length stays.
+    fn running_update(&self, new: SlidingWindow) -> Result<SlidingWindow, UpdateError> {
+        if new.window != self.window {
+            return Err(UpdateError::Incompatible {
+                reason: "a sliding window's length cannot change at runtime: its state counts in windows",
+            });
+        }
+        if new.limit > self.mask {
+            return Err(UpdateError::Incompatible {
+                reason: "a sliding window's limit cannot grow past the counts' width it was built with \
+                         (the next power of two of its first limit, less one)",
+            });
+        }
+        // Counts stored under an earlier limit may exceed the new one: bound the admission
+        // test's terms by the counts' width, not the limit.
+        let small = u128::from(self.mask) * u128::from(self.window) * 3 < 1 << 64;
+        Ok(SlidingWindow { limit: new.limit, small: small && self.small, ..*self })
     }
 }
 

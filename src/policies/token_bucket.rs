@@ -82,6 +82,18 @@ pub(crate) struct Divisor {
 
 impl Divisor {
     /// For `1 ≤ d ≤ 2^62`.
+    /// The divisor as two words, for a configuration stored in atomics.
+    pub(crate) const fn to_words(self) -> [u64; 2] {
+        [self.magic, self.shift as u64]
+    }
+
+    /// A divisor from [`to_words`](Divisor::to_words).
+    pub(crate) const fn from_words([magic, shift]: [u64; 2]) -> Divisor {
+        #[expect(clippy::cast_possible_truncation, reason = "a shift below 64, as stored")]
+        let shift = shift as u32;
+        Divisor { magic, shift }
+    }
+
     pub(crate) const fn new(d: u64) -> Divisor {
         debug_assert!(d >= 1 && d <= 1 << 62);
         let l = 64 - (d - 1).leading_zeros(); // ceil(log2 d); 0 for d = 1
@@ -108,9 +120,12 @@ pub(crate) struct At {
 }
 
 impl At {
+    /// The instant `base` units after a direct limiter's creation: its clock starts at the
+    /// quota's offset (its own fill, unless built with headroom), so `now − fill` never
+    /// underflows.
     #[inline]
-    const fn new(q: &TokenBucket, floor: u64) -> At {
-        At { now: floor + q.fill_units, floor }
+    const fn new(q: &TokenBucket, base: u64) -> At {
+        At { now: base + q.offset, floor: base + q.lead }
     }
 }
 
@@ -143,7 +158,8 @@ impl At {
 /// # Lifetime
 ///
 /// A limiter counts time from its creation in `1/m` ns units inside one `u64`, so it can run for
-/// [`lifetime`](TokenBucket::lifetime): `(2^64 − 1 − 2·fill)/m` ns, at least 2^57 ns ≈ 4.5 years, and
+/// [`lifetime`](TokenBucket::lifetime): `(2^64 − 1 − 2·fill)/m` ns (with the largest fill time
+/// it may be given, [`with_max_fill_time`](TokenBucket::with_max_fill_time)), at least 2^57 ns ≈ 4.5 years, and
 /// 584 years for any rate that is exact at `m = 1`. Beyond it the clock stops for the bucket:
 /// no more refill, so it never over-admits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,6 +177,14 @@ pub struct TokenBucket {
     max_elapsed: u64,
     /// Divides by `units_per_token`.
     per_token: Divisor,
+    /// Where a direct limiter's clock starts, in units: the largest fill time the limiter may
+    /// be given at runtime ([`with_max_fill_time`](TokenBucket::with_max_fill_time); its own
+    /// fill by default). A bucket's clock is `offset + elapsed·m`, so its empty instant means
+    /// the same time under every quota of fill at most `offset`. Keyed tables use their own.
+    offset: u64,
+    /// `offset − fill`: the floor's distance from the clock's start (0 by default), so that a
+    /// decision computes the instant and the floor with two independent adds.
+    lead: u64,
 }
 
 impl TokenBucket {
@@ -201,6 +225,8 @@ impl TokenBucket {
             fill_units,
             max_elapsed: (u64::MAX - 2 * fill_units) / m,
             per_token: Divisor::new(t),
+            offset: fill_units,
+            lead: 0,
         })
     }
 
@@ -245,6 +271,37 @@ impl TokenBucket {
             return Err(ConfigError::InitialAboveBurst { initial, burst: self.burst });
         }
         Ok(TokenBucket { initial, ..self })
+    }
+
+    /// The same quota, in a direct limiter whose quota may later be replaced
+    /// ([`Direct::set_policy`](crate::Direct::set_policy)) by one whose fill time
+    /// (`burst × period / tokens`) is up to `max` (default: this quota's own fill time). The
+    /// headroom shortens the limiter's [`lifetime`](TokenBucket::lifetime) by as much. Keyed
+    /// tables take [`KeyedBuilder::max_fill_time`](crate::KeyedBuilder::max_fill_time) instead.
+    pub fn with_max_fill_time(self, max: Duration) -> Result<TokenBucket, ConfigError> {
+        let m = self.units_per_nano;
+        let units = u128::from(Nanos::try_from(max)?.as_u64()) * u128::from(m);
+        if units > u128::from(MAX_FILL_UNITS) {
+            return Err(ConfigError::FillTimeTooLong {
+                burst: self.burst,
+                tokens: self.rate.tokens,
+                period_nanos: Nanos::from_duration_saturating(self.rate.period).as_u64(),
+            });
+        }
+        #[expect(clippy::cast_possible_truncation, reason = "at most MAX_FILL_UNITS")]
+        let offset = (units as u64).max(self.fill_units);
+        Ok(TokenBucket {
+            offset,
+            lead: offset - self.fill_units,
+            max_elapsed: (u64::MAX - 2 * offset) / m,
+            ..self
+        })
+    }
+
+    /// The largest fill time a direct limiter of this quota may be given at runtime, rounded
+    /// up to whole nanoseconds (see [`with_max_fill_time`](TokenBucket::with_max_fill_time)).
+    pub fn max_fill_time(&self) -> Nanos {
+        Nanos::new(self.offset.div_ceil(self.units_per_nano))
     }
 
     /// The configured rate.
@@ -294,12 +351,31 @@ impl TokenBucket {
         if self.initial < self.burst {
             return Err(ConfigError::KeyedInitialBelowBurst { initial: self.initial, burst: self.burst });
         }
+        self.compiled_at(m, max_fill, lifetime)
+    }
+
+    /// This quota for a running direct limiter built with `built` (see
+    /// [`Direct::set_policy`](crate::Direct::set_policy)): counted at its `m`, from its clock's
+    /// `offset`, with its lifetime; the fill may be at most that offset.
+    pub(crate) fn for_running(self, built: &TokenBucket) -> Result<TokenBucket, ConfigError> {
+        let m = built.units_per_nano;
+        match self.compiled_at(m, built.offset, built.max_elapsed) {
+            Ok(q) => Ok(TokenBucket { offset: built.offset, lead: built.offset - q.fill_units, ..q }),
+            Err(ConfigError::TierFillTooLong { fill_nanos, max_nanos }) => {
+                Err(ConfigError::FillAboveMaxFillTime { fill_nanos, max_nanos })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// This quota at `m` units per nanosecond: `t = ceil(T·m)`, the fill within `max_fill`.
+    fn compiled_at(self, m: u64, max_fill: u64, lifetime: u64) -> Result<TokenBucket, ConfigError> {
         let period = u128::from(Nanos::try_from(self.rate.period)?.as_u64());
         let t = (period * u128::from(m)).div_ceil(u128::from(self.rate.tokens)).max(1);
         let fill = t * u128::from(self.burst);
         if fill > u128::from(max_fill) {
             return Err(ConfigError::TierFillTooLong {
-                fill_nanos: u64::try_from(fill / u128::from(m)).unwrap_or(u64::MAX),
+                fill_nanos: u64::try_from(fill.div_ceil(u128::from(m))).unwrap_or(u64::MAX),
                 max_nanos: max_fill / m,
             });
         }
@@ -311,6 +387,8 @@ impl TokenBucket {
             fill_units: fill,
             max_elapsed: lifetime,
             per_token: Divisor::new(t),
+            offset: fill,
+            lead: 0,
             ..self
         })
     }
@@ -321,8 +399,8 @@ impl TokenBucket {
         self.fill_units
     }
 
-    /// The quota as 8 words, for storage in atomics ([`TokenBucket::from_words`] reverses it).
-    pub(crate) fn words(&self) -> [u64; 8] {
+    /// The quota as words, for storage in atomics ([`TokenBucket::from_words`] reverses it).
+    pub(crate) fn words(&self) -> [u64; 9] {
         [
             self.rate.tokens,
             Nanos::from_duration_saturating(self.rate.period).as_u64(),
@@ -332,12 +410,13 @@ impl TokenBucket {
             self.units_per_token,
             self.max_elapsed,
             self.per_token.magic,
+            self.offset,
         ]
     }
 
     /// A quota from [`TokenBucket::words`].
-    pub(crate) fn from_words(w: [u64; 8]) -> TokenBucket {
-        let [tokens, period, burst, initial, m_shift, t, max_elapsed, magic] = w;
+    pub(crate) fn from_words(w: [u64; 9]) -> TokenBucket {
+        let [tokens, period, burst, initial, m_shift, t, max_elapsed, magic, offset] = w;
         let shift = (m_shift >> 32) as u32;
         TokenBucket {
             rate: Rate::per(tokens, Duration::from_nanos(period)),
@@ -348,6 +427,8 @@ impl TokenBucket {
             fill_units: burst * t,
             max_elapsed,
             per_token: Divisor { magic, shift },
+            offset,
+            lead: offset - burst * t,
         }
     }
 

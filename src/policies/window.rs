@@ -19,10 +19,11 @@
 
 use core::time::Duration;
 
+use crate::engine::config::WORDS;
 use crate::engine::direct::Direct;
 use crate::policies::policy::Policy;
 use crate::policies::token_bucket::Divisor;
-use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome};
+use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome, UpdateError};
 
 const COUNT_BITS: u32 = 24;
 const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
@@ -137,6 +138,26 @@ impl Policy for FixedWindow {
         }
         Some(word - n.min(word & COUNT_MASK))
     }
+
+    fn config_words(&self) -> Option<[u64; WORDS]> {
+        let [magic, shift] = self.per_window.to_words();
+        Some([self.limit, self.window, magic, shift, 0, 0, 0, 0, 0])
+    }
+
+    fn from_config_words(w: [u64; WORDS]) -> Option<FixedWindow> {
+        let [limit, window, magic, shift, ..] = w;
+        Some(FixedWindow { limit, window, per_window: Divisor::from_words([magic, shift]) })
+    }
+
+    /// Any new limit; the window's length stays (the state counts in windows).
+    fn running_update(&self, new: FixedWindow) -> Result<FixedWindow, UpdateError> {
+        if new.window != self.window {
+            return Err(UpdateError::Incompatible {
+                reason: "a fixed window's length cannot change at runtime: its state counts in windows",
+            });
+        }
+        Ok(new)
+    }
 }
 
 /// The largest stored index a keyed clock reaches (`i + 1`): two below the most a word with two
@@ -147,6 +168,11 @@ const KEYED_MAX_INDEX: u64 = (1 << (62 - COUNT_BITS)) - 4;
 /// index never moves back, and within a window only the count grows).
 impl crate::keyed::sealed::KeyedWords for FixedWindow {
     const NAME: &'static str = "fixed window";
+
+    /// Any new limit; the window's length stays (the lines are the window's).
+    fn keyed_update(&self, new: FixedWindow) -> Result<FixedWindow, UpdateError> {
+        self.running_update(new)
+    }
 
     fn keyed_lifetime(&self) -> Nanos {
         // Windows 0 ..= KEYED_MAX_INDEX − 1, so that `i + 1` stays at or below the keyed maximum.

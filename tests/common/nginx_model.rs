@@ -29,12 +29,20 @@ impl NginxModel {
         }
     }
 
+    /// A new configuration at runtime, as nginx's reload: the node (last request, excess) is
+    /// kept and leaks at the new rate.
+    pub fn reconfigure(&mut self, rate: u64, scale: u64, burst: u64, delay: Option<u64>) {
+        let state = self.state;
+        *self = NginxModel::new(rate, scale, burst, delay);
+        self.state = state;
+    }
+
     fn drain_ms(&self, excess: i128) -> u64 {
         u64::try_from((excess * 1000 + self.rate - 1) / self.rate).unwrap()
     }
 
     fn passed(&self, excess: i128) -> NginxAnswer {
-        let remaining = u64::try_from((self.burst - excess) / 1000).unwrap();
+        let remaining = u64::try_from((self.burst - excess).max(0) / 1000).unwrap();
         if excess <= self.delay {
             (Outcome::Allowed, remaining, 0, self.drain_ms(excess))
         } else {

@@ -29,6 +29,12 @@ impl FixedWindowModel {
         FixedWindowModel { limit: i128::from(limit), window: i128::from(window_ns), state: None }
     }
 
+    /// A new limit at runtime: the state is kept (a count above the limit refuses until the
+    /// window ends).
+    pub fn set_limit(&mut self, limit: u64) {
+        self.limit = i128::from(limit);
+    }
+
     /// Whether the state decides as a fresh key's at `elapsed_ns` and later: it is of an
     /// earlier window (the keyed table's eviction line).
     pub fn evictable(&self, elapsed_ns: u64) -> bool {
@@ -51,16 +57,16 @@ impl FixedWindowModel {
         let n = i128::from(n);
         let u = |x: i128| u64::try_from(x).unwrap();
         if n > self.limit {
-            return (Outcome::Insufficient, u(self.limit - count), 0, u(reset));
+            return (Outcome::Insufficient, u((self.limit - count).max(0)), 0, u(reset));
         }
         if n == 0 {
-            return (Outcome::Allowed, u(self.limit - count), 0, u(reset));
+            return (Outcome::Allowed, u((self.limit - count).max(0)), 0, u(reset));
         }
         if count + n <= self.limit {
             self.state = Some((index, count + n));
             (Outcome::Allowed, u(self.limit - count - n), 0, u(until_end))
         } else {
-            (Outcome::Denied, u(self.limit - count), u(until_end), u(reset))
+            (Outcome::Denied, u((self.limit - count).max(0)), u(until_end), u(reset))
         }
     }
 }
@@ -78,6 +84,11 @@ pub struct SlidingWindowModel {
 impl SlidingWindowModel {
     pub fn new(limit: u64, window_ns: u64) -> SlidingWindowModel {
         SlidingWindowModel { limit: i128::from(limit), window: i128::from(window_ns), state: None }
+    }
+
+    /// A new limit at runtime: both counts are kept.
+    pub fn set_limit(&mut self, limit: u64) {
+        self.limit = i128::from(limit);
     }
 
     /// Whether the state decides as a fresh key's at `elapsed_ns` and later: it is two windows

@@ -16,7 +16,7 @@ use crossbeam_utils::CachePadded;
 use super::{SlidingLog, MAX_ELAPSED};
 use crate::engine::admit::Receipt;
 use crate::keyed::{Key, KeyHasher, KeyedBuilder, KeyedStats, Words};
-use crate::{Clock, ConfigError, Decision, Nanos, Outcome, WhenFull};
+use crate::{Clock, ConfigError, Decision, Nanos, Outcome, UpdateError, WhenFull};
 
 /// Slots probed from a key's home.
 const PROBE: usize = 32;
@@ -55,6 +55,7 @@ pub(crate) fn build<K: Key + ?Sized, C: Clock>(
                 inserts: 0,
                 reclaimed: 0,
                 refused: 0,
+                config: b.config,
             }))
         })
         .collect();
@@ -121,6 +122,9 @@ struct Shard<W> {
     reclaimed: u64,
     /// New keys refused or admitted untracked because every probed slot held a live log.
     refused: u64,
+    /// The configuration decisions on this shard use (the table's, until changed at runtime;
+    /// each shard's is changed under its lock).
+    config: SlidingLog,
 }
 
 #[doc(hidden)]
@@ -259,7 +263,8 @@ impl<K: Key + ?Sized, C: Clock> LogTable<K, C> {
         // they take effect: a key whose log expired as of one decision is never judged at an
         // earlier time by the next (see `check_n_at`).
         let e = now().saturating_sub(self.origin).as_u64();
-        let Shard { slots, rings, live, inserts, reclaimed, refused } = &mut *shard;
+        let Shard { slots, rings, live, inserts, reclaimed, refused, config } = &mut *shard;
+        let config = *config;
         let mut free = None;
         let mut found = None;
         for i in 0..PROBE.min(self.per_shard) {
@@ -275,11 +280,11 @@ impl<K: Key + ?Sized, C: Clock> LogTable<K, C> {
         }
         let index = match (found, free) {
             (Some(s), _) => s,
-            (None, _) if n == 0 || n > self.log.limit || !take => {
+            (None, _) if n == 0 || n > config.limit || !take => {
                 // An unknown key has an empty log; peeks, zero costs and costs that can never
                 // fit insert nothing. (A new key's first `n ≤ N` always fits, so every slot
                 // taken stores an entry.)
-                return (self.fresh_answer(n), None);
+                return (fresh_answer(&config, n), None);
             }
             (None, Some(s)) => {
                 if slots[s].newest == 0 {
@@ -304,7 +309,7 @@ impl<K: Key + ?Sized, C: Clock> LogTable<K, C> {
         let slot = &mut slots[index];
         let ring = &mut rings[index * entries..(index + 1) * entries];
         let mut head = slot.head as usize;
-        let (decision, stored) = self.log.decide(ring, &mut head, e, n, take);
+        let (decision, stored) = config.decide(ring, &mut head, e, n, take);
         #[expect(clippy::cast_possible_truncation, reason = "a position in a log of at most 2^16")]
         let head = head as u32;
         slot.head = head;
@@ -314,20 +319,6 @@ impl<K: Key + ?Sized, C: Clock> LogTable<K, C> {
         let units = n as u32;
         slot.admitted = slot.admitted.wrapping_add(units);
         (decision, Some([e.min(MAX_ELAPSED), expiry, u64::from(slot.admitted)]))
-    }
-
-    /// The answer for a key with an empty log.
-    fn fresh_answer(&self, n: u64) -> Decision {
-        let (outcome, remaining) = if n > self.log.limit {
-            (Outcome::Insufficient, self.log.limit)
-        } else {
-            (Outcome::Allowed, self.log.limit - n)
-        };
-        #[expect(clippy::cast_possible_truncation, reason = "at most 2^16")]
-        let remaining = remaining as u32;
-        let reset =
-            if outcome == Outcome::Allowed && n > 0 { Nanos::new(self.log.window) } else { Nanos::ZERO };
-        Decision::from_nanos(outcome, remaining, Nanos::ZERO, reset)
     }
 
     /// Frees every slot whose log has wholly expired (no decision changes: such a log answers
@@ -413,9 +404,26 @@ impl<K: Key + ?Sized, C: Clock> LogTable<K, C> {
         Nanos::new(MAX_ELAPSED)
     }
 
-    /// The configuration.
-    pub(crate) fn log(&self) -> &SlidingLog {
-        &self.log
+    /// The current configuration.
+    pub(crate) fn log(&self) -> SlidingLog {
+        self.lock(0).config
+    }
+
+    /// Replaces the configuration, one shard at a time under its lock: a new window applies to
+    /// requests admitted from then on (each entry keeps its expiry), and the limit may be at
+    /// most the one the table was built with (each key's log has that many entries; a lower
+    /// limit counts the newest of them).
+    pub(crate) fn set_config(&self, new: SlidingLog) -> Result<(), UpdateError> {
+        if new.limit > self.log.limit {
+            return Err(UpdateError::Incompatible {
+                reason: "a keyed sliding log's limit cannot grow past the one it was built with: \
+                         each key's log has that many entries",
+            });
+        }
+        for i in 0..self.shards.len() {
+            self.lock(i).config = new;
+        }
+        Ok(())
     }
 
     pub(crate) fn when_full(&self) -> WhenFull {
@@ -435,4 +443,17 @@ impl<K: Key + ?Sized, C: Clock> fmt::Debug for LogTable<K, C> {
             .field("when_full", &self.when_full)
             .finish_non_exhaustive()
     }
+}
+
+/// The answer for a key with an empty log under `config`.
+fn fresh_answer(config: &SlidingLog, n: u64) -> Decision {
+    let (outcome, remaining) = if n > config.limit {
+        (Outcome::Insufficient, config.limit)
+    } else {
+        (Outcome::Allowed, config.limit - n)
+    };
+    #[expect(clippy::cast_possible_truncation, reason = "at most 2^16")]
+    let remaining = remaining as u32;
+    let reset = if outcome == Outcome::Allowed && n > 0 { Nanos::new(config.window) } else { Nanos::ZERO };
+    Decision::from_nanos(outcome, remaining, Nanos::ZERO, reset)
 }
