@@ -13,6 +13,11 @@ use crate::engine::config::{ConfigCell, WORDS};
 use crate::sync::{AtomicU64, Ordering::Relaxed, Ordering::Release};
 use crate::{Clock, CounterSnapshot, Counters, Decision, DefaultClock, Nanos, UpdateError};
 
+/// `Direct::flags`: the configuration has been replaced.
+const CHANGED: u64 = 1;
+/// `Direct::flags`: decisions are counted.
+const COUNTING: u64 = 2;
+
 /// An algorithm a [`Direct`] limiter runs: every [`Policy`](crate::Policy) (nginx, the windows,
 /// your own), [`TokenBucket`](crate::TokenBucket) and [`SlidingLog`](crate::SlidingLog).
 ///
@@ -117,8 +122,10 @@ pub struct Direct<A: Algorithm, C: Clock = DefaultClock> {
     /// The configuration the limiter was built with, decided on until the first
     /// [`set_policy`](Direct::set_policy).
     algorithm: A,
-    /// Nonzero once the configuration has been replaced: decisions then read `config`.
-    changed: AtomicU64,
+    /// What sends a decision down the out-of-line path: `CHANGED` once the configuration has
+    /// been replaced (decisions then read `config`), `COUNTING` with counters. One load and
+    /// one predicted branch for both on the common path.
+    flags: AtomicU64,
     origin: Nanos,
     clock: C,
     /// Decision counters, when asked for ([`with_counters`](Direct::with_counters)).
@@ -147,7 +154,7 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
         Direct {
             state: algorithm.new_state(),
             algorithm,
-            changed: AtomicU64::new(0),
+            flags: AtomicU64::new(0),
             origin,
             clock,
             counters: None,
@@ -158,10 +165,13 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
     }
 
     /// This limiter, counting its decisions by outcome ([`counters`](Direct::counters)). A
-    /// limiter without counters pays one predicted branch per decision; one with them, an
+    /// limiter without counters pays nothing for them (one flag word, read anyway, says
+    /// whether a decision takes the out-of-line path); one with them takes that path and an
     /// atomic add on a cache line of the deciding thread's own.
     pub fn with_counters(mut self) -> Direct<A, C> {
         self.counters = Some(Arc::new(Counters::new()));
+        // Not yet shared: the flag is set before any decision can read it.
+        self.flags = AtomicU64::new(self.flags.load(Relaxed) | COUNTING);
         self
     }
 
@@ -199,38 +209,40 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
     // `policy.rs`).
     #[inline(always)]
     pub fn check_n_at(&self, now: Nanos, n: u64) -> Decision {
-        // Relaxed: a decision that still reads 0 after a change uses the configuration as
+        // Relaxed: a decision that still reads no change after one uses the configuration as
         // built, which the limiter had; `config` is valid from construction on, and its own
         // loads are Acquire (see `engine/config.rs`).
-        let d = if self.changed.load(Relaxed) == 0 {
-            self.algorithm.direct_check(&self.state, now, self.origin, n)
-        } else {
-            self.check_changed(now, n)
-        };
+        let flags = self.flags.load(Relaxed);
+        if flags == 0 {
+            return self.algorithm.direct_check(&self.state, now, self.origin, n);
+        }
+        // Counters, or a replaced configuration (loaded out of line). Both paths decide
+        // inline: an out-of-line decision would come back through memory, and the common
+        // path's with it (the two merged there).
+        let replaced = if flags & CHANGED != 0 { self.published().0 } else { None };
+        let d = replaced.as_ref().unwrap_or(&self.algorithm).direct_check(&self.state, now, self.origin, n);
         if let Some(c) = &self.counters {
             c.record(d.outcome());
         }
         d
     }
 
-    /// [`check_n_at`](Direct::check_n_at) once the configuration has been replaced: out of
-    /// line, so that the common path stays one straight function.
-    #[cold]
-    #[inline(never)]
-    fn check_changed(&self, now: Nanos, n: u64) -> Decision {
-        match self.current() {
-            (Some(config), _) => config.direct_check(&self.state, now, self.origin, n),
-            (None, _) => self.algorithm.direct_check(&self.state, now, self.origin, n),
-        }
-    }
-
     /// The published configuration and its generation (`None` before any change, or for an
     /// algorithm that keeps its configuration in its state).
+    #[inline]
     fn current(&self) -> (Option<A>, u64) {
         // Relaxed: as in `check_n_at`.
-        if self.changed.load(Relaxed) == 0 {
+        if self.flags.load(Relaxed) & CHANGED == 0 {
             return (None, 0);
         }
+        self.published()
+    }
+
+    /// [`current`](Direct::current) once the configuration has been replaced: out of line, a
+    /// decision's rare path.
+    #[cold]
+    #[inline(never)]
+    fn published(&self) -> (Option<A>, u64) {
         let (words, generation) = self.config.load();
         (A::from_config_words(words), generation)
     }
@@ -274,8 +286,8 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
         let words = published.config_words().ok_or(UpdateError::Unsupported)?;
         self.config.store(words);
         // Release: the configuration stored above happens-before any decision that reads
-        // `changed` as nonzero and then loads it (the cell's loads are Acquire too).
-        self.changed.store(1, Release);
+        // `CHANGED` and then loads it (the cell's loads are Acquire too).
+        self.flags.fetch_or(CHANGED, Release);
         Ok(())
     }
 

@@ -59,7 +59,12 @@ impl Algorithm for TokenBucket {
 
     #[inline(always)]
     fn direct_check(&self, bucket: &Self::State, now: Nanos, origin: Nanos, n: u64) -> Decision {
-        charge_at(self, bucket, now, origin, n).0
+        let now = self.instant(now, origin);
+        // One comparison for both `n == 0` and `n > burst`: neither touches the word.
+        if n.wrapping_sub(1) >= self.burst() {
+            return bucket.load().peek(self, now, n);
+        }
+        bucket.charge(self, now, n).0
     }
 
     #[inline]
