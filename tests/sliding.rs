@@ -98,3 +98,29 @@ proptest! {
         }
     }
 }
+
+/// A limit raised at runtime lets the word hold counts up to the counts' width, and a decision
+/// that read the change flag before the change decides them under the policy as built: its
+/// fast admission test must not overflow there (found in review: 65,536 per day, built with
+/// `3·limit·W < 2^64`, overflowed with `prev + curr ≈ 2^18`; without overflow checks the
+/// wrapped sum admitted).
+#[test]
+fn the_built_policy_decides_counts_up_to_the_width() {
+    use tollgate::Policy;
+    let day = Duration::from_secs(86_400);
+    let built = SlidingWindow::new(65_536, day).unwrap();
+    let bits = 17; // the width of 65,536
+    let (prev, curr) = (131_071u64, 131_070u64);
+    // Window 1 (stored as 2), decided by a clock still in window 0: the general path, δ = 0.
+    let word = (2u64 << (2 * bits)) | (curr << bits) | prev;
+    for (e, n) in [(0u64, 1u64), (0, 65_536), (1, 1), (86_399_999_999_999, 1), (86_400_000_000_001, 1)] {
+        let (next, d) = built.decide(word, Nanos::new(e), n);
+        assert_eq!((next, d.outcome()), (None, Outcome::Denied), "at {e} for {n}");
+    }
+    // The limiter itself, raised to the width and back, never admits past either limit.
+    let l = SlidingWindowLimiter::with_clock(built, tollgate::ManualClock::new());
+    l.set_policy(SlidingWindow::new(131_071, day).unwrap()).unwrap();
+    assert!(l.check_n_at(Nanos::new(86_399_999_999_999), 131_071).is_allowed());
+    l.set_policy(built).unwrap();
+    assert_eq!(l.check_n_at(Nanos::new(86_400_000_000_000), 1).outcome(), Outcome::Denied);
+}

@@ -285,8 +285,11 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
         let Some(published) = self.algorithm.direct_update(&self.state, new)? else { return Ok(()) };
         let words = published.config_words().ok_or(UpdateError::Unsupported)?;
         self.config.store(words);
-        // Release: the configuration stored above happens-before any decision that reads
-        // `CHANGED` and then loads it (the cell's loads are Acquire too).
+        // Release, belt and braces: the readers' load of `flags` is Relaxed, so nothing pairs
+        // with it. None needs to: the cell synchronizes itself (its Acquire loads pair with
+        // `store`'s Release), and both its buffers hold the built configuration at generation
+        // 0 from construction on, so a reader that sees `CHANGED` before the new buffer gets
+        // the old configuration, whole, with its own generation.
         self.flags.fetch_or(CHANGED, Release);
         Ok(())
     }

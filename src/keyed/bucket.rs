@@ -375,16 +375,17 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         self.params.tiers.get(0)
     }
 
-    /// The clock.
     /// The default tier's quota (see `Keyed::set_policy`).
     pub(crate) fn set_config(&self, new: TokenBucket) -> Result<(), UpdateError> {
         self.set_tier_quota(Tier::DEFAULT, new)
     }
 
+    /// The table-full policy.
     pub(crate) fn when_full(&self) -> WhenFull {
         self.params.when_full
     }
 
+    /// The clock.
     pub(crate) fn clock(&self) -> &C {
         &self.clock
     }

@@ -323,8 +323,10 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
         let published = self.policy.keyed_update(new)?;
         let words = published.config_words().ok_or(UpdateError::Unsupported)?;
         self.config.store(words);
-        // Release: pairs with the Relaxed load of `changed` followed by the cell's Acquire
-        // loads in `current` and `decide_changed`.
+        // Release, belt and braces: the readers' load of `changed` is Relaxed, so nothing
+        // pairs with it. None needs to: the cell synchronizes itself, and both its buffers
+        // hold the built policy from construction on, so a reader that sees the flag before
+        // the new buffer decides under the old policy, whole (as `Direct::set_policy`).
         self.changed.store(1, Release);
         Ok(())
     }

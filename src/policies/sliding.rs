@@ -50,8 +50,8 @@ pub struct SlidingWindow {
     mask: u64,
     /// The largest stored index (`i + 1`).
     max_index: u64,
-    /// `3·limit·window < 2^64`: the admission test fits in `u64` (every window under 97 days
-    /// for limits up to 2^16).
+    /// `3·(2^bits − 1)·window < 2^64`: the admission test fits in `u64` for every pair of
+    /// counts the word can hold (every window under 48 days for limits up to 2^16 − 1).
     small: bool,
 }
 
@@ -74,7 +74,11 @@ impl SlidingWindow {
                     .unwrap_or(u64::MAX),
             });
         }
-        let small = u128::from(limit) * u128::from(w) * 3 < 1 << 64;
+        // Bounded by the counts' width, not the limit: after a change at runtime
+        // (`running_update`) the word may hold counts up to `mask`, and a decision that read
+        // the flag before the change decides them under this (the built) policy.
+        let mask = (1u64 << bits) - 1;
+        let small = u128::from(mask) * u128::from(w) * 3 < 1 << 64;
         Ok(SlidingWindow {
             limit,
             window: w,
@@ -404,10 +408,9 @@ impl Policy for SlidingWindow {
                          (the next power of two of its first limit, less one)",
             });
         }
-        // Counts stored under an earlier limit may exceed the new one: bound the admission
-        // test's terms by the counts' width, not the limit.
-        let small = u128::from(self.mask) * u128::from(self.window) * 3 < 1 << 64;
-        Ok(SlidingWindow { limit: new.limit, small: small && self.small, ..*self })
+        // `small` is the built policy's: bounded by the counts' width, as every policy of this
+        // layout must be (counts stored under one limit are decided under another).
+        Ok(SlidingWindow { limit: new.limit, ..*self })
     }
 }
 

@@ -78,6 +78,7 @@ pub(crate) fn build<K: Key + ?Sized, C: Clock>(
         origin,
         clock,
         id: crate::sync::next_id(),
+        writer: Mutex::new(()),
         _key: PhantomData,
     })
 }
@@ -142,6 +143,8 @@ pub struct LogTable<K: Key + ?Sized, C: Clock> {
     clock: C,
     /// The identity its receipts carry.
     id: u64,
+    /// Serializes configuration changes.
+    writer: Mutex<()>,
     _key: PhantomData<fn(&K)>,
 }
 
@@ -420,6 +423,8 @@ impl<K: Key + ?Sized, C: Clock> LogTable<K, C> {
                          each key's log has that many entries",
             });
         }
+        // Writers one at a time, so that the last change wins on every shard.
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         for i in 0..self.shards.len() {
             self.lock(i).config = new;
         }
