@@ -615,21 +615,37 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Keyed<A, K, C> {
     /// `out` in order: per-packet callers pay for the clock once and, in the lock-free tables,
     /// for cache misses in parallel (slots are prefetched a few keys ahead). Decides
     /// `min(items.len(), out.len())` requests and returns that count.
+    #[inline]
     pub fn check_batch<Q: Borrow<K>>(&self, items: &[(Q, u64)], out: &mut [Decision]) -> usize {
         self.check_batch_at(self.now(), items, out)
     }
 
     /// [`check_batch`](Keyed::check_batch) at a caller-supplied `now`.
+    #[inline]
     pub fn check_batch_at<Q: Borrow<K>>(
         &self,
         now: Nanos,
         items: &[(Q, u64)],
         out: &mut [Decision],
     ) -> usize {
-        let count = self.table.check_batch_at(now, items, out);
         if self.counters.is_some() {
-            out[..count].iter().for_each(|d| self.record(d));
+            return self.check_batch_counted(now, items, out);
         }
+        self.table.check_batch_at(now, items, out)
+    }
+
+    /// [`check_batch_at`](Keyed::check_batch_at) with counters: out of line, so that the batch
+    /// loop without them is exactly the table's.
+    #[cold]
+    #[inline(never)]
+    fn check_batch_counted<Q: Borrow<K>>(
+        &self,
+        now: Nanos,
+        items: &[(Q, u64)],
+        out: &mut [Decision],
+    ) -> usize {
+        let count = self.table.check_batch_at(now, items, out);
+        out[..count].iter().for_each(|d| self.record(d));
         count
     }
 

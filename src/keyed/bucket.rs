@@ -313,6 +313,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     }
 
     /// [`check_batch`](KeyedLimiter::check_batch) at a caller-supplied `now`.
+    #[inline(always)]
     pub(crate) fn check_batch_at<Q: Borrow<K>>(
         &self,
         now: Nanos,

@@ -468,6 +468,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
     }
 
     /// [`check_batch`](Keyed::check_batch) at a caller-supplied `now`.
+    #[inline(always)]
     pub(crate) fn check_batch_at<Q: Borrow<K>>(
         &self,
         now: Nanos,
