@@ -493,3 +493,25 @@ fn a_sweep_never_takes_tokens_from_a_refilled_key() {
     assert_eq!(l.sweep(), 1);
     assert_eq!(l.peek_n(&7, 0).remaining(), 10);
 }
+
+/// Issue 13's sizing suspicion: a capacity or a room for overrides larger than the machine was
+/// an allocation failure, and so an abort. It is a typed error now. (Checked where the kernel
+/// refuses such a request; with `vm.overcommit_memory = 1` it would hand out the address space
+/// and the table's first writes would exhaust the machine, so the check is skipped there.)
+#[test]
+fn tables_larger_than_the_machine_are_refused_not_aborted() {
+    let mode = std::fs::read_to_string("/proc/sys/vm/overcommit_memory").unwrap_or_default();
+    if mode.trim() == "1" {
+        eprintln!("skipped: the kernel grants any allocation (vm.overcommit_memory = 1)");
+        return;
+    }
+    let q = TokenBucket::per_second(1).unwrap();
+    let huge = KeyedLimiter::<u64>::builder(q).capacity(1 << 36).build();
+    assert!(matches!(huge, Err(ConfigError::OutOfMemory { bytes, .. }) if bytes >= 1 << 40), "{huge:?}");
+    let overrides = KeyedLimiter::<u64>::builder(q).capacity(10).max_overrides(1 << 36).build();
+    assert!(matches!(overrides, Err(ConfigError::OutOfMemory { what: "the per-key overrides", .. })));
+    let e = overrides.unwrap_err().to_string();
+    assert!(e.contains("could not allocate") && e.contains("per-key overrides"), "{e}");
+    // A table that fits is built as before.
+    assert!(KeyedLimiter::<u64>::builder(q).capacity(1 << 10).build().is_ok());
+}

@@ -148,6 +148,14 @@ pub enum ConfigError {
         /// The quota's burst.
         burst: u64,
     },
+    /// The memory a keyed table asked for could not be had: the allocator refused it (a
+    /// capacity larger than the machine, say). Nothing was built.
+    OutOfMemory {
+        /// What the memory was for.
+        what: &'static str,
+        /// The bytes asked for.
+        bytes: u64,
+    },
     /// A table-full policy the table cannot apply: [`WhenFull::EvictFullest`](crate::WhenFull)
     /// keeps ghosts that only a token bucket's state can be summarized by.
     EvictionUnsupported {
@@ -244,6 +252,10 @@ impl fmt::Display for ConfigError {
                 "a keyed table's buckets start full: an initial level {initial} below the burst of \
                  {burst} would make a reclaimed key differ from a refilled one (use it on a \
                  direct limiter)"
+            ),
+            ConfigError::OutOfMemory { what, bytes } => write!(
+                f,
+                "could not allocate {bytes} bytes for {what}: lower the capacity (or max_overrides)"
             ),
             ConfigError::EvictionUnsupported { algorithm } => write!(
                 f,

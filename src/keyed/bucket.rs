@@ -420,8 +420,8 @@ pub(crate) fn build<K: Key + ?Sized, C: Clock>(
     let (place, fingerprint) = hashers(b.seeds);
     let origin = clock.now();
     Ok(BucketTable {
-        table: Table::new(slots, shards),
-        overrides: Overrides::new(b.max_overrides),
+        table: Table::new(slots, shards)?,
+        overrides: Overrides::new(b.max_overrides)?,
         params: Params { tiers, when_full: b.when_full, hasher: place },
         origin,
         clock,

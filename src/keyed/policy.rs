@@ -563,7 +563,7 @@ pub(crate) fn build<P: KeyedPolicy, K: Key + ?Sized, C: Clock>(
         changed: AtomicU64::new(0),
         config,
         writer: Mutex::new(()),
-        table: Table::new(slots, shards),
+        table: Table::new(slots, shards)?,
         lifetime: b.config.keyed_lifetime(),
         policy: b.config,
         when_full: b.when_full,

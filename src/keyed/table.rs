@@ -66,7 +66,7 @@ use crate::sync::{
     fence, AtomicU64,
     Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
-use crate::{Nanos, Outcome, TokenBucket};
+use crate::{ConfigError, Nanos, Outcome, TokenBucket};
 
 /// Slots per group.
 #[cfg(not(tollgate_loom))]
@@ -892,12 +892,32 @@ pub(crate) struct TableStats {
 /// The group array, asking the kernel for huge pages before it is first touched: a table of a
 /// million keys spans tens of megabytes, and with 4 KiB pages nearly every decision on it would
 /// also miss the TLB.
-fn alloc_groups<W: Words>(groups: usize) -> Box<[Group<W>]> {
-    let mut v: Vec<Group<W>> = Vec::with_capacity(groups);
+fn alloc_groups<W: Words>(groups: usize) -> Result<Box<[Group<W>]>, ConfigError> {
+    alloc(groups, "the table's slots", true, || Group { slots: core::array::from_fn(|_| Slot::new()) })
+}
+
+/// `len` values from `make`, in memory asked for with a fallible request (an allocator that
+/// refuses gets an error naming `what`, not an abort), with huge pages requested before it is
+/// first written when `huge` (Linux).
+pub(crate) fn alloc<T>(
+    len: usize,
+    what: &'static str,
+    huge: bool,
+    mut make: impl FnMut() -> T,
+) -> Result<Box<[T]>, ConfigError> {
+    let bytes = (len as u128 * core::mem::size_of::<T>() as u128).min(u128::from(u64::MAX));
+    #[expect(clippy::cast_possible_truncation, reason = "at most u64::MAX")]
+    let refused = || ConfigError::OutOfMemory { what, bytes: bytes as u64 };
+    let mut v: Vec<T> = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| refused())?;
     #[cfg(all(target_os = "linux", not(tollgate_loom)))]
-    advise_huge_pages(v.as_mut_ptr().cast(), groups * core::mem::size_of::<Group<W>>());
-    v.extend((0..groups).map(|_| Group { slots: core::array::from_fn(|_| Slot::new()) }));
-    v.into_boxed_slice()
+    if huge {
+        advise_huge_pages(v.as_mut_ptr().cast(), len * core::mem::size_of::<T>());
+    }
+    #[cfg(not(all(target_os = "linux", not(tollgate_loom))))]
+    let _ = huge;
+    v.extend((0..len).map(|_| make()));
+    Ok(v.into_boxed_slice())
 }
 
 /// `madvise(MADV_HUGEPAGE)` on the whole pages of `[ptr, ptr + len)`. The kernel backs every
@@ -938,20 +958,20 @@ pub(crate) struct Table<W: Words> {
 
 impl<W: Words> Table<W> {
     /// `slots` and `shards` are powers of two, `slots ≥ shards · WINDOW`.
-    pub(crate) fn new(slots: usize, shards: usize) -> Table<W> {
+    pub(crate) fn new(slots: usize, shards: usize) -> Result<Table<W>, ConfigError> {
         let per_shard = slots / shards;
         debug_assert!(per_shard >= WINDOW && per_shard.is_power_of_two());
         let groups = slots / GROUP;
-        Table {
-            groups: alloc_groups(groups),
-            headers: (0..groups).map(|_| AtomicU64::new(NONE)).collect(),
-            ghosts: (0..groups).map(|_| AtomicU64::new(0)).collect(),
+        Ok(Table {
+            groups: alloc_groups(groups)?,
+            headers: alloc(groups, "the table's group headers", false, || AtomicU64::new(NONE))?,
+            ghosts: alloc(groups, "the table's ghosts", false, || AtomicU64::new(0))?,
             counters: (0..shards).map(|_| CachePadded::new(Counters::default())).collect(),
             shard_shift: (per_shard / GROUP).trailing_zeros(),
             group_mask: per_shard / GROUP - 1,
             shard_mask: shards - 1,
             max_live: (per_shard - per_shard / 8) as u64,
-        }
+        })
     }
 
     #[inline]

@@ -227,16 +227,13 @@ pub(crate) struct Overrides<W: Words> {
 
 impl<W: Words> Overrides<W> {
     /// Room for `capacity` overrides (the map is twice that, rounded to a power of two).
-    pub(crate) fn new(capacity: usize) -> Overrides<W> {
+    pub(crate) fn new(capacity: usize) -> Result<Overrides<W>, ConfigError> {
         let len = (capacity * 2).next_power_of_two().max(2);
-        Overrides {
-            entries: (0..len)
-                .map(|_| Entry { state: AtomicU64::new(state(0, KIND_EMPTY, 0)), key: W::new_atomic() })
-                .collect(),
-            mask: len - 1,
-            count: AtomicU64::new(0),
-            writer: Mutex::new(()),
-        }
+        let entries = crate::keyed::table::alloc(len, "the per-key overrides", false, || Entry {
+            state: AtomicU64::new(state(0, KIND_EMPTY, 0)),
+            key: W::new_atomic(),
+        })?;
+        Ok(Overrides { entries, mask: len - 1, count: AtomicU64::new(0), writer: Mutex::new(()) })
     }
 
     /// Whether any override is set: the decision path skips the lookup when not.

@@ -48,17 +48,18 @@ pub(crate) fn build<K: Key + ?Sized, C: Clock>(
     let (place, fingerprint) = crate::keyed::hashers(b.seeds);
     let shards: Box<[Locked<K::Words>]> = (0..shards)
         .map(|_| {
-            CachePadded::new(Mutex::new(Shard {
-                slots: huge(per_shard, Slot { key: K::Words::default(), newest: 0, head: 0, admitted: 0 }),
-                rings: huge(per_shard * entries, 0),
+            let slot = Slot { key: K::Words::default(), newest: 0, head: 0, admitted: 0 };
+            Ok(CachePadded::new(Mutex::new(Shard {
+                slots: huge(per_shard, slot, "the log table's slots")?,
+                rings: huge(per_shard * entries, 0, "the log table's logs")?,
                 live: 0,
                 inserts: 0,
                 reclaimed: 0,
                 refused: 0,
                 config: b.config,
-            }))
+            })))
         })
-        .collect();
+        .collect::<Result<_, ConfigError>>()?;
     let bases = shards
         .iter()
         .map(|m| {
@@ -86,12 +87,8 @@ pub(crate) fn build<K: Key + ?Sized, C: Clock>(
 /// `len` copies of `value`, in memory for which huge pages were requested before it was first
 /// written (Linux; see `keyed::table::advise_huge_pages`): a probe into a large table then
 /// costs a cache miss, not also a TLB miss.
-fn huge<T: Copy>(len: usize, value: T) -> Box<[T]> {
-    let mut v: Vec<T> = Vec::with_capacity(len);
-    #[cfg(all(target_os = "linux", not(tollgate_loom)))]
-    crate::keyed::table::advise_huge_pages(v.as_mut_ptr().cast(), len * core::mem::size_of::<T>());
-    v.resize(len, value);
-    v.into_boxed_slice()
+fn huge<T: Copy>(len: usize, value: T, what: &'static str) -> Result<Box<[T]>, ConfigError> {
+    crate::keyed::table::alloc(len, what, true, || value)
 }
 
 /// A shard behind its lock, on a cache line of its own.
