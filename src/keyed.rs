@@ -653,7 +653,7 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Keyed<A, K, C> {
     #[inline(always)]
     fn record(&self, d: &Decision) {
         if let Some(c) = &self.counters {
-            c.record(d.outcome());
+            c.record(d);
         }
     }
 
@@ -912,7 +912,7 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Admit for KeyedLimit<'_, A, K
     fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
         let (d, receipt) = self.table.charge_words(self.words, n);
         if let Some(c) = self.counters {
-            c.record(d.outcome());
+            c.record(&d);
         }
         (d, receipt)
     }

@@ -17,7 +17,7 @@ use std::cell::Cell;
 use crossbeam_utils::CachePadded;
 
 use crate::sync::{AtomicU64, Ordering::Relaxed};
-use crate::Outcome;
+use crate::Decision;
 
 /// Stripes: a power of two. More threads than stripes share some, still exactly (atomic adds).
 const STRIPES: usize = 16;
@@ -41,19 +41,13 @@ impl Counters {
         }
     }
 
-    /// Counts one decision of `outcome`.
+    /// Counts one decision, by its outcome's code (the order `Decision` encodes and
+    /// [`snapshot`](Counters::snapshot) reads: allowed, denied, insufficient, delayed, table
+    /// full, untracked).
     #[inline]
-    pub(crate) fn record(&self, outcome: Outcome) {
-        let slot = match outcome {
-            Outcome::Allowed => 0,
-            Outcome::Denied => 1,
-            Outcome::Insufficient => 2,
-            Outcome::Delayed => 3,
-            Outcome::TableFull => 4,
-            Outcome::Untracked => 5,
-        };
+    pub(crate) fn record(&self, d: &Decision) {
         // Relaxed: a statistic; see the module docs.
-        self.stripes[stripe()][slot].fetch_add(1, Relaxed);
+        self.stripes[stripe()][d.outcome_code()].fetch_add(1, Relaxed);
     }
 
     /// The counts so far.
@@ -113,18 +107,18 @@ fn stripe() -> usize {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct CounterSnapshot {
-    /// Admitted and served at once ([`Outcome::Allowed`]).
+    /// Admitted and served at once ([`Outcome::Allowed`](crate::Outcome::Allowed)).
     pub allowed: u64,
-    /// Refused for now ([`Outcome::Denied`]).
+    /// Refused for now ([`Outcome::Denied`](crate::Outcome::Denied)).
     pub denied: u64,
     /// Refused for good: the cost exceeds what the limit admits at once
-    /// ([`Outcome::Insufficient`]).
+    /// ([`Outcome::Insufficient`](crate::Outcome::Insufficient)).
     pub insufficient: u64,
-    /// Admitted with a delay ([`Outcome::Delayed`]).
+    /// Admitted with a delay ([`Outcome::Delayed`](crate::Outcome::Delayed)).
     pub delayed: u64,
-    /// New keys refused by a full table ([`Outcome::TableFull`]).
+    /// New keys refused by a full table ([`Outcome::TableFull`](crate::Outcome::TableFull)).
     pub table_full: u64,
-    /// New keys admitted uncounted by a full table ([`Outcome::Untracked`]).
+    /// New keys admitted uncounted by a full table ([`Outcome::Untracked`](crate::Outcome::Untracked)).
     pub untracked: u64,
     /// Keys placed in a keyed table (0 for direct limiters).
     pub inserts: u64,

@@ -232,6 +232,13 @@ impl Decision {
         }
     }
 
+    /// The outcome's code in `meta` (0 to 5, one per variant): an index for per-outcome
+    /// counters, read without decoding the outcome.
+    #[inline]
+    pub(crate) const fn outcome_code(&self) -> usize {
+        ((self.meta.get() >> META_OUTCOME) & 0xff) as usize
+    }
+
     /// Allowed, denied for now, or never.
     #[inline]
     pub const fn outcome(&self) -> Outcome {

@@ -222,7 +222,7 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
         let replaced = if flags & CHANGED != 0 { self.published().0 } else { None };
         let d = replaced.as_ref().unwrap_or(&self.algorithm).direct_check(&self.state, now, self.origin, n);
         if let Some(c) = &self.counters {
-            c.record(d.outcome());
+            c.record(&d);
         }
         d
     }
@@ -378,7 +378,7 @@ impl<A: Algorithm, C: Clock> Admit for Direct<A, C> {
             None => self.algorithm.direct_charge(&self.state, now, self.origin, n),
         };
         if let Some(c) = &self.counters {
-            c.record(d.outcome());
+            c.record(&d);
         }
         // The receipt names the configuration's generation: a refund under another gives
         // nothing back.
