@@ -343,7 +343,11 @@ impl Subject for KeyedBatch {
                 item.0 = k;
             }
             let n = chunk.len();
+            // Like any caller's, the keys and costs are not known to the compiler, and the
+            // decisions are read: without these the batch's stores are dead code it may drop.
+            black_box(&mut items);
             let _ = black_box(self.limiter.check_batch(&items[..n], &mut out[..n]));
+            black_box(&mut out);
         }
     }
 }
