@@ -175,3 +175,43 @@ fn override_reuse(second: u128) {
         assert_eq!((l.override_of(&a), l.override_of(&b)), (None, Some(free)));
     });
 }
+
+/// Issue 13, bug 1: two threads insert one key under a tier with a short fill, and the loser
+/// of the home header's CAS, finding the winner in its scan, gives its claimed slot back. The
+/// slot must go back to the mark it had before the claim, not to the loser's first stamp: a
+/// stamp a fresh bucket of a *short* fill takes is an almost empty bucket of a long one, and the
+/// next key placed there, in the default tier, would start with 1 token of its 100.
+///
+/// Default tier: one token per 100 ns, burst 100 (fill 10 µs); tier "fast": burst 1 (fill
+/// 100 ns). Key 7 is in "fast"; keys 1 and 2 (default) are inserted after the race, at the same
+/// instant, into the slots left (capacity 3 of 4 slots, so one of them gets the given-up slot
+/// whenever there was one): each must have 99 left after its first token.
+#[test]
+fn a_given_up_claim_leaves_no_stamp() {
+    model(|| {
+        const T: u64 = 1_000_000;
+        let per = |burst| {
+            TokenBucket::new(Rate::per(1, std::time::Duration::from_nanos(100)), burst).unwrap()
+        };
+        let l: Arc<Table> = Arc::new(
+            KeyedBuilder::new(per(100))
+                .tier("fast", per(1))
+                .capacity(3)
+                .shards(1)
+                .seeds([1, 2, 3, 4, 5, 6, 7, 8])
+                .build_with_clock(ManualClock::new())
+                .unwrap(),
+        );
+        l.set_override(&7, l.tier("fast").unwrap()).unwrap();
+        let a = spawn_check(&l, 7, T);
+        let b = spawn_check(&l, 7, T);
+        let mut outcomes = [a.join().unwrap(), b.join().unwrap()];
+        outcomes.sort_by_key(|o| *o != Outcome::Allowed);
+        assert_eq!(outcomes, [Outcome::Allowed, Outcome::Denied]);
+        for k in [1, 2] {
+            let d = l.check_at(&k, Nanos::new(T));
+            assert!(d.is_allowed(), "key {k}: {d:?}");
+            assert_eq!(d.remaining(), 99, "key {k} started in a slot holding another tier's stamp");
+        }
+    });
+}

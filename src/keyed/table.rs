@@ -445,8 +445,9 @@ impl<'a, W: Words> Shard<'a, W> {
     fn acquire_slow<R: Rule>(&self, words: W, hash: u64, home: usize, now: &R, n: u64) -> Option<Decision> {
         let header = self.header(home);
         // A slot we claimed and wrote our key into, kept across failed commits: (position, the
-        // CLAIMED value it holds, whether it is already counted live).
-        let mut claim: Option<(usize, u64, bool)> = None;
+        // CLAIMED value it holds, its high-water mark before our claim, whether it is already
+        // counted live).
+        let mut claim: Option<(usize, u64, u64, bool)> = None;
         loop {
             // Acquire: pairs with the AcqRel header CASes below and in `bump`, so that the
             // scan sees every slot committed up to this version, key words included.
@@ -455,9 +456,16 @@ impl<'a, W: Words> Shard<'a, W> {
                 continue;
             }
             if let Some((slot, w)) = self.scan(home, h_reach(h), words) {
-                if let Some((pos, c, counted)) = claim.take() {
-                    // Release: the next claimer's Acquire CAS sees our key words as old news.
-                    self.slot(home, pos).word.store(VACANT | (c & VALUE), Release);
+                if let Some((pos, _, hwm, counted)) = claim.take() {
+                    // Back to the mark the slot had before our claim, not to our first stamp:
+                    // that stamp is a fresh bucket of *our* rule (our tier's fill, our ghost),
+                    // and the slot's next key, of another tier or without a ghost, would start
+                    // from it nearly empty (issue 13, bug 1). Lowering the word is safe: our
+                    // claim was never committed, so no value above `hwm` was ever LIVE here,
+                    // and a claimer that still holds `VACANT | hwm` from before our claim finds
+                    // the very state it read. Release: the next claimer's Acquire CAS sees our
+                    // key words as old news.
+                    self.slot(home, pos).word.store(VACANT | hwm, Release);
                     if counted {
                         self.c().live.fetch_sub(1, Relaxed);
                     }
@@ -470,7 +478,7 @@ impl<'a, W: Words> Shard<'a, W> {
             // The key is absent as of `h`: claim room, or reuse our claim.
             // A new key's first word as of this decision: fresh, or its ghost's if later.
             let fresh = if R::GHOSTS { now.fresh().max(self.ghost_for(home, hash)) } else { now.fresh() };
-            let (pos, claimed, counted) = match claim {
+            let (pos, claimed, hwm, counted) = match claim {
                 Some(c) => c,
                 None => {
                     let (pos, hwm, counted) = match self.room(home, now) {
@@ -483,7 +491,7 @@ impl<'a, W: Words> Shard<'a, W> {
                     // Release: a helper or scanner that reads these words synchronizes through
                     // the header CAS; Release here also orders them for `force`'s Acquire read.
                     W::store(&self.slot(home, pos).key, words, Release);
-                    (pos, CLAIMED | hwm, counted)
+                    (pos, CLAIMED | hwm, hwm, counted)
                 }
             };
             let slot = self.slot(home, pos);
@@ -524,7 +532,7 @@ impl<'a, W: Words> Shard<'a, W> {
                     // Evicted already (it was full): decide again from the top.
                     claim = None;
                 }
-                Err(_) => claim = Some((pos, want, counted)),
+                Err(_) => claim = Some((pos, want, hwm, counted)),
             }
         }
     }
