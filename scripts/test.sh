@@ -67,6 +67,13 @@ RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate --features serde
 step "crate builds without default features"
 cargo check -p tollgate --no-default-features
 
+step "the library compiles for a 32-bit target"
+if rustup target add i686-unknown-linux-gnu >/dev/null 2>&1; then
+    cargo check -q -p tollgate --lib --target i686-unknown-linux-gnu
+else
+    echo "skipped: the i686-unknown-linux-gnu target could not be installed here"
+fi
+
 step "loom models"
 RUSTFLAGS="--cfg tollgate_loom" LOOM_MAX_PREEMPTIONS=3 CARGO_TARGET_DIR=target/loom \
     cargo test -p loom-tests --release

@@ -99,8 +99,13 @@ impl<A: fmt::Debug, K: ?Sized> fmt::Debug for KeyedBuilder<A, K> {
     }
 }
 
-/// The largest capacity: 2^36 keys.
+/// The largest capacity: 2^36 keys on 64-bit targets (on narrower ones 2^26, whose slots, 16
+/// bytes or more each, already span a 32-bit address space).
+#[cfg(target_pointer_width = "64")]
 const MAX_CAPACITY: usize = 1 << 36;
+/// The largest capacity: 2^26 keys where pointers are narrower than 64 bits.
+#[cfg(not(target_pointer_width = "64"))]
+const MAX_CAPACITY: usize = 1 << 26;
 /// The most shards.
 const MAX_SHARDS: usize = 64;
 
