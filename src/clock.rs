@@ -3,7 +3,7 @@
 //! | clock | read cost here | precision | notes |
 //! |---|---|---|---|
 //! | [`TscClock`] (default) | ~10 ns (`rdtsc` + scale) | 1 ns | quanta's TSC clock, OS monotonic fallback |
-//! | [`CoarseClock`] | <1 ns | the upkeep interval (1 ms) | quanta's `recent` time, kept by one thread |
+//! | [`CoarseClock`] | <1 ns | the upkeep interval (1 ms) | the TSC clock's time, cached by tollgate's own upkeep thread |
 //! | [`StdClock`] | ~20 ns | 1 ns | `std::time::Instant`, for machines whose TSCs disagree |
 //! | [`ManualClock`] | one load | 1 ns | moved by hand: tests, simulations, replays |
 //!

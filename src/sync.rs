@@ -27,6 +27,18 @@ pub(crate) fn next_id() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The coarse clock's time (`clock/tsc.rs`): raised to `now` (never lowered), or read. Not part
+/// of any modelled protocol, so a plain `std` atomic even under loom. Relaxed: the value is a
+/// time, read on its own; no other memory is published with it.
+#[cfg(feature = "quanta")]
+pub(crate) fn coarse_time(raise_to: Option<u64>) -> u64 {
+    static RECENT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    match raise_to {
+        Some(now) => RECENT.fetch_max(now, std::sync::atomic::Ordering::Relaxed).max(now),
+        None => RECENT.load(std::sync::atomic::Ordering::Relaxed),
+    }
+}
+
 /// The next thread's counter stripe (`engine/counters.rs`): round-robin, any value correct.
 /// Not part of any modelled protocol, so a plain `std` atomic even under loom.
 pub(crate) fn next_stripe() -> usize {

@@ -38,41 +38,52 @@ impl Clock for TscClock {
     }
 }
 
-/// The interval at which [`CoarseClock::new`]'s upkeep thread refreshes the time.
+/// The interval at which [`CoarseClock`]'s upkeep thread refreshes the time.
 pub const COARSE_INTERVAL: Duration = Duration::from_millis(1);
 
-/// quanta's `recent` time: a shared value that one upkeep thread refreshes every
-/// [`COARSE_INTERVAL`]; a read is one relaxed load (under 1 ns).
+/// A cached time: one upkeep thread stores [`TscClock`]'s reading every [`COARSE_INTERVAL`],
+/// and a read is one relaxed load (under 1 ns).
 ///
-/// Decisions see time up to one interval late, so a bucket refills up to that much later than
-/// with [`TscClock`]: it can only under-admit. The upkeep thread is process-wide and runs until
-/// the process exits. If some other code already runs quanta's upkeep thread, this clock reads
-/// the time that thread keeps (and is only as fresh as that thread's interval).
+/// Decisions see time up to one interval late (more if the upkeep thread is descheduled), so a
+/// bucket refills up to that much later than with [`TscClock`]: it can only under-admit. The
+/// upkeep thread is tollgate's own, started by the first [`CoarseClock::new`] in the process,
+/// and runs until the process exits. It does not use quanta's `Upkeep` (whose time stops when
+/// whoever started it drops its handle, and which only one component of a process may start),
+/// so nothing outside tollgate can stop this clock.
 #[derive(Clone, Debug)]
 pub struct CoarseClock {
-    clock: quanta::Clock,
-    origin: quanta::Instant,
+    _private: (),
 }
 
-/// `Ok(Some)`: our upkeep thread runs; `Ok(None)`: another one already did; `Err`: none could start.
-static UPKEEP: OnceLock<Result<Option<quanta::Handle>, String>> = OnceLock::new();
+/// Whether the upkeep thread runs (`Ok`), or why it could not start.
+static UPKEEP: OnceLock<Result<(), String>> = OnceLock::new();
+
+/// Moves the kept time (in [`TscClock`]'s nanoseconds; 0 before the thread first runs)
+/// forward to `clock`'s, never back.
+fn refresh(clock: &TscClock) {
+    crate::sync::coarse_time(Some(clock.now().as_u64()));
+}
 
 impl CoarseClock {
-    /// Starts (once per process) the upkeep thread, and returns a clock whose origin is now.
+    /// Starts (once per process) the upkeep thread, and returns a clock reading its time.
     ///
     /// Fails only if the thread cannot be spawned.
     pub fn new() -> Result<CoarseClock, ConfigError> {
-        let started = UPKEEP.get_or_init(|| match quanta::Upkeep::new(COARSE_INTERVAL).start() {
-            Ok(handle) => Ok(Some(handle)),
-            Err(quanta::Error::UpkeepRunning) => Ok(None),
-            Err(e) => Err(e.to_string()),
+        let started = UPKEEP.get_or_init(|| {
+            let clock = TscClock::new();
+            // The time is current before the first clock is handed out.
+            refresh(&clock);
+            std::thread::Builder::new()
+                .name("tollgate-coarse-clock".into())
+                .spawn(move || loop {
+                    std::thread::sleep(COARSE_INTERVAL);
+                    refresh(&clock);
+                })
+                .map(drop)
+                .map_err(|e| e.to_string())
         });
         match started {
-            Ok(_) => {
-                let clock = quanta::Clock::new();
-                let origin = clock.recent();
-                Ok(CoarseClock { clock, origin })
-            }
+            Ok(()) => Ok(CoarseClock { _private: () }),
             Err(why) => Err(ConfigError::Upkeep(why.clone())),
         }
     }
@@ -81,16 +92,25 @@ impl CoarseClock {
 impl Clock for CoarseClock {
     #[inline]
     fn now(&self) -> Nanos {
-        since(self.clock.recent(), self.origin)
+        // Absolute, as `TscClock`'s: the limiter subtracts its origin.
+        Nanos::new(crate::sync::coarse_time(None))
     }
 }
 
-/// `now − origin` in nanoseconds, saturating at zero.
-#[inline]
-fn since(now: quanta::Instant, origin: quanta::Instant) -> Nanos {
-    let d = now.saturating_duration_since(origin);
-    // In `u64` rather than through `as_nanos`' `u128`, so that the compiler folds the
-    // seconds/nanoseconds split of quanta's `Duration::from_nanos` back into the count it came
-    // from: no division on the decision path. A `Duration` made from `u64` nanoseconds fits.
-    Nanos::new(d.as_secs().wrapping_mul(1_000_000_000).wrapping_add(u64::from(d.subsec_nanos())))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Clocks made at different times read one time (absolute, as `TscClock`'s), which only
+    /// moves forward.
+    #[test]
+    fn coarse_clocks_share_one_time() {
+        let a = CoarseClock::new().unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        let b = CoarseClock::new().unwrap();
+        let (x, y) = (a.now(), b.now());
+        let z = a.now();
+        assert!(x <= y && y <= z, "{x:?} {y:?} {z:?}");
+        assert!(x.as_u64() > 0, "the time is set before the first clock is handed out");
+    }
 }
