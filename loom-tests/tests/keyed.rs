@@ -190,9 +190,8 @@ fn override_reuse(second: u128) {
 fn a_given_up_claim_leaves_no_stamp() {
     model(|| {
         const T: u64 = 1_000_000;
-        let per = |burst| {
-            TokenBucket::new(Rate::per(1, std::time::Duration::from_nanos(100)), burst).unwrap()
-        };
+        let per =
+            |burst| TokenBucket::new(Rate::per(1, std::time::Duration::from_nanos(100)), burst).unwrap();
         let l: Arc<Table> = Arc::new(
             KeyedBuilder::new(per(100))
                 .tier("fast", per(1))
@@ -213,5 +212,57 @@ fn a_given_up_claim_leaves_no_stamp() {
             assert!(d.is_allowed(), "key {k}: {d:?}");
             assert_eq!(d.remaining(), 99, "key {k} started in a slot holding another tier's stamp");
         }
+    });
+}
+
+/// Keys `(v, v2, k3, k4)`, where `v` and `v2` share a home group in a model's table (two groups
+/// per shard under loom, chosen by the placement hash's lowest bit; see `table`'s seeds).
+fn same_home_keys() -> (u64, u64, u64, u64) {
+    let place = ahash::RandomState::with_seeds(1, 2, 3, 4);
+    let home = |k: u64| place.hash_one(k) & 1;
+    let v = 1;
+    let v2 = (2..).find(|&k| home(k) == home(v)).unwrap();
+    let mut others = (2..).filter(|&k| k != v2);
+    (v, v2, others.next().unwrap(), others.next().unwrap())
+}
+
+/// Issue 13, a suspected refusal, confirmed: `force` (`WhenFull::EvictFullest`) leaves the
+/// victim's ghost in its home before its LOCKED CAS. If a decision on the victim lands in
+/// between, the CAS fails, and the ghost names a key still live; it cannot be taken back
+/// (another forcer of the same victim may rely on the same value), and it refused every other
+/// forced eviction into that home for up to the largest fill. Now the forcer evicts the victim
+/// on its new word instead.
+///
+/// One token per 10 ms, burst 4; the table holds 4 keys, none full. `v` is the oldest bucket,
+/// `v2` the next, in the same home. At 3 ms a new key forces room while `v` takes a token
+/// (which makes `v2` the oldest): the new key is admitted in every interleaving, and `v` never
+/// has more than its bucket allows.
+#[test]
+fn a_forced_eviction_racing_its_victim_still_makes_room() {
+    let (v, v2, k3, k4) = same_home_keys();
+    model(move || {
+        const MS: u64 = 1_000_000;
+        let q = TokenBucket::new(Rate::per(1, std::time::Duration::from_millis(10)), 4).unwrap();
+        let l: Arc<Table> = Arc::new(
+            KeyedBuilder::new(q)
+                .capacity(3)
+                .shards(1)
+                .when_full(tollgate::WhenFull::EvictFullest)
+                .seeds([1, 2, 3, 4, 5, 6, 7, 8])
+                .build_with_clock(ManualClock::new())
+                .unwrap(),
+        );
+        for (k, at) in [(v, 0), (v2, MS), (k3, 2 * MS), (k4, 2 * MS)] {
+            assert!(l.check_at(&k, Nanos::new(at)).is_allowed());
+        }
+        assert_eq!(l.len(), 4);
+        let newcomer = spawn_check(&l, 99, 3 * MS);
+        let victim = spawn_check(&l, v, 3 * MS);
+        let (n, b) = (newcomer.join().unwrap(), victim.join().unwrap());
+        assert_eq!(n, Outcome::Allowed, "the new key was refused room");
+        // `v` had 3 tokens at 3 ms (4, less the one at 0 ms); tracked again or read through its
+        // ghost, it has at most that, less what the racing decision took.
+        let left = l.peek_n_at(&v, Nanos::new(3 * MS), 0).remaining();
+        assert!(left <= 3 - u64::from(b == Outcome::Allowed), "v has {left} after {b:?}");
     });
 }

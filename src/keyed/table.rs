@@ -460,11 +460,12 @@ impl<'a, W: Words> Shard<'a, W> {
                     // Back to the mark the slot had before our claim, not to our first stamp:
                     // that stamp is a fresh bucket of *our* rule (our tier's fill, our ghost),
                     // and the slot's next key, of another tier or without a ghost, would start
-                    // from it nearly empty (issue 13, bug 1). Lowering the word is safe: our
-                    // claim was never committed, so no value above `hwm` was ever LIVE here,
-                    // and a claimer that still holds `VACANT | hwm` from before our claim finds
-                    // the very state it read. Release: the next claimer's Acquire CAS sees our
-                    // key words as old news.
+                    // from it nearly empty (issue 13, bug 1). The word returns to exactly its
+                    // value before the claim, and between the two it only held CLAIMED values,
+                    // which only we and header-guarded helpers CAS (no header names an
+                    // uncommitted claim): to every other thread the claim never happened, and
+                    // a claimer that read `VACANT | hwm` before it finds the state it read.
+                    // Release: the next claimer's Acquire CAS sees our key words as old news.
                     self.slot(home, pos).word.store(VACANT | hwm, Release);
                     if counted {
                         self.c().live.fetch_sub(1, Relaxed);
@@ -663,17 +664,39 @@ impl<'a, W: Words> Shard<'a, W> {
             }
             let hash = words.hash_with(now.hasher());
             let victim_home = self.home_of(hash);
-            if !self.leave_ghost(victim_home, ghost_tag(hash), w, now.evictable()) {
-                return Room::Full;
+            let mut w = w;
+            loop {
+                if !self.leave_ghost(victim_home, ghost_tag(hash), w, now.evictable()) {
+                    return Room::Full;
+                }
+                // AcqRel: Release so that a thread that sees LOCKED sees the ghost. Acquire on
+                // failure: the key words are read again below, after the new value.
+                match slot.word.compare_exchange(w, LOCKED | w, AcqRel, Acquire) {
+                    Ok(_) => {
+                        self.bump(victim_home);
+                        slot.word.store(CLAIMED | (w + 1), Release);
+                        self.c().forced.fetch_add(1, Relaxed);
+                        return Room::Claimed(pos, w + 1, true);
+                    }
+                    // A decision (or refund) on the victim came first. The ghost we left names
+                    // a key still live, and cannot be taken back: another forcer of the same
+                    // victim may have left the very same value and rely on it. Left there, it
+                    // would refuse every other forced eviction into the victim's home for up
+                    // to the largest fill (issue 13). So finish what it announces: evict the
+                    // victim on its new word, its ghost raised to match (a stamp only rises).
+                    // Each retry means another thread's CAS succeeded.
+                    Err(seen)
+                        if seen & STATE == LIVE
+                            && W::load(&slot.key, Acquire) == words
+                            && slot.word.load(Acquire) == seen =>
+                    {
+                        w = seen;
+                    }
+                    // The victim left the slot (evicted by another thread, which relies on the
+                    // ghost, or full and swept): the next victim.
+                    Err(_) => break,
+                }
             }
-            // AcqRel: Release so that a thread that sees LOCKED sees the ghost.
-            if slot.word.compare_exchange(w, LOCKED | w, AcqRel, Relaxed).is_err() {
-                continue;
-            }
-            self.bump(victim_home);
-            slot.word.store(CLAIMED | (w + 1), Release);
-            self.c().forced.fetch_add(1, Relaxed);
-            return Room::Claimed(pos, w + 1, true);
         }
         Room::Full
     }
