@@ -162,3 +162,29 @@ fn fixed_window_refund_races_eviction_and_reuse() {
         }
     });
 }
+
+/// Issue 13, a suspected refusal, confirmed: a new nginx node whose slot's mark is above its
+/// fresh word starts on a *start word*, and its first request must pass like any new node's.
+/// When a thread helping the insert makes that word live first, the inserter (or another
+/// thread on the same key) decided on it as on an old node seen a moment ago: its first
+/// request was delayed or refused. Start words now say so themselves (a pending excess).
+///
+/// 1 r/s, burst 1: four keys at 0 ms fill the shard; a sweep at 2,000 ms evicts them all,
+/// leaving marks above a fresh word at 0 ms; two threads whose clocks read 0 ms (before the
+/// sweep) check a new key: one is admitted at once and the other delayed, in every order.
+#[test]
+fn nginx_first_request_passes_when_a_helper_makes_the_slot_live() {
+    model(|| {
+        const MS: u64 = 1_000_000;
+        let l = table(Nginx::per_second(1).unwrap().burst(1).unwrap());
+        for k in 1..=4 {
+            assert!(l.check_at(&k, Nanos::ZERO).is_allowed());
+        }
+        l.clock().set(Nanos::new(2_000 * MS));
+        assert_eq!(l.sweep(), 4);
+        let a = spawn_check(&l, 7, 0);
+        let b = spawn_check(&l, 7, 0);
+        let o = [a.join().unwrap(), b.join().unwrap()];
+        assert!(o.contains(&Outcome::Allowed) && o.contains(&Outcome::Delayed), "{o:?}");
+    });
+}

@@ -18,7 +18,10 @@
 //!   2^16 ms in, so that the word exists from the start); a word is evictable once its last
 //!   request is more than `⌈(burst + 1000)·1000 / rate⌉` ms old. A time before a word's `last`
 //!   counts as `last` (nginx's rule for a clock running back by more than 60 s would move
-//!   `last` back, which the table cannot allow); keyed times must not run back anyway.
+//!   `last` back, which the table cannot allow); keyed times must not run back anyway. When a
+//!   slot's mark is above a new key's fresh word, the key starts on a *start word*: the mark's
+//!   `last` with an excess no stored word has, which every thread decides as a new node's first
+//!   request (at `last + D` if its clock is earlier).
 //!
 //! Two bits of every word are the table's, so a keyed limiter's clock stops at
 //! [`Keyed::lifetime`], a quarter of the direct limiter's: 8.7 years for nginx; 2^38 − 4
@@ -76,16 +79,12 @@ pub(crate) mod sealed {
         /// when the mark is above its fresh word. Stays below 2^62 − 1.
         fn above(&self, mark: u64) -> u64;
         /// [`Policy::decide`] on a keyed word: every stored word is greater than `word`. The
-        /// policy's own decision unless its keyed clock differs (nginx's).
+        /// policy's own decision unless its keyed clock differs (nginx's). On a start word
+        /// `above` gave, a new key's first decision, whichever thread makes it (a helper may
+        /// have made the slot live with the start word before its inserter decided).
         #[inline(always)]
         fn decide_keyed(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
             self.decide(word, elapsed, n)
-        }
-        /// A new key's first decision on a start word `above` gave (above its fresh word): as a
-        /// new key's at the earliest instant the start word is a fresh key's, if that is later
-        /// than `elapsed` (it is never later than the clock of the thread that evicted).
-        fn decide_started(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
-            self.decide_keyed(word, elapsed, n)
         }
     }
 }
@@ -134,15 +133,6 @@ impl<P: KeyedPolicy> Rule for PolicyNow<'_, P> {
     #[inline(always)]
     fn decide(&self, w: u64, n: u64) -> Result<(u64, Decision), Decision> {
         stored(w, self.policy.decide_keyed(w, self.elapsed, n))
-    }
-
-    #[inline]
-    fn decide_first(&self, first: u64, start: u64, n: u64) -> Result<(u64, Decision), Decision> {
-        if start == first {
-            self.decide(start, n)
-        } else {
-            stored(start, self.policy.decide_started(start, self.elapsed, n))
-        }
     }
 
     #[inline(always)]

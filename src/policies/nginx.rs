@@ -207,6 +207,14 @@ fn unpack_last(word: u64) -> u64 {
     (word >> EXCESS_BITS) - 1
 }
 
+/// The excess of a keyed *start word*: a new node that has not yet had its first request
+/// (`last` is the slot's mark). Never a stored excess, which is at most the burst (+ 1 in an
+/// eviction mark). Start words say what they are, so that whichever thread decides first on one
+/// (the inserter, or another thread on the same key after a helper made the slot live) decides
+/// a new node's first request.
+const PENDING: u64 = EXCESS_MASK;
+const _: () = assert!(MAX_BURST * 1000 + 1 < PENDING);
+
 /// A keyed table's millisecond clock starts here, so that a fresh key's word (a node last
 /// seen up to ⌈10⁶ / rate⌉ ≤ 62,500 ms before) exists from the first millisecond.
 const KEYED_START_MS: u64 = 1 << 16;
@@ -264,31 +272,44 @@ impl crate::keyed::sealed::KeyedWords for Nginx {
         below.min(self.fresh(elapsed))
     }
 
-    /// The mark itself if its excess is 0, else a node with excess 0 last seen a millisecond
-    /// after the mark's `last` (a mark's excess can be one milli-request above the burst).
+    /// A start word at the mark's `last`: a new node, its first request pending ([`PENDING`];
+    /// at or above the mark, whose excess is at most the burst + 1).
     fn above(&self, mark: u64) -> u64 {
-        if mark & EXCESS_MASK == 0 {
-            mark
-        } else {
-            pack(unpack_last(mark) + 1, 0)
-        }
-    }
-
-    /// At the earliest instant the start word (excess 0, `last`) is a fresh node's, `last + D`,
-    /// if the caller's clock is earlier: a new node's first request always passes, whatever
-    /// other key left the slot's mark.
-    fn decide_started(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
-        let now = keyed_ms(elapsed).max(unpack_last(word) + self.ceil_per_rate(1_000_000));
-        self.decide_ms(word, now.min(KEYED_MAX_MS).max(unpack_last(word)), n)
+        pack(unpack_last(mark), PENDING).max(mark)
     }
 
     /// nginx's step with the clock held at or after the word's `last`: a stored word then
-    /// always grows (a later `last`, or the same `last` with 1,000·n more excess).
+    /// always grows (a later `last`, or the same `last` with 1,000·n more excess). A start word
+    /// is a new node's first request (whose excess is `(n − 1)·1000`) at the earliest instant
+    /// it is a fresh node's, `last + D`, if the caller's clock is earlier: a new node's first
+    /// request always passes, whatever other key left the slot's mark and whichever thread
+    /// decides on it first.
     #[inline(always)]
     fn decide_keyed(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
         let now = keyed_ms(elapsed);
+        if word & EXCESS_MASK == PENDING {
+            return self.decide_pending(word, now, n);
+        }
         let now = if word == 0 { now } else { now.max(unpack_last(word)) };
         self.decide_ms(word, now, n)
+    }
+}
+
+impl Nginx {
+    /// [`decide_keyed`](crate::keyed::sealed::KeyedWords::decide_keyed) on a start word.
+    #[cold]
+    fn decide_pending(&self, word: u64, now: u64, n: u64) -> (Option<u64>, Decision) {
+        let last = unpack_last(word);
+        let at = now.max(last + self.ceil_per_rate(1_000_000)).min(KEYED_MAX_MS);
+        if at > last {
+            // A new node's decision: its stored word has a later `last`, so it grows.
+            return self.decide_ms(0, at, n);
+        }
+        // The clock stopped at the table's lifetime on a start word: it cannot be stored grown.
+        if n == 0 {
+            return (None, self.passed(0));
+        }
+        (None, Decision::from_nanos(Outcome::Denied, 0, Nanos::ZERO, Nanos::ZERO))
     }
 }
 
