@@ -188,3 +188,40 @@ fn nginx_first_request_passes_when_a_helper_makes_the_slot_live() {
         assert!(o.contains(&Outcome::Allowed) && o.contains(&Outcome::Delayed), "{o:?}");
     });
 }
+
+/// Issue 13, bug 3: a receipt only for a charge that stands. A new key's charge commits its
+/// slot and computes its first decision; a thread inserting another key (its clock a window
+/// later) helps the commit live, with nothing counted, finds it a fresh key's word and evicts
+/// it; the charge's retry then finds the table full and, under `WhenFull::Allow`, admits
+/// `Untracked`. Before the fix, that admission carried the receipt of the first decision,
+/// which no longer stands (with skewed clocks its refund could give back units never charged).
+///
+/// A fixed window of 2 per 1,000 ns; keys 1 to 3 counted in window 1; the charge of key 7 on
+/// the limiter's clock (0 ns, window 0) races key 9 at 1,000 ns.
+#[test]
+fn an_untracked_admission_carries_no_receipt() {
+    use tollgate::{Admit, WhenFull};
+    model(|| {
+        let l = Arc::new(
+            Keyed::<FixedWindow, u64>::builder(FixedWindow::new(2, Duration::from_nanos(1_000)).unwrap())
+                .capacity(3)
+                .shards(1)
+                .when_full(WhenFull::Allow)
+                .seeds([1, 2, 3, 4, 5, 6, 7, 8])
+                .build_with_clock(ManualClock::new())
+                .unwrap(),
+        );
+        for k in 1..=3 {
+            assert!(l.check_at(&k, Nanos::new(1_000)).is_allowed());
+        }
+        let other = spawn_check(&l, 9, 1_000);
+        let (d, receipt) = l.limit(&7).charge(1);
+        let nine = other.join().unwrap();
+        assert!(matches!(nine, Outcome::Allowed | Outcome::Untracked), "{nine:?}");
+        match d.outcome() {
+            Outcome::Allowed => assert!(receipt.is_some()),
+            Outcome::Untracked => assert!(receipt.is_none(), "an untracked admission with a receipt"),
+            other => panic!("{other:?}"),
+        }
+    });
+}
