@@ -31,6 +31,7 @@ pub use clock::{CoarseClock, TscClock};
 pub use engine::admit::{check_all, Admit, Receipt};
 pub use engine::counters::{CounterSnapshot, Counters};
 pub use engine::decision::{Decision, Outcome};
+pub use engine::direct::reserve::{Cancelled, Reservation, ReserveError};
 pub use engine::direct::{Algorithm, Direct};
 pub use engine::error::{ConfigError, UpdateError};
 pub use engine::time::Nanos;

@@ -13,6 +13,8 @@ use crate::engine::config::{ConfigCell, WORDS};
 use crate::sync::{AtomicU64, Ordering::Relaxed, Ordering::Release};
 use crate::{Clock, CounterSnapshot, Counters, Decision, DefaultClock, Nanos, UpdateError};
 
+pub(crate) mod reserve;
+
 /// `Direct::flags`: the configuration has been replaced.
 const CHANGED: u64 = 1;
 /// `Direct::flags`: decisions are counted.

@@ -110,6 +110,36 @@ impl BucketWord {
         }
     }
 
+    /// Reserves `n` tokens (`1 ≤ n ≤ burst`) at the bucket instant `at`, now or in the future.
+    /// `Ok(next)`: the stamp to store, which is also the instant the tokens are due. `Err(wait)`:
+    /// the wait, in units, the reservation would have needed (more than `max_wait`).
+    ///
+    /// When the bucket has the tokens, this is [`decide`](BucketWord::decide)'s take. Otherwise
+    /// the stamp moves past `now`, into debt: to the first whole nanosecond at or after
+    /// `base + cost` (on the limiter's clock, whose instants are `now` plus multiples of `m`),
+    /// if that is at most `max_wait` after `now`. `max_wait` is a multiple of `m`, at most one
+    /// fill, so stamps stay at or below `now + fill` (the headroom the clock leaves below
+    /// 2^64). Rounding the due instant up, *in the stamp*, is what keeps a reservation's user
+    /// within the bucket: the tokens are used at a whole nanosecond, and the next reservation
+    /// queues from that nanosecond, not from the fraction before it (two reservations' due
+    /// times rounded up independently could otherwise lie closer than their tokens' worth).
+    #[inline]
+    pub(crate) fn reserve(self, q: &TokenBucket, at: At, n: u64, max_wait: u64) -> Result<BucketWord, u64> {
+        let cost = q.cost_units(n);
+        let base = self.base(at);
+        if base <= at.now - cost {
+            return Ok(BucketWord(base + cost));
+        }
+        let m = q.units_per_nano();
+        // `base + cost > now` here; saturated, a wait is only compared and reported.
+        let wait = base.saturating_add(cost).saturating_sub(at.now).div_ceil(m).saturating_mul(m);
+        if wait <= max_wait {
+            Ok(BucketWord(at.now + wait))
+        } else {
+            Err(wait)
+        }
+    }
+
     /// The decision once the stamp moved to `self` at `at`.
     #[inline]
     pub(crate) fn taken(self, q: &TokenBucket, at: At) -> Decision {

@@ -72,7 +72,7 @@ impl Algorithm for TokenBucket {
         bucket.load().peek(self, self.instant(now, origin), n)
     }
 
-    /// The receipt: the floor of the instant the tokens were taken at.
+    /// The receipt: the floor of the instant the tokens were taken at, and the stamp stored.
     #[inline]
     fn direct_charge(
         &self,
@@ -81,27 +81,28 @@ impl Algorithm for TokenBucket {
         origin: Nanos,
         n: u64,
     ) -> (Decision, Option<[u64; 3]>) {
-        let (d, floor) = charge_at(self, bucket, now, origin, n);
-        (d, floor.map(|floor| [floor, 0, 0]))
+        let (d, taken) = charge_at(self, bucket, now, origin, n);
+        (d, taken.map(|[floor, stamp]| [floor, stamp, 0]))
     }
 
     /// Gives back `n·t − (floor now − floor at the charge)`, at least nothing (see
-    /// `AtomicBucket::refund`): exact at the charge's instant, in any order of refunds.
+    /// `AtomicBucket::refund`): exact at the charge's instant, in any order of refunds while
+    /// the bucket is not in debt to a reservation; in debt, only the latest charge's.
     #[inline]
     fn direct_refund(
         &self,
         bucket: &Self::State,
-        [floor, _, _]: [u64; 3],
+        [floor, stamp, _]: [u64; 3],
         n: u64,
         origin: Nanos,
         now: impl Fn() -> Nanos,
     ) {
-        bucket.refund(self, floor, n, || self.instant(now(), origin));
+        bucket.refund(self, floor, stamp, n, || self.instant(now(), origin));
     }
 }
 
 /// `n` tokens at `now`, also returning, when tokens were taken, the floor of the instant they
-/// were taken at (a multi-limit receipt's).
+/// were taken at and the stamp stored (a multi-limit receipt's).
 #[inline(always)]
 fn charge_at(
     q: &TokenBucket,
@@ -109,12 +110,12 @@ fn charge_at(
     now: Nanos,
     origin: Nanos,
     n: u64,
-) -> (Decision, Option<u64>) {
+) -> (Decision, Option<[u64; 2]>) {
     let now = q.instant(now, origin);
     // One comparison for both `n == 0` and `n > burst`: neither touches the word.
     if n.wrapping_sub(1) >= q.burst() {
         return (bucket.load().peek(q, now, n), None);
     }
     let (d, stored) = bucket.charge(q, now, n);
-    (d, stored.map(|_| now.floor))
+    (d, stored.map(|stamp| [now.floor, stamp.raw()]))
 }

@@ -185,3 +185,99 @@ pub fn is_exact(q: &TokenBucket) -> bool {
 pub fn refill_bound(q: &TokenBucket, span_ns: u64) -> u128 {
     u128::from(span_ns) * u128::from(q.rate().tokens()) / q.rate().period().as_nanos()
 }
+
+/// Why the model refused a reservation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelRefusal {
+    /// `n` above the burst.
+    Insufficient,
+    /// Due later than allowed: the wait it would have needed, in ns (rounded up).
+    TooLate { wait_ns: u64 },
+}
+
+/// A reservation the model granted: what a cancel needs, and when it is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelReservation {
+    /// The floor (`now − fill`, units) at the reservation's instant.
+    pub floor: i128,
+    pub n: u64,
+    /// Nanoseconds after the reservation's instant that its tokens are due (rounded up).
+    pub wait_ns: u64,
+    /// The empty instant it left.
+    pub stamp: i128,
+}
+
+impl Model {
+    /// `reserve_n_at` at `elapsed_ns`, allowing a wait of `max_wait_ns` (capped at one fill):
+    /// the bucket's empty instant moves to `max(z, now − fill) + n·t`, into the future if need
+    /// be, when that is at most the allowed wait past now.
+    pub fn reserve(
+        &mut self,
+        elapsed_ns: u64,
+        n: u64,
+        max_wait_ns: u64,
+    ) -> Result<ModelReservation, ModelRefusal> {
+        let now = self.instant(elapsed_ns);
+        let fill = self.burst * self.t;
+        let floor = now - fill;
+        if i128::from(n) > self.burst {
+            return Err(ModelRefusal::Insufficient);
+        }
+        if n == 0 {
+            return Ok(ModelReservation { floor, n, wait_ns: 0, stamp: self.z });
+        }
+        let after = self.z.max(floor) + i128::from(n) * self.t;
+        if after <= now {
+            self.z = after;
+            return Ok(ModelReservation { floor, n, wait_ns: 0, stamp: after });
+        }
+        // In debt: due at the first whole nanosecond at or after `after`, which is where the
+        // next one queues from; at most one fill (in whole ns) or the caller's wait later.
+        let wait_ns = ceil_div(after - now, self.m);
+        let longest = (fill / self.m).min(i128::from(max_wait_ns));
+        let wait_ns_u = u64::try_from(wait_ns).expect("a wait fits u64");
+        if wait_ns > longest {
+            return Err(ModelRefusal::TooLate { wait_ns: wait_ns_u });
+        }
+        self.z = now + wait_ns * self.m;
+        Ok(ModelReservation { floor, n, wait_ns: wait_ns_u, stamp: self.z })
+    }
+
+    /// `cancel_at` (or a `check_all` refund) at `elapsed_ns` of what took `r.n` at floor
+    /// `r.floor` and left `r.stamp`, never below the current floor: in debt (`z > now`), all of
+    /// it if it is the latest (`z = r.stamp`) and nothing otherwise; out of debt,
+    /// `n·t − (floor now − floor then)` when positive. Whether `z` moved back.
+    pub fn cancel(&mut self, elapsed_ns: u64, r: &ModelReservation) -> bool {
+        let now = self.instant(elapsed_ns);
+        let floor = now - self.burst * self.t;
+        if r.n == 0 || floor < r.floor {
+            return false;
+        }
+        let owed = if self.z > now {
+            if self.z != r.stamp {
+                return false;
+            }
+            i128::from(r.n) * self.t
+        } else {
+            i128::from(r.n) * self.t - (floor - r.floor)
+        };
+        if owed <= 0 {
+            return false;
+        }
+        let next = (self.z - owed).max(floor);
+        if next >= self.z {
+            return false;
+        }
+        self.z = next;
+        true
+    }
+
+    /// A `check_all` charge: `check_n` that also returns what its refund needs.
+    pub fn charge(&mut self, elapsed_ns: u64, n: u64) -> (Answer, Option<ModelReservation>) {
+        let floor = self.instant(elapsed_ns) - self.burst * self.t;
+        let a = self.decide(elapsed_ns, n, true);
+        let taken = (a.outcome == Outcome::Allowed && n > 0 && i128::from(n) <= self.burst)
+            .then_some(ModelReservation { floor, n, wait_ns: 0, stamp: self.z });
+        (a, taken)
+    }
+}

@@ -67,6 +67,54 @@ impl AtomicBucket {
         }
     }
 
+    /// Reserves `n` tokens (`1 ≤ n ≤ burst`) at `at`, due at most `max_wait` units (at most
+    /// one fill) from now: `Ok(stamp)`, the stamp stored, which is when they are due; or
+    /// `Err(wait)`, the wait it would have needed. The same lock-free loop and orderings as
+    /// [`charge`](AtomicBucket::charge): a reservation is a charge whose stamp may lie ahead of
+    /// `now`, and a later charge or reservation queues behind it (it reads that stamp).
+    #[inline]
+    pub(crate) fn reserve(&self, q: &TokenBucket, at: At, n: u64, max_wait: u64) -> Result<u64, u64> {
+        let mut cur = self.load();
+        loop {
+            let next = cur.reserve(q, at, n, max_wait)?;
+            // As in `charge`: Relaxed loads, Release on success for the refunds (cancels) that
+            // load this value with Acquire and read their clock after it.
+            match self.word.compare_exchange_weak(cur.raw(), next.raw(), Release, Relaxed) {
+                Ok(_) => return Ok(next.raw()),
+                Err(seen) => cur = BucketWord::from_raw(seen),
+            }
+        }
+    }
+
+    /// Cancels a reservation of `n` tokens made at the instant whose floor was `charged_floor`,
+    /// which stored `stamp`: gives back what it still owes, `n·t` less the larger of
+    /// - the floor's advance since (the refill that covered it: as [`refund`](AtomicBucket::refund)), and
+    /// - what was charged or reserved after it (`word − stamp`): later reservations were given
+    ///   due times that count on its tokens being used, and a new one can only queue at the
+    ///   end of the line, so only the part of it that lies after all of them can go back (all
+    ///   of it when it is the latest). Giving back more would let a new reservation fall due
+    ///   together with the later ones: more at once than the bucket holds.
+    ///
+    /// Never more than [`refund`](AtomicBucket::refund) would give, so never more than a twin
+    /// that never saw it. Waits for another refund or cancel of this bucket in progress rather
+    /// than give up (they are a few instructions each): not lock-free, for that reason;
+    /// decisions never wait on it. Whether it gave anything back.
+    pub(crate) fn cancel(
+        &self,
+        q: &TokenBucket,
+        charged_floor: u64,
+        stamp: u64,
+        n: u64,
+        at: impl Fn() -> At,
+    ) -> bool {
+        // Acquire, as in `refund`.
+        while self.refunding.compare_exchange_weak(0, 1, Acquire, Relaxed).is_err() {
+            crate::sync::pause();
+        }
+        let _clear = crate::sync::ClearOnDrop(&self.refunding);
+        self.refund_flagged(q, charged_floor, stamp, n, at)
+    }
+
     /// Gives back what is still owed of a charge of `n` tokens made at the instant whose floor
     /// was `charged_floor`: `n·t − (at().floor − charged_floor)`, or nothing once that is not
     /// positive or if the clock reads earlier than the charge. `at()` is read after each load
@@ -95,7 +143,14 @@ impl AtomicBucket {
     /// refusal). The new stamp is never below the refund's own floor, which limits the damage
     /// of a decision dated after the refund's clock (which the contract excludes).
     #[inline]
-    pub(crate) fn refund(&self, q: &TokenBucket, charged_floor: u64, n: u64, at: impl Fn() -> At) {
+    pub(crate) fn refund(
+        &self,
+        q: &TokenBucket,
+        charged_floor: u64,
+        stamp: u64,
+        n: u64,
+        at: impl Fn() -> At,
+    ) {
         // Acquire, paired with the Release below: a refund starts after the previous one's CAS
         // in the word's modification order. Checked by loom-tests/tests/admit.rs.
         if self.refunding.compare_exchange(0, 1, Acquire, Relaxed).is_err() {
@@ -103,28 +158,57 @@ impl AtomicBucket {
         }
         // Release (on drop, even if the clock panics): see the Acquire above.
         let _clear = crate::sync::ClearOnDrop(&self.refunding);
+        self.refund_flagged(q, charged_floor, stamp, n, at);
+    }
+
+    /// The body of [`refund`](AtomicBucket::refund) and [`cancel`](AtomicBucket::cancel) (with
+    /// the reservation's `stamp`), with the refund flag held: whether it gave anything back.
+    fn refund_flagged(
+        &self,
+        q: &TokenBucket,
+        charged_floor: u64,
+        stamp: u64,
+        n: u64,
+        at: impl Fn() -> At,
+    ) -> bool {
         let cost = q.cost_units(n);
         // Acquire (and on failure below): pairs with the decisions' Release CAS, so that the
         // clock read after it is no earlier than theirs.
         let mut cur = BucketWord::from_raw(self.word.load(Acquire));
         loop {
             crate::sync::clock_after_loads();
-            let floor = at().floor;
+            let now = at();
+            let floor = now.floor;
             if floor < charged_floor {
-                break; // a clock behind the charge's: refund nothing
+                return false; // a clock behind the charge's: refund nothing
             }
-            let owed = cost.saturating_sub(floor - charged_floor);
+            // In debt, reservations may be due in the future at instants computed with this
+            // charge in the stamp: lowering the stamp below any of them would let a new
+            // reservation fall due together with it, more at once than the bucket holds. So
+            // then only the latest charge goes back (the word is still what it stored), and
+            // all of it: the twin is the word less the cost. (In debt the word never went
+            // below a stamp still due in the future, so an equal word is that charge's own.)
+            // Out of debt every reservation is due already, and what the refill has not
+            // covered goes back, in any order (the twin argument above).
+            let owed = if cur.raw() > now.now {
+                if cur.raw() != stamp {
+                    return false;
+                }
+                cost
+            } else {
+                cost.saturating_sub(floor - charged_floor)
+            };
             if owed == 0 {
-                break;
+                return false;
             }
             let next = cur.raw().saturating_sub(owed).max(floor);
             if next >= cur.raw() {
-                break;
+                return false;
             }
             // Success Relaxed: nothing is published through a refund. Failure Acquire: as the
             // load above. Checked by loom-tests/tests/admit.rs.
             match self.word.compare_exchange_weak(cur.raw(), next, Relaxed, Acquire) {
-                Ok(_) => break,
+                Ok(_) => return true,
                 Err(seen) => cur = BucketWord::from_raw(seen),
             }
         }

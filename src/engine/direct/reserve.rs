@@ -1,0 +1,289 @@
+//! Reservations on a direct token bucket: tokens taken now or in the future, a time they are
+//! due, and cancels that give back exactly what is still owed.
+//!
+//! A reservation is a charge whose stamp may lie ahead of `now`: the bucket goes into debt of
+//! at most one burst (the range `(now, now + fill]` its word keeps for that), and every later
+//! charge or reservation reads that stamp, so it queues behind: reservations are served in the
+//! order they were made, with no lock and no queue. A cancel is the refund of
+//! [`check_all`](crate::check_all)'s receipts: `cost − (floor now − floor at the reservation)`,
+//! never below the current floor, exact at the reservation's instant and never more than the
+//! reservation put in, whatever was reserved after it (`AtomicBucket::refund` has the
+//! argument).
+
+use core::fmt;
+use core::time::Duration;
+
+use super::Direct;
+use crate::{Clock, Nanos, TokenBucket};
+
+/// Tokens reserved on a [`Limiter`](crate::Limiter): due at [`ready_at`](Reservation::ready_at),
+/// on the limiter's clock.
+///
+/// The tokens are taken when the reservation is made. Dropping a reservation does **not**
+/// give them back: a caller that will not use them calls
+/// [`Limiter::cancel`](crate::Direct::cancel). Not `Clone`: a reservation is cancelled at
+/// most once, by construction.
+#[must_use = "the tokens are taken: wait until `ready_at`, or give them back with `cancel`"]
+#[derive(PartialEq, Eq)]
+pub struct Reservation {
+    /// The issuing limiter (`sync::next_id`) and its configuration's generation.
+    owner: u64,
+    generation: u64,
+    /// Tokens reserved.
+    tokens: u64,
+    /// The bucket's floor (in units) at the reservation's instant, and the stamp it stored:
+    /// what a cancel counts from.
+    floor: u64,
+    stamp: u64,
+    /// When it was made, on the limiter's clock, and how long after that its tokens are due
+    /// (in ns, rounded up).
+    at: Nanos,
+    wait: u64,
+}
+
+impl Reservation {
+    /// When the tokens are due, on the limiter's clock (its [`Clock::now`] reading).
+    pub fn ready_at(&self) -> Nanos {
+        Nanos::new(self.at.as_u64().saturating_add(self.wait))
+    }
+
+    /// When the reservation was made, on the limiter's clock.
+    pub fn reserved_at(&self) -> Nanos {
+        self.at
+    }
+
+    /// How long after it was made the tokens are due (zero if at once).
+    pub fn delay(&self) -> Duration {
+        Duration::from_nanos(self.wait)
+    }
+
+    /// How long after `now` (a reading of the limiter's clock) the tokens are due; zero once
+    /// they are.
+    pub fn delay_from(&self, now: Nanos) -> Duration {
+        Duration::from_nanos(self.ready_at().as_u64().saturating_sub(now.as_u64()))
+    }
+
+    /// Whether the tokens are due at `now`.
+    pub fn is_ready_at(&self, now: Nanos) -> bool {
+        now >= self.ready_at()
+    }
+
+    /// The tokens reserved.
+    pub fn tokens(&self) -> u64 {
+        self.tokens
+    }
+}
+
+impl fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reservation")
+            .field("tokens", &self.tokens)
+            .field("reserved_at", &self.at)
+            .field("delay", &self.delay())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a reservation was refused. Refusals are immediate: nothing was taken, and no caller
+/// ever sleeps to learn that it cannot be served in time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReserveError {
+    /// More tokens than the burst: they can never be taken at once.
+    Insufficient {
+        /// Tokens asked for.
+        requested: u64,
+        /// The quota's burst.
+        burst: u64,
+    },
+    /// The tokens would be due later than the caller will wait, or later than one burst of
+    /// debt allows (the quota's fill time): `max_wait` is the smaller of the two.
+    TooLate {
+        /// How long after now the tokens would have been due.
+        wait: Duration,
+        /// The longest wait allowed.
+        max_wait: Duration,
+    },
+}
+
+impl fmt::Display for ReserveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ReserveError::Insufficient { requested, burst } => write!(
+                f,
+                "cannot reserve {requested} tokens: the burst is {burst}, so they can never be taken at once"
+            ),
+            ReserveError::TooLate { wait, max_wait } => write!(
+                f,
+                "the tokens would be due in {wait:?}, later than the {max_wait:?} allowed (refused at once)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ReserveError {}
+
+/// What a [`cancel`](crate::Direct::cancel) did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Cancelled {
+    /// What the reservation still owed went back to the bucket: all of it when cancelled at
+    /// the instant it was made; less the refill since, later.
+    Returned,
+    /// Nothing was owed: the bucket has refilled at least the reservation's tokens since it
+    /// was made (it was due, and as good as used), or it reserved no tokens.
+    NothingOwed,
+    /// Not this limiter's reservation, or made under a configuration
+    /// ([`set_policy`](crate::Direct::set_policy)) since replaced: nothing was given back.
+    Foreign,
+}
+
+/// The last stretch of a wait that [`Direct::acquire_n`] spins instead of sleeping: a sleep
+/// overshoots by the timer slack (50 µs by default on Linux) and the scheduler's latency.
+const SPIN_NANOS: u64 = 100_000;
+
+impl<C: Clock> Direct<TokenBucket, C> {
+    /// One token, now or in the future: [`reserve_n`](Direct::reserve_n) of 1.
+    pub fn reserve(&self) -> Result<Reservation, ReserveError> {
+        self.reserve_n_at(self.clock.now(), 1, Duration::MAX)
+    }
+
+    /// `n` tokens, now or as soon as the bucket has them: the reservation says when they are
+    /// due. The bucket goes into debt of at most one burst, so a reservation due more than
+    /// one fill time from now is refused ([`ReserveError::TooLate`]); `n` above the burst is
+    /// [`ReserveError::Insufficient`]. `n = 0` is due at once and takes nothing.
+    ///
+    /// Later checks and reservations queue behind it: a [`check`](Direct::check) is refused
+    /// while the bucket is in debt, and reservations are due in the order they were made.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Cancelled, Limiter, ManualClock, TokenBucket};
+    ///
+    /// let l = Limiter::with_clock(TokenBucket::per_second(10)?.with_burst(2)?, ManualClock::new());
+    /// let a = l.reserve_n(2)?; // the whole burst: due at once
+    /// assert_eq!(a.delay(), Duration::ZERO);
+    /// let b = l.reserve()?; // the next token: due in 100 ms
+    /// assert_eq!(b.delay(), Duration::from_millis(100));
+    /// assert!(!l.check().is_allowed()); // checks queue behind reservations
+    /// assert_eq!(l.cancel(b), Cancelled::Returned); // not needed after all: given back
+    /// assert_eq!(l.peek().retry_after(), Some(Duration::from_millis(100)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reserve_n(&self, n: u64) -> Result<Reservation, ReserveError> {
+        self.reserve_n_at(self.clock.now(), n, Duration::MAX)
+    }
+
+    /// [`reserve_n`](Direct::reserve_n), refused at once (taking nothing) if the tokens would
+    /// be due more than `max_wait` from now: Guava's `tryAcquire(n, timeout)`, without the
+    /// sleep. A `max_wait` of zero reserves only what is there now.
+    pub fn reserve_n_within(&self, n: u64, max_wait: Duration) -> Result<Reservation, ReserveError> {
+        self.reserve_n_at(self.clock.now(), n, max_wait)
+    }
+
+    /// [`reserve_n_within`](Direct::reserve_n_within) at a caller-supplied `now`.
+    pub fn reserve_n_at(&self, now: Nanos, n: u64, max_wait: Duration) -> Result<Reservation, ReserveError> {
+        let (config, generation) = self.current();
+        let q = config.as_ref().unwrap_or(&self.algorithm);
+        if n > q.burst() {
+            return Err(ReserveError::Insufficient { requested: n, burst: q.burst() });
+        }
+        let at = q.instant(now, self.origin);
+        let reservation = |stamp: u64, wait: u64| Reservation {
+            owner: self.id,
+            generation,
+            tokens: n,
+            floor: at.floor,
+            stamp,
+            at: now,
+            wait,
+        };
+        if n == 0 {
+            return Ok(reservation(0, 0));
+        }
+        let m = q.units_per_nano();
+        let fill = q.fill_units();
+        // Whole nanoseconds: the most debt a bucket takes (one fill, rounded down), or less.
+        let longest = (fill / m).min(u64::try_from(max_wait.as_nanos()).unwrap_or(u64::MAX));
+        match self.state.reserve(q, at, n, longest * m) {
+            // A stamp in debt is `now` plus whole nanoseconds (see `BucketWord::reserve`).
+            Ok(stamp) => Ok(reservation(stamp, stamp.saturating_sub(at.now) / m)),
+            Err(wait) => Err(ReserveError::TooLate {
+                wait: Duration::from_nanos(wait / m),
+                max_wait: Duration::from_nanos(longest),
+            }),
+        }
+    }
+
+    /// Gives back what `r` still owes: its tokens, less the larger of what the bucket has
+    /// refilled since it was made and what was reserved (or charged) after it. The latest
+    /// reservation, cancelled at once, gives back everything; cancelling a batch latest-first
+    /// gives back all of it. An earlier one with later reservations queued behind it gives back
+    /// only the part of it beyond them: they were given due times that count on its tokens, a
+    /// new reservation can only queue at the end of the line, and giving back more would let
+    /// it fall due together with them, more at once than the bucket holds. So a cancel never
+    /// gives back more than was reserved, in any order, and never lets the bucket admit more
+    /// than it would have without the reservation.
+    ///
+    /// Waits (briefly) for another cancel or refund of this bucket in progress rather than give
+    /// up. Dropping a reservation without cancelling it keeps its tokens taken.
+    pub fn cancel(&self, r: Reservation) -> Cancelled {
+        self.cancel_at(self.clock.now(), r)
+    }
+
+    /// [`cancel`](Direct::cancel) at a caller-supplied `now`, which must be no earlier than any
+    /// decision's on this limiter (as for refunds: see [`Admit::refund`](crate::Admit::refund)).
+    pub fn cancel_at(&self, now: Nanos, r: Reservation) -> Cancelled {
+        let (config, generation) = self.current();
+        if r.owner != self.id || r.generation != generation {
+            return Cancelled::Foreign;
+        }
+        if r.tokens == 0 {
+            return Cancelled::NothingOwed;
+        }
+        let q = config.as_ref().unwrap_or(&self.algorithm);
+        if self.state.cancel(q, r.floor, r.stamp, r.tokens, || q.instant(now, self.origin)) {
+            Cancelled::Returned
+        } else {
+            Cancelled::NothingOwed
+        }
+    }
+
+    /// One token, waiting for it as long as it takes (at most one fill time):
+    /// [`acquire_n`](Direct::acquire_n) of 1 with no limit on the wait.
+    pub fn acquire(&self) -> Result<Nanos, ReserveError> {
+        self.acquire_n(1, Duration::MAX)
+    }
+
+    /// Reserves `n` tokens and blocks the thread until they are due; refused at once (having
+    /// waited for nothing and taken nothing) if they would be due more than `max_wait` from
+    /// now. The wait sleeps for the bulk and spins for the last 100 µs, so it ends within
+    /// microseconds of the due time on an idle core.
+    ///
+    /// Returns the instant the tokens were due, on the limiter's clock: the *intended* time
+    /// of whatever they pace, from which a load generator measures latency (coordinated
+    /// omission: not from when the thread woke up). On a [`ManualClock`](crate::ManualClock)
+    /// it returns only once another thread moves the clock past the due time.
+    pub fn acquire_n(&self, n: u64, max_wait: Duration) -> Result<Nanos, ReserveError> {
+        let r = self.reserve_n_within(n, max_wait)?;
+        let due = r.ready_at();
+        sleep_until(&self.clock, due);
+        Ok(due)
+    }
+}
+
+/// Blocks until `clock` reads `due` or later: sleeps until [`SPIN_NANOS`] before it, then spins.
+pub(crate) fn sleep_until<C: Clock + ?Sized>(clock: &C, due: Nanos) {
+    loop {
+        let now = clock.now();
+        if now >= due {
+            return;
+        }
+        let left = due.as_u64() - now.as_u64();
+        if left > SPIN_NANOS {
+            std::thread::sleep(Duration::from_nanos(left - SPIN_NANOS));
+        } else {
+            core::hint::spin_loop();
+        }
+    }
+}

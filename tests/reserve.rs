@@ -1,0 +1,351 @@
+//! Reservations and cancels on the direct token bucket (issue 15): the engine against the exact
+//! model in `common/model.rs` under random interleavings of checks, peeks, reservations,
+//! cancels and clock moves; the admission bound with reservations counted when due; FIFO; and
+//! the peers' known cancel bugs as regression tests.
+
+mod common;
+
+use std::time::Duration;
+
+use common::model::{is_exact, refill_bound, Answer, Model, ModelRefusal, ModelReservation};
+use proptest::prelude::*;
+use tollgate::{
+    Admit, Cancelled, Clock, Limiter, ManualClock, Nanos, Rate, Receipt, Reservation, ReserveError,
+    TokenBucket, TscClock,
+};
+
+#[derive(Clone, Debug)]
+enum Op {
+    Advance(u64),
+    Back(u64),
+    CheckN(u64),
+    PeekN(u64),
+    /// `reserve_n_at` with a max wait (ns; `u64::MAX` for none).
+    Reserve(u64, u64),
+    /// Cancel the outstanding reservation at this index (modulo their count).
+    Cancel(usize),
+    /// A `check_all` charge (`Admit::charge`), and the refund of an outstanding one.
+    Charge(u64),
+    Refund(usize),
+}
+
+fn ops(burst: u64, forward_only: bool) -> impl Strategy<Value = Vec<Op>> {
+    let cost = prop_oneof![6 => 1..=burst, 1 => Just(0u64), 1 => (burst + 1)..=burst.saturating_add(2)];
+    let wait = prop_oneof![2 => Just(u64::MAX), 1 => Just(0u64), 2 => 0u64..2_000_000_000, 1 => any::<u64>()];
+    let span = prop_oneof![3 => Just(0u64), 4 => 0u64..1_000, 4 => 0u64..3_000_000_000, 1 => 0u64..(1 << 50)];
+    let back = if forward_only { 0 } else { 1 };
+    let op = prop_oneof![
+        3 => span.clone().prop_map(Op::Advance),
+        back => span.prop_map(Op::Back),
+        3 => cost.clone().prop_map(Op::CheckN),
+        1 => cost.clone().prop_map(Op::PeekN),
+        5 => (cost, wait).prop_map(|(n, w)| Op::Reserve(n, w)),
+        2 => any::<usize>().prop_map(Op::Cancel),
+        1 => (1..=burst).prop_map(Op::Charge),
+        1 => any::<usize>().prop_map(Op::Refund),
+    ];
+    prop::collection::vec(op, 1..80)
+}
+
+fn quota() -> impl Strategy<Value = TokenBucket> {
+    let tokens = prop_oneof![1u64..=100, 1u64..=1 << 30];
+    let period = prop_oneof![Just(1_000_000_000u64), Just(60_000_000_000), 1u64..=1 << 20, 1u64..=1 << 40];
+    let burst = prop_oneof![1u64..=4, 1u64..=1000];
+    (tokens, period, burst).prop_filter_map("outside the supported ranges", |(t, p, b)| {
+        TokenBucket::new(Rate::per(t, Duration::from_nanos(p)), b).ok()
+    })
+}
+
+/// Quotas whose rate is exact in units (a whole number of ns per token), where the bound at
+/// the configured rate is the engine's own.
+fn exact_quota() -> impl Strategy<Value = TokenBucket> {
+    let per_token = prop_oneof![1u64..=1_000, 1u64..=10_000_000_000];
+    (1u64..=100, per_token, 1u64..=8).prop_filter_map("outside the supported ranges", |(t, p, b)| {
+        TokenBucket::new(Rate::per(t, Duration::from_nanos(t * p)), b).ok()
+    })
+}
+
+/// One admission, for the bound: `n` tokens used at `at` ns.
+#[derive(Clone, Copy, Debug)]
+struct Use {
+    at: u64,
+    n: u64,
+}
+
+/// Runs `ops`, comparing every answer with the model. Returns the admissions: checks at their
+/// instant, reservations not cancelled at their due time.
+fn run(q: TokenBucket, ops: &[Op]) -> Result<Vec<Use>, TestCaseError> {
+    let clock = ManualClock::new();
+    let l = Limiter::with_clock(q, clock.clone());
+    let mut model = Model::new(&q);
+    let mut now = 0u64;
+    let mut open: Vec<(Reservation, ModelReservation, usize)> = Vec::new();
+    let mut receipts: Vec<(Receipt, ModelReservation, usize)> = Vec::new();
+    let mut uses: Vec<Option<Use>> = Vec::new();
+    // FIFO: the latest due time among reservations made since the last cancel.
+    let mut latest_due: Option<u64> = None;
+    for op in ops {
+        match *op {
+            Op::Advance(d) => now = now.saturating_add(d),
+            Op::Back(d) => {
+                now = now.saturating_sub(d);
+                latest_due = None; // FIFO holds on a clock that does not run back
+            }
+            Op::CheckN(n) => {
+                let d = l.check_n_at(Nanos::new(now), n);
+                prop_assert_eq!(Answer::of(&d), model.decide(now, n, true), "check_n({}) at {}", n, now);
+                if d.is_allowed() && n > 0 {
+                    uses.push(Some(Use { at: now, n }));
+                }
+            }
+            Op::PeekN(n) => {
+                let d = l.peek_n_at(Nanos::new(now), n);
+                prop_assert_eq!(Answer::of(&d), model.decide(now, n, false), "peek_n({}) at {}", n, now);
+            }
+            Op::Reserve(n, wait) => {
+                let max_wait = if wait == u64::MAX { Duration::MAX } else { Duration::from_nanos(wait) };
+                let got = l.reserve_n_at(Nanos::new(now), n, max_wait);
+                let want = model.reserve(now, n, wait);
+                match (got, want) {
+                    (Ok(r), Ok(m)) => {
+                        prop_assert_eq!(
+                            r.delay(),
+                            Duration::from_nanos(m.wait_ns),
+                            "reserve({}) at {}",
+                            n,
+                            now
+                        );
+                        prop_assert_eq!(r.tokens(), n);
+                        prop_assert_eq!(r.reserved_at(), Nanos::new(now));
+                        let due = now.saturating_add(m.wait_ns);
+                        if n > 0 {
+                            if let Some(prev) = latest_due {
+                                prop_assert!(due >= prev, "FIFO: due at {} after one due at {}", due, prev);
+                            }
+                            latest_due = Some(due);
+                        }
+                        uses.push((n > 0).then_some(Use { at: due, n }));
+                        open.push((r, m, uses.len() - 1));
+                    }
+                    (
+                        Err(ReserveError::Insufficient { requested, burst }),
+                        Err(ModelRefusal::Insufficient),
+                    ) => {
+                        prop_assert_eq!((requested, burst), (n, q.burst()));
+                    }
+                    (
+                        Err(ReserveError::TooLate { wait, max_wait: allowed }),
+                        Err(ModelRefusal::TooLate { wait_ns }),
+                    ) => {
+                        prop_assert_eq!(wait, Duration::from_nanos(wait_ns));
+                        prop_assert!(wait > allowed);
+                    }
+                    (got, want) => {
+                        prop_assert!(false, "reserve({}) at {}: {:?} vs model {:?}", n, now, got, want)
+                    }
+                }
+            }
+            Op::Cancel(i) => {
+                if open.is_empty() {
+                    continue;
+                }
+                let (r, m, use_index) = open.remove(i % open.len());
+                let got = l.cancel_at(Nanos::new(now), r);
+                let want = model.cancel(now, &m);
+                let expected = if want { Cancelled::Returned } else { Cancelled::NothingOwed };
+                prop_assert_eq!(got, expected, "cancel at {} of {:?}", now, m);
+                uses[use_index] = None;
+                latest_due = None;
+            }
+            Op::Charge(n) => {
+                l.clock().set(Nanos::new(now));
+                let (d, receipt) = Admit::charge(&l, n);
+                let (want, taken) = model.charge(now, n);
+                prop_assert_eq!(Answer::of(&d), want, "charge({}) at {}", n, now);
+                prop_assert_eq!(receipt.is_some(), taken.is_some());
+                if let (Some(r), Some(m)) = (receipt, taken) {
+                    uses.push(Some(Use { at: now, n }));
+                    receipts.push((r, m, uses.len() - 1));
+                }
+            }
+            Op::Refund(i) => {
+                if receipts.is_empty() {
+                    continue;
+                }
+                let (r, m, use_index) = receipts.remove(i % receipts.len());
+                l.clock().set(Nanos::new(now));
+                Admit::refund(&l, r);
+                model.cancel(now, &m);
+                uses[use_index] = None;
+                latest_due = None;
+            }
+        }
+        // Every field of the state, after every step.
+        prop_assert_eq!(Answer::of(&l.peek_n_at(Nanos::new(now), 1)), model.decide(now, 1, false));
+    }
+    for (r, _, _) in open {
+        // Not cancelled: dropping a reservation keeps its tokens taken (no Drop to run).
+        drop(r);
+    }
+    Ok(uses.into_iter().flatten().collect())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Every answer equals the model's, under any interleaving, with the clock moving both ways.
+    #[test]
+    fn reservations_match_the_model(q in quota(), ops in quota().prop_flat_map(|q| ops(q.burst(), false))) {
+        run(q, &ops)?;
+    }
+
+    /// Over any span, the tokens used (checks when admitted, reservations not cancelled when
+    /// due) are at most `burst + floor(rate·span)`: never over-admitted, whatever was cancelled.
+    #[test]
+    fn admissions_stay_within_the_bound(q in exact_quota(), ops in (1u64..=8).prop_flat_map(|b| ops(b, true))) {
+        prop_assert!(is_exact(&q));
+        let mut uses = run(q, &ops)?;
+        uses.sort_by_key(|u| u.at);
+        for i in 0..uses.len() {
+            let mut sum = 0u128;
+            for u in &uses[i..] {
+                sum += u128::from(u.n);
+                let bound = u128::from(q.burst()) + refill_bound(&q, u.at - uses[i].at);
+                prop_assert!(sum <= bound, "{} tokens in [{}, {}] ns, bound {}", sum, uses[i].at, u.at, bound);
+            }
+        }
+    }
+}
+
+fn limiter(per_second: u64, burst: u64) -> Limiter<ManualClock> {
+    Limiter::with_clock(
+        TokenBucket::per_second(per_second).unwrap().with_burst(burst).unwrap(),
+        ManualClock::new(),
+    )
+}
+
+const MS: u64 = 1_000_000;
+
+/// golang/go#56924 and #69419 asked why `CancelAt` gives back less than a reservation took once
+/// later reservations exist. Because giving back more over-admits: the later ones were given
+/// due times that count on its tokens, a new reservation can only queue at the end of the line,
+/// and the tokens given back let it fall due together with them, more at once than the bucket
+/// holds. The property tests above found exactly that, first with a full refund (four tokens
+/// due at one instant of a bucket of three), then with golang's rule (give back the part
+/// beyond the later ones) after two cancels out of order. What holds: while the bucket is in
+/// debt, only the latest reservation (or charge) goes back, all of it at its own instant; so a
+/// batch cancelled latest-first goes back whole, and any other order gives back less, never
+/// more. Once the bucket is out of debt, any charge's unrefilled part goes back, in any order.
+#[test]
+fn a_cancel_gives_back_the_latest_reservation_whole() {
+    // #56924's numbers: 10/s, burst 20; 15 at t0, 10 at +100 ms (due at +500 ms), 2 at +200 ms
+    // (due at +700 ms). The 10 is not the latest: cancelling it gives nothing; the 2 is.
+    let l = limiter(10, 20);
+    let _a = l.reserve_n(15).unwrap();
+    l.clock().set(Nanos::new(100 * MS));
+    let r = l.reserve_n(10).unwrap();
+    assert_eq!(r.delay(), Duration::from_millis(400));
+    l.clock().set(Nanos::new(200 * MS));
+    let c = l.reserve_n(2).unwrap();
+    assert_eq!(c.delay(), Duration::from_millis(500));
+    l.clock().set(Nanos::new(300 * MS));
+    assert_eq!(l.cancel(r), Cancelled::NothingOwed);
+    assert_eq!(l.cancel(c), Cancelled::Returned);
+    // Debt of 4 tokens at +300 ms (5 at +200 ms, one refilled), less the 2: due in 200 ms.
+    assert_eq!(l.peek().retry_after(), Some(Duration::from_millis(300)));
+
+    // Latest-first: everything comes back, and the bucket is as before the batch.
+    let l = limiter(10, 2); // a token every 100 ms
+    let batch = [l.reserve_n(2).unwrap(), l.reserve().unwrap(), l.reserve().unwrap()];
+    assert_eq!(
+        batch.iter().map(Reservation::delay).collect::<Vec<_>>(),
+        [0, 100, 200].map(Duration::from_millis)
+    );
+    for r in batch.into_iter().rev() {
+        assert_eq!(l.cancel(r), Cancelled::Returned);
+    }
+    assert_eq!(l.peek().remaining(), 2);
+
+    // The middle one first: nothing (one is queued behind it); the next reservation is no
+    // earlier than the end of the line.
+    let [a, b, c] = [l.reserve_n(2).unwrap(), l.reserve().unwrap(), l.reserve().unwrap()];
+    assert_eq!(l.cancel(b), Cancelled::NothingOwed);
+    assert_eq!(
+        l.reserve_n_within(1, Duration::from_millis(200)).unwrap_err(),
+        ReserveError::TooLate { wait: Duration::from_millis(300), max_wait: Duration::from_millis(200) }
+    );
+    assert_eq!(l.cancel(c), Cancelled::Returned);
+    assert_eq!(l.cancel(a), Cancelled::NothingOwed); // b's stamp is still the line's end
+    assert_eq!(l.peek().retry_after(), Some(Duration::from_millis(200)));
+}
+
+/// tikv/pd#10745: a cancel dated before its reservation (a stale `now`) must not mint tokens.
+#[test]
+fn a_cancel_with_a_stale_clock_gives_nothing() {
+    let l = limiter(10, 5);
+    l.clock().set(Nanos::new(1_000 * MS));
+    let r = l.reserve_n(5).unwrap();
+    assert_eq!(l.cancel_at(Nanos::new(999 * MS), r), Cancelled::NothingOwed);
+    assert_eq!(l.peek().remaining(), 0);
+}
+
+/// A cancel after the refill has covered the reservation gives nothing back; in between, it
+/// gives back what was still owed.
+#[test]
+fn a_cancel_gives_back_what_is_still_owed() {
+    let l = limiter(10, 2);
+    let r = l.reserve_n(2).unwrap(); // the whole burst, due at once
+    l.clock().set(Nanos::new(100 * MS)); // one token refilled since
+    assert_eq!(l.cancel(r), Cancelled::Returned);
+    assert_eq!(l.peek().remaining(), 2); // one refilled + one owed
+    let r = l.reserve_n(2).unwrap();
+    l.clock().set(Nanos::new(300 * MS)); // both refilled since
+    assert_eq!(l.cancel(r), Cancelled::NothingOwed);
+    assert_eq!(l.peek().remaining(), 2);
+}
+
+/// Bad input: each case has its own answer and takes nothing.
+#[test]
+fn bad_input_is_refused_at_once() {
+    let l = limiter(10, 2);
+    assert_eq!(l.reserve_n(3).unwrap_err(), ReserveError::Insufficient { requested: 3, burst: 2 });
+    let zero = l.reserve_n(0).unwrap();
+    assert_eq!((zero.delay(), zero.tokens()), (Duration::ZERO, 0));
+    assert_eq!(l.cancel(zero), Cancelled::NothingOwed);
+    assert_eq!(l.peek().remaining(), 2);
+    // A max wait of zero: only what is there now.
+    let now = l.reserve_n_within(2, Duration::ZERO).unwrap();
+    assert_eq!(
+        l.reserve_n_within(1, Duration::ZERO).unwrap_err(),
+        ReserveError::TooLate { wait: Duration::from_millis(100), max_wait: Duration::ZERO }
+    );
+    // Debt of at most one burst: 2 more are due in 200 ms (the fill time), a third never fits.
+    let later = l.reserve_n(2).unwrap();
+    assert_eq!(later.delay(), Duration::from_millis(200));
+    let err = l.reserve_n(1).unwrap_err();
+    assert_eq!(
+        err,
+        ReserveError::TooLate { wait: Duration::from_millis(300), max_wait: Duration::from_millis(200) }
+    );
+    assert!(err.to_string().contains("300ms"), "{err}");
+    // Another limiter's reservation, or one made before the quota changed: not ours to refund.
+    let other = limiter(10, 2);
+    assert_eq!(other.cancel(later), Cancelled::Foreign);
+    l.set_policy(TokenBucket::per_second(10).unwrap().with_burst(2).unwrap()).unwrap();
+    assert_eq!(l.cancel(now), Cancelled::Foreign);
+}
+
+/// `acquire_n` returns once the tokens are due, with the due instant (the intended time); a
+/// wait it cannot meet is refused at once, taking nothing. Correctness only: how precisely it
+/// wakes is a benchmark figure, not a test.
+#[test]
+fn acquire_waits_until_due() {
+    let clock = TscClock::new();
+    let l = Limiter::with_clock(TokenBucket::per_second(1000).unwrap().with_burst(1).unwrap(), clock.clone());
+    let first = l.acquire().unwrap();
+    let second = l.acquire().unwrap();
+    assert!(second.as_u64() >= first.as_u64() + 1_000_000, "{first:?} {second:?}");
+    assert!(clock.now() >= second, "returned before the tokens were due");
+    let refused = l.acquire_n(1, Duration::ZERO);
+    assert!(matches!(refused, Err(ReserveError::TooLate { .. })), "{refused:?}");
+}
