@@ -131,8 +131,11 @@ impl BucketWord {
             return Ok(BucketWord(base + cost));
         }
         let m = q.units_per_nano();
-        // `base + cost > now` here; saturated, a wait is only compared and reported.
-        let wait = base.saturating_add(cost).saturating_sub(at.now).div_ceil(m).saturating_mul(m);
+        // `base + cost > now` here. In `u128`: at the end of the lifetime `base + cost` can pass
+        // 2^64 (`base` up to one fill past `now`), and the wait is reported, so it must be exact.
+        let wait = (u128::from(base) + u128::from(cost) - u128::from(at.now)).div_ceil(u128::from(m))
+            * u128::from(m);
+        let wait = u64::try_from(wait).unwrap_or(u64::MAX);
         if wait <= max_wait {
             Ok(BucketWord(at.now + wait))
         } else {
