@@ -16,6 +16,7 @@ cargo fmt --all -- --check
 
 step "clippy"
 cargo clippy --workspace --all-targets --profile ci -- -D warnings
+cargo clippy -p tollgate --all-targets --features serde,tokio --profile ci -- -D warnings
 
 step "atomics come only from src/sync.rs"
 if grep -rn 'sync::atomic' src --include='*.rs' | grep -v '^src/sync.rs:'; then
@@ -29,6 +30,9 @@ cargo test --workspace --doc --profile ci
 
 step "the serde feature: configurations deserialize from their strings"
 cargo test -p tollgate --features serde --profile ci --test surface
+
+step "the tokio feature: async waiting, cancel-safe under select!"
+cargo test -p tollgate --features tokio --profile ci --test until_ready
 
 step "examples run"
 for example in demo keyed several_limits algorithms; do
@@ -62,7 +66,7 @@ PY
 rm -rf "$scratch"
 
 step "crate docs: every link resolves"
-RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate --features serde
+RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate --features serde,tokio
 
 step "crate builds without default features"
 cargo check -p tollgate --no-default-features

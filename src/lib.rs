@@ -10,6 +10,8 @@ pub mod guide {
     pub mod several_limits {}
     #[doc = include_str!("../docs/guide/counters.md")]
     pub mod counters {}
+    #[doc = include_str!("../docs/guide/waiting.md")]
+    pub mod waiting {}
     #[doc = include_str!("../docs/guide/clocks.md")]
     pub mod clocks {}
     #[doc = include_str!("../docs/guide/guarantees-and-testing.md")]

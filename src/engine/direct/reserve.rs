@@ -287,3 +287,60 @@ pub(crate) fn sleep_until<C: Clock + ?Sized>(clock: &C, due: Nanos) {
         }
     }
 }
+
+#[cfg(feature = "tokio")]
+impl<C: Clock> Direct<TokenBucket, C> {
+    /// One token, awaited: [`until_ready_n`](Direct::until_ready_n) of 1.
+    pub async fn until_ready(&self) -> Result<Nanos, ReserveError> {
+        self.until_ready_n_within(1, Duration::MAX).await
+    }
+
+    /// Reserves `n` tokens and waits, asynchronously on tokio's timer, until they are due; the
+    /// tokens are then taken (do not [`check`](Direct::check) for them again: that would take
+    /// them twice, governor#196). Returns the due instant on the limiter's clock (the intended
+    /// time). Refusals are immediate, as [`reserve_n`](Direct::reserve_n)'s.
+    ///
+    /// **Cancel-safe**: dropping the future before it completes (a `select!` that took another
+    /// branch, a timeout) [cancels](Direct::cancel) the reservation, giving back what it still
+    /// owes. The wait ends no earlier than the due time, within tokio's timer resolution (1 ms)
+    /// after it; for sub-millisecond pacing, use [`acquire_n`](Direct::acquire_n) on a thread.
+    pub async fn until_ready_n(&self, n: u64) -> Result<Nanos, ReserveError> {
+        self.until_ready_n_within(n, Duration::MAX).await
+    }
+
+    /// [`until_ready_n`](Direct::until_ready_n), refused at once if the tokens would be due
+    /// more than `max_wait` from now.
+    pub async fn until_ready_n_within(&self, n: u64, max_wait: Duration) -> Result<Nanos, ReserveError> {
+        let r = self.reserve_n_within(n, max_wait)?;
+        let due = r.ready_at();
+        let mut pending = CancelOnDrop { limiter: self, reservation: Some(r) };
+        loop {
+            let now = self.clock.now();
+            if now >= due {
+                break;
+            }
+            // tokio sleeps at least this long (rounded up to its timer's millisecond); the loop
+            // covers a limiter clock that runs behind tokio's.
+            tokio::time::sleep(Duration::from_nanos(due.as_u64() - now.as_u64())).await;
+        }
+        // Due: the tokens are the caller's now; nothing to give back.
+        pending.reservation = None;
+        Ok(due)
+    }
+}
+
+/// Cancels its reservation when dropped, unless it was used: what makes `until_ready` cancel-safe.
+#[cfg(feature = "tokio")]
+struct CancelOnDrop<'a, C: Clock> {
+    limiter: &'a Direct<TokenBucket, C>,
+    reservation: Option<Reservation>,
+}
+
+#[cfg(feature = "tokio")]
+impl<C: Clock> Drop for CancelOnDrop<'_, C> {
+    fn drop(&mut self) {
+        if let Some(r) = self.reservation.take() {
+            let _ = self.limiter.cancel(r);
+        }
+    }
+}
