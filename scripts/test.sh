@@ -38,6 +38,7 @@ step "examples run"
 for example in demo keyed several_limits algorithms; do
     cargo run -q --profile ci --example "$example" >/dev/null
 done
+cargo run -q --profile ci --example loadgen -- --rate 5000 --seconds 0.3 --arrivals poisson
 
 step "benchmark suite: a quick smoke run of every workload and output (speed is not checked)"
 scratch="$(mktemp -d)"

@@ -7,4 +7,5 @@ pub(crate) mod counters;
 pub(crate) mod decision;
 pub(crate) mod direct;
 pub(crate) mod error;
+pub(crate) mod pacer;
 pub(crate) mod time;

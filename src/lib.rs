@@ -36,6 +36,7 @@ pub use engine::decision::{Decision, Outcome};
 pub use engine::direct::reserve::{Cancelled, Reservation, ReserveError};
 pub use engine::direct::{Algorithm, Direct};
 pub use engine::error::{ConfigError, UpdateError};
+pub use engine::pacer::{Arrivals, Pacer};
 pub use engine::time::Nanos;
 pub use keyed::{
     Hashed, IpPrefix, Key, KeyHasher, Keyed, KeyedAlgorithm, KeyedBuilder, KeyedFixedWindow, KeyedLimit,

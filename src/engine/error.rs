@@ -174,6 +174,13 @@ pub enum ConfigError {
     },
     /// The coarse clock's upkeep thread could not be started.
     Upkeep(String),
+    /// A [`Pacer`](crate::Pacer)'s interval between requests is longer than it can schedule.
+    IntervalTooLong {
+        /// The interval asked for, in nanoseconds.
+        nanos: u128,
+        /// The longest supported, in nanoseconds.
+        max_nanos: u64,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -268,6 +275,10 @@ impl fmt::Display for ConfigError {
                  it needs at least {min_nanos} ns to last 100 years"
             ),
             ConfigError::Upkeep(why) => write!(f, "could not start the coarse clock: {why}"),
+            ConfigError::IntervalTooLong { nanos, max_nanos } => write!(
+                f,
+                "an interval of {nanos} ns between paced requests exceeds the maximum of {max_nanos} ns"
+            ),
         }
     }
 }
