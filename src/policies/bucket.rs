@@ -111,35 +111,42 @@ impl BucketWord {
     }
 
     /// Reserves `n` tokens (`1 ≤ n ≤ burst`) at the bucket instant `at`, now or in the future.
-    /// `Ok(next)`: the stamp to store, which is also the instant the tokens are due. `Err(wait)`:
-    /// the wait, in units, the reservation would have needed (more than `max_wait`).
+    /// `Ok((next, wait))`: the stamp to store, which is also the instant the tokens are due,
+    /// and how many whole nanoseconds after `now` that is. `Err(wait)`: the wait, in whole
+    /// nanoseconds (rounded up), the reservation would have needed (more than `max_wait`).
     ///
     /// When the bucket has the tokens, this is [`decide`](BucketWord::decide)'s take. Otherwise
     /// the stamp moves past `now`, into debt: to the first whole nanosecond at or after
     /// `base + cost` (on the limiter's clock, whose instants are `now` plus multiples of `m`),
-    /// if that is at most `max_wait` after `now`. `max_wait` is a multiple of `m`, at most one
-    /// fill, so stamps stay at or below `now + fill` (the headroom the clock leaves below
-    /// 2^64). Rounding the due instant up, *in the stamp*, is what keeps a reservation's user
-    /// within the bucket: the tokens are used at a whole nanosecond, and the next reservation
-    /// queues from that nanosecond, not from the fraction before it (two reservations' due
-    /// times rounded up independently could otherwise lie closer than their tokens' worth).
+    /// if that is at most `max_wait` units after `now`. `max_wait` is at most one fill, so
+    /// stamps stay at or below `now + fill` (the headroom the clock leaves below 2^64).
+    /// Rounding the due instant up, *in the stamp*, is what keeps a reservation's user within
+    /// the bucket: the tokens are used at a whole nanosecond, and the next reservation queues
+    /// from that nanosecond, not from the fraction before it (two reservations' due times
+    /// rounded up independently could otherwise lie closer than their tokens' worth).
     #[inline]
-    pub(crate) fn reserve(self, q: &TokenBucket, at: At, n: u64, max_wait: u64) -> Result<BucketWord, u64> {
+    pub(crate) fn reserve(
+        self,
+        q: &TokenBucket,
+        at: At,
+        n: u64,
+        max_wait: u64,
+    ) -> Result<(BucketWord, u64), u64> {
         let cost = q.cost_units(n);
         let base = self.base(at);
         if base <= at.now - cost {
-            return Ok(BucketWord(base + cost));
+            return Ok((BucketWord(base + cost), 0));
         }
         let m = q.units_per_nano();
-        // `base + cost > now` here. In `u128`: at the end of the lifetime `base + cost` can pass
-        // 2^64 (`base` up to one fill past `now`), and the wait is reported, so it must be exact.
-        let wait = (u128::from(base) + u128::from(cost) - u128::from(at.now)).div_ceil(u128::from(m))
-            * u128::from(m);
-        let wait = u64::try_from(wait).unwrap_or(u64::MAX);
-        if wait <= max_wait {
-            Ok(BucketWord(at.now + wait))
-        } else {
-            Err(wait)
+        // `base + cost > now` here. At the end of the lifetime `base + cost` can pass 2^64
+        // (`base` up to one fill past `now`): then in `u128`, as the wait is reported.
+        let wait_ns = match base.checked_add(cost) {
+            Some(due) => (due - at.now).div_ceil(m),
+            None => wide_wait(base, cost, at.now, m),
+        };
+        match wait_ns.checked_mul(m) {
+            Some(wait) if wait <= max_wait => Ok((BucketWord(at.now + wait), wait_ns)),
+            _ => Err(wait_ns),
         }
     }
 
@@ -166,6 +173,13 @@ impl BucketWord {
             Decision::new(q, Outcome::Denied, left, base - limit, until_full)
         }
     }
+}
+
+/// `ceil((base + cost − now) / m)` when `base + cost` passes 2^64.
+#[cold]
+fn wide_wait(base: u64, cost: u64, now: u64, m: u64) -> u64 {
+    let wait = (u128::from(base) + u128::from(cost) - u128::from(now)).div_ceil(u128::from(m));
+    u64::try_from(wait).unwrap_or(u64::MAX)
 }
 
 #[cfg(all(test, not(tollgate_loom)))]

@@ -132,7 +132,14 @@ fn workloads(quick: bool) -> Vec<Workload> {
             kind: Kind::Direct,
             loads: BOTH,
             subjects: [
-                &["floor", "floor-coarse", "tollgate", "tollgate-counters", "tollgate-coarse"],
+                &[
+                    "floor",
+                    "floor-coarse",
+                    "tollgate",
+                    "tollgate-reserve",
+                    "tollgate-counters",
+                    "tollgate-coarse",
+                ],
                 ALGORITHMS,
                 &["governor", "mutex"],
             ]

@@ -259,6 +259,19 @@ impl Report {
                 met: worst <= 1.5,
             });
         }
+        // The waiting issue: a reservation costs at most 1.2× a check on the same bucket.
+        for l in [Load::Allow, Load::Deny] {
+            if let (Some(t), Some(r)) =
+                (ns("direct", l, "tollgate", 1), ns("direct", l, "tollgate-reserve", 1))
+            {
+                out.push(Target {
+                    what: format!("direct reserve_n(1), 1 thread, {}", l.name()),
+                    goal: "≤ 1.2× check on the same bucket".into(),
+                    measured: format!("{r:.1} ns against check {t:.1} ({:.2}×)", r / t),
+                    met: r <= 1.2 * t,
+                });
+            }
+        }
         // The surface issue: the cost of decision counters, direct and keyed (reported; the goal
         // is that a limiter without them pays nothing, which the rows above measure).
         for w in ["direct", "1K-keys"] {

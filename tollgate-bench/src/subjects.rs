@@ -103,6 +103,19 @@ impl<C: Clock + Sync> Subject for Bucket<C> {
     }
 }
 
+/// Reservations on the token bucket: `reserve_n(1)`, its answer read (a reservation is kept,
+/// its tokens taken, as a load generator's would be). Deny-heavy: the bucket is a whole fill in
+/// debt, so every reservation is refused at once as too late.
+struct Reserve<C: Clock>(Limiter<C>);
+
+impl<C: Clock + Sync> Subject for Reserve<C> {
+    fn run(&self, keys: &[u64]) {
+        for _ in keys {
+            let _ = black_box(self.0.reserve_n(1).map(|r| r.delay()));
+        }
+    }
+}
+
 /// Any other single-word policy on the direct engine.
 macro_rules! direct_subject {
     ($name:ident, $limiter:ty) => {
@@ -186,6 +199,11 @@ pub fn direct_subjects() -> Vec<(&'static str, Maker)> {
         }),
         ("tollgate", |s| {
             Box::new(Bucket(spend(s.load, Limiter::new(s.load.quota()), |l| {
+                let _ = l.check();
+            })))
+        }),
+        ("tollgate-reserve", |s| {
+            Box::new(Reserve(spend(s.load, Limiter::new(s.load.quota()), |l| {
                 let _ = l.check();
             })))
         }),

@@ -14,6 +14,7 @@ use core::fmt;
 use core::time::Duration;
 
 use super::Direct;
+use crate::sync::Ordering::Relaxed;
 use crate::{Clock, Nanos, TokenBucket};
 
 /// Tokens reserved on a [`Limiter`](crate::Limiter): due at [`ready_at`](Reservation::ready_at),
@@ -182,9 +183,33 @@ impl<C: Clock> Direct<TokenBucket, C> {
     }
 
     /// [`reserve_n_within`](Direct::reserve_n_within) at a caller-supplied `now`.
+    #[inline]
     pub fn reserve_n_at(&self, now: Nanos, n: u64, max_wait: Duration) -> Result<Reservation, ReserveError> {
+        // Relaxed: as in `check_n_at`.
+        if self.flags.load(Relaxed) & super::CHANGED == 0 {
+            return self.reserve_under(&self.algorithm, 0, now, n, max_wait);
+        }
+        self.reserve_changed(now, n, max_wait)
+    }
+
+    /// [`reserve_n_at`](Direct::reserve_n_at) once the quota has been replaced: out of line,
+    /// so that the common path addresses the built quota's fields directly (a pointer chosen
+    /// between the two configurations cost a dependent load on every step, as in `check`).
+    #[inline(never)]
+    fn reserve_changed(&self, now: Nanos, n: u64, max_wait: Duration) -> Result<Reservation, ReserveError> {
         let (config, generation) = self.current();
-        let q = config.as_ref().unwrap_or(&self.algorithm);
+        self.reserve_under(config.as_ref().unwrap_or(&self.algorithm), generation, now, n, max_wait)
+    }
+
+    #[inline(always)]
+    fn reserve_under(
+        &self,
+        q: &TokenBucket,
+        generation: u64,
+        now: Nanos,
+        n: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation, ReserveError> {
         if n > q.burst() {
             return Err(ReserveError::Insufficient { requested: n, burst: q.burst() });
         }
@@ -202,15 +227,15 @@ impl<C: Clock> Direct<TokenBucket, C> {
             return Ok(reservation(0, 0));
         }
         let m = q.units_per_nano();
-        let fill = q.fill_units();
-        // Whole nanoseconds: the most debt a bucket takes (one fill, rounded down), or less.
-        let longest = (fill / m).min(u64::try_from(max_wait.as_nanos()).unwrap_or(u64::MAX));
-        match self.state.reserve(q, at, n, longest * m) {
-            // A stamp in debt is `now` plus whole nanoseconds (see `BucketWord::reserve`).
-            Ok(stamp) => Ok(reservation(stamp, stamp.saturating_sub(at.now) / m)),
+        let max_wait_ns = u64::try_from(max_wait.as_nanos()).unwrap_or(u64::MAX);
+        // The most debt: one fill, or the caller's wait. Not rounded to whole nanoseconds: the
+        // wait it is compared with is a multiple of `m` (see `BucketWord::reserve`), so the
+        // comparison is the same, without a division on the common path.
+        match self.state.reserve(q, at, n, q.fill_units().min(max_wait_ns.saturating_mul(m))) {
+            Ok((stamp, wait)) => Ok(reservation(stamp, wait)),
             Err(wait) => Err(ReserveError::TooLate {
-                wait: Duration::from_nanos(wait / m),
-                max_wait: Duration::from_nanos(longest),
+                wait: Duration::from_nanos(wait),
+                max_wait: Duration::from_nanos((q.fill_units() / m).min(max_wait_ns)),
             }),
         }
     }

@@ -68,19 +68,20 @@ impl AtomicBucket {
     }
 
     /// Reserves `n` tokens (`1 ≤ n ≤ burst`) at `at`, due at most `max_wait` units (at most
-    /// one fill) from now: `Ok(stamp)`, the stamp stored, which is when they are due; or
-    /// `Err(wait)`, the wait it would have needed. The same lock-free loop and orderings as
+    /// one fill) from now: `Ok((stamp, wait))`, the stamp stored, which is when they are due,
+    /// and that many whole nanoseconds from now; or `Err(wait)`, the wait in whole nanoseconds
+    /// it would have needed. The same lock-free loop and orderings as
     /// [`charge`](AtomicBucket::charge): a reservation is a charge whose stamp may lie ahead of
     /// `now`, and a later charge or reservation queues behind it (it reads that stamp).
     #[inline]
-    pub(crate) fn reserve(&self, q: &TokenBucket, at: At, n: u64, max_wait: u64) -> Result<u64, u64> {
+    pub(crate) fn reserve(&self, q: &TokenBucket, at: At, n: u64, max_wait: u64) -> Result<(u64, u64), u64> {
         let mut cur = self.load();
         loop {
-            let next = cur.reserve(q, at, n, max_wait)?;
+            let (next, wait_ns) = cur.reserve(q, at, n, max_wait)?;
             // As in `charge`: Relaxed loads, Release on success for the refunds (cancels) that
             // load this value with Acquire and read their clock after it.
             match self.word.compare_exchange_weak(cur.raw(), next.raw(), Release, Relaxed) {
-                Ok(_) => return Ok(next.raw()),
+                Ok(_) => return Ok((next.raw(), wait_ns)),
                 Err(seen) => cur = BucketWord::from_raw(seen),
             }
         }
