@@ -14,6 +14,7 @@
 mod charts;
 mod driver;
 mod machine;
+mod pacing;
 mod report;
 mod subjects;
 #[path = "../../benches/workloads/mod.rs"]
@@ -298,7 +299,8 @@ fn main() {
         })
         .filter(|(_, _, s): &(_, _, Vec<_>)| !s.is_empty())
         .collect();
-    if plan.is_empty() {
+    let pacing_selected = args.filter.is_empty() || args.filter.iter().any(|f| "pacing".contains(f.as_str()));
+    if plan.is_empty() && !pacing_selected {
         eprintln!("error: no cell matches the filter; see --list");
         std::process::exit(2);
     }
@@ -404,7 +406,14 @@ fn main() {
     }
     machine.finish(cpu_start);
     let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
+    let pacing_rows = if pacing_selected {
+        eprintln!("pacing: 4 ways of waiting, 2 threads");
+        pacing::run(args.quick)
+    } else {
+        Vec::new()
+    };
     let mut report = Report::new(machine, cells, memory, reps, duration, threads, started.elapsed(), command);
+    report.pacing = pacing_rows;
     report.fill_ratios();
     let workloads: Vec<(&str, &str)> = all.iter().map(|w| (w.name, w.what)).collect();
     if args.json {

@@ -150,6 +150,7 @@ pub struct Report {
     pub seconds: f64,
     pub cells: Vec<Cell>,
     pub memory: Vec<Memory>,
+    pub pacing: Vec<crate::pacing::PacingRow>,
     pub targets: Vec<Target>,
 }
 
@@ -183,6 +184,7 @@ impl Report {
             seconds: elapsed.as_secs_f64(),
             cells,
             memory,
+            pacing: Vec::new(),
             targets: Vec::new(),
         }
     }
@@ -370,6 +372,19 @@ impl Report {
                 });
             }
         }
+        // The waiting issue: the pacer at a million per second on 2 threads.
+        if let Some(p) = self.pacing.first() {
+            let off = (p.achieved_per_sec / p.target_per_sec as f64 - 1.0).abs() * 100.0;
+            out.push(Target {
+                what: format!(
+                    "Pacer::next, {} threads, {}/s for {:.1} s",
+                    p.threads, p.target_per_sec, p.seconds
+                ),
+                goal: "achieved within 0.1%; send-time error p99 ≤ 5 µs".into(),
+                measured: format!("{off:.3}% off; p99 {:.1} µs", p.error_p99_us),
+                met: off <= 0.1 && p.error_p99_us <= 5.0,
+            });
+        }
         let mem = |w: &str, s: &str| self.memory.iter().find(|m| m.workload == w && m.subject == s);
         if let Some(t) = mem("1M-keys", "tollgate") {
             let g = mem("1M-keys", "governor");
@@ -475,6 +490,36 @@ impl Report {
         markdown_table(&rows, 2)
     }
 
+    fn pacing_table(&self) -> String {
+        let mut rows = vec![[
+            "method",
+            "threads",
+            "target/s",
+            "achieved/s",
+            "vs target",
+            "error p50 (µs)",
+            "p99",
+            "p99.9",
+            "max",
+        ]
+        .map(str::to_owned)
+        .to_vec()];
+        for p in &self.pacing {
+            rows.push(vec![
+                p.method.clone(),
+                p.threads.to_string(),
+                p.target_per_sec.to_string(),
+                format!("{:.0}", p.achieved_per_sec),
+                format!("{:+.3}%", (p.achieved_per_sec / p.target_per_sec as f64 - 1.0) * 100.0),
+                format!("{:.1}", p.error_p50_us),
+                format!("{:.1}", p.error_p99_us),
+                format!("{:.1}", p.error_p999_us),
+                format!("{:.1}", p.error_max_us),
+            ]);
+        }
+        markdown_table(&rows, 1)
+    }
+
     fn targets_table(&self) -> String {
         let mut rows =
             vec![vec!["target".to_owned(), "goal".to_owned(), "measured".to_owned(), "met".to_owned()]];
@@ -499,6 +544,13 @@ impl Report {
         }
         if !self.memory.is_empty() {
             let _ = write!(s, "\n### memory\n\n{}", self.memory_table());
+        }
+        if !self.pacing.is_empty() {
+            let _ = write!(
+                s,
+                "\n### pacing: send-time error against the intended schedule\n\n{}",
+                self.pacing_table()
+            );
         }
         if !self.targets.is_empty() {
             let _ = write!(s, "\n### targets\n\n{}", self.targets_table());
@@ -612,6 +664,14 @@ impl Report {
         }
         if !self.memory.is_empty() {
             let _ = write!(s, "\n### Memory\n\n{}", self.memory_table());
+        }
+        if !self.pacing.is_empty() {
+            let _ = write!(
+                s,
+                "\n### Pacing\n\nTwo threads share one schedule at the target rate; each send records its error, \
+                 actual − intended time.\n\n{}",
+                self.pacing_table()
+            );
         }
         if !written.is_empty() {
             let _ = writeln!(s, "\n### Charts\n");
