@@ -88,18 +88,13 @@ impl AtomicBucket {
     }
 
     /// Cancels a reservation of `n` tokens made at the instant whose floor was `charged_floor`,
-    /// which stored `stamp`: gives back what it still owes, `n·t` less the larger of
-    /// - the floor's advance since (the refill that covered it: as [`refund`](AtomicBucket::refund)), and
-    /// - what was charged or reserved after it (`word − stamp`): later reservations were given
-    ///   due times that count on its tokens being used, and a new one can only queue at the
-    ///   end of the line, so only the part of it that lies after all of them can go back (all
-    ///   of it when it is the latest). Giving back more would let a new reservation fall due
-    ///   together with the later ones: more at once than the bucket holds.
+    /// which stored `stamp`: gives back what it still owes, by the rule of
+    /// [`refund`](AtomicBucket::refund) (with the reservation's stamp): in debt, all of it if it
+    /// is the latest and nothing otherwise; out of debt, `n·t` less the floor's advance since.
     ///
-    /// Never more than [`refund`](AtomicBucket::refund) would give, so never more than a twin
-    /// that never saw it. Waits for another refund or cancel of this bucket in progress rather
-    /// than give up (they are a few instructions each): not lock-free, for that reason;
-    /// decisions never wait on it. Whether it gave anything back.
+    /// Waits for another refund or cancel of this bucket in progress rather than give up (they
+    /// are a few instructions each): not lock-free, for that reason; decisions never wait on
+    /// it. Whether it gave anything back.
     pub(crate) fn cancel(
         &self,
         q: &TokenBucket,
@@ -117,9 +112,12 @@ impl AtomicBucket {
     }
 
     /// Gives back what is still owed of a charge of `n` tokens made at the instant whose floor
-    /// was `charged_floor`: `n·t − (at().floor − charged_floor)`, or nothing once that is not
-    /// positive or if the clock reads earlier than the charge. `at()` is read after each load
-    /// of the word.
+    /// was `charged_floor`, which stored `stamp`: `n·t − (at().floor − charged_floor)`, or
+    /// nothing once that is not positive or if the clock reads earlier than the charge. While
+    /// the bucket is in debt to a reservation (the word is ahead of `now`), only the latest
+    /// charge goes back, whole (see `refund_flagged`): reservations due in the future were
+    /// given instants that count on the earlier charges. `at()` is read after each load of the
+    /// word.
     ///
     /// Why this never hands out capacity the bucket no longer owes, whatever else happened in
     /// between (other charges, other refunds in any order, plain decisions): compare the bucket
