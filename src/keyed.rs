@@ -654,11 +654,14 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Keyed<A, K, C> {
         count
     }
 
-    /// Counts a decision, if the table counts them.
+    /// Counts a decision, if the table counts them. The count itself is out of line and takes
+    /// only the outcome's code: inline, its stripe lookup and increment kept the decision and
+    /// their own values live across every check of a table without counters (spilled to the
+    /// stack), as the direct limiter's merged paths did.
     #[inline(always)]
     fn record(&self, d: &Decision) {
         if let Some(c) = &self.counters {
-            c.record(d);
+            count(c, d.outcome_code());
         }
     }
 
@@ -1070,4 +1073,10 @@ fn prefetch(p: *const u8) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
+}
+
+/// [`Keyed::record`]'s count, out of line.
+#[inline(never)]
+fn count(c: &Counters, code: usize) {
+    c.record_code(code);
 }

@@ -46,8 +46,14 @@ impl Counters {
     /// full, untracked).
     #[inline]
     pub(crate) fn record(&self, d: &Decision) {
+        self.record_code(d.outcome_code());
+    }
+
+    /// [`record`](Counters::record) by the outcome's code.
+    #[inline]
+    pub(crate) fn record_code(&self, code: usize) {
         // Relaxed: a statistic; see the module docs.
-        self.stripes[stripe()][d.outcome_code()].fetch_add(1, Relaxed);
+        self.stripes[stripe()][code].fetch_add(1, Relaxed);
     }
 
     /// The counts so far.

@@ -296,8 +296,10 @@ impl crate::keyed::sealed::KeyedWords for Nginx {
 }
 
 impl Nginx {
-    /// [`decide_keyed`](crate::keyed::sealed::KeyedWords::decide_keyed) on a start word.
+    /// [`decide_keyed`](crate::keyed::sealed::KeyedWords::decide_keyed) on a start word. Out of
+    /// line: inline, its arithmetic took registers from every keyed decision.
     #[cold]
+    #[inline(never)]
     fn decide_pending(&self, word: u64, now: u64, n: u64) -> (Option<u64>, Decision) {
         let last = unpack_last(word);
         let at = now.max(last + self.ceil_per_rate(1_000_000)).min(KEYED_MAX_MS);
