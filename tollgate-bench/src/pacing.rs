@@ -129,13 +129,7 @@ fn tokio_sleep(threads: usize, rate: u64, seconds: f64) -> PacingRow {
                 })
             })
             .collect();
-        let (mut h, mut sent) = (histogram(), 0);
-        for t in tasks {
-            let (th, n) = t.await.expect("a pacing task");
-            h.add(th).expect("same bounds");
-            sent += n;
-        }
-        (h, sent)
+        join(tasks).await
     });
     row("tollgate Pacer + tokio sleep (1 ms timer)", threads, rate, seconds, sent, &h)
 }
@@ -178,15 +172,20 @@ fn governor_until_ready(threads: usize, rate: u64, seconds: f64) -> PacingRow {
                 })
             })
             .collect();
-        let (mut h, mut sent) = (histogram(), 0);
-        for t in tasks {
-            let (th, n) = t.await.expect("a pacing task");
-            h.add(th).expect("same bounds");
-            sent += n;
-        }
-        (h, sent)
+        join(tasks).await
     });
     row("governor until_ready (tokio tasks)", threads, rate, seconds, sent, &h)
+}
+
+/// Sums the tasks' histograms and counts.
+async fn join(tasks: Vec<tokio::task::JoinHandle<(Histogram<u64>, u64)>>) -> (Histogram<u64>, u64) {
+    let (mut h, mut sent) = (histogram(), 0);
+    for t in tasks {
+        let (th, n) = t.await.expect("a pacing task");
+        h.add(th).expect("same bounds");
+        sent += n;
+    }
+    (h, sent)
 }
 
 /// The pacing rows: 2 threads at 1,000,000/s for 2 s (0.2 s when quick).

@@ -103,12 +103,7 @@ impl AtomicBucket {
         n: u64,
         at: impl Fn() -> At,
     ) -> bool {
-        // Acquire, as in `refund`.
-        while self.refunding.compare_exchange_weak(0, 1, Acquire, Relaxed).is_err() {
-            crate::sync::pause();
-        }
-        let _clear = crate::sync::ClearOnDrop(&self.refunding);
-        self.refund_flagged(q, charged_floor, stamp, n, at)
+        self.refund_with(true, q, charged_floor, stamp, n, at)
     }
 
     /// Gives back what is still owed of a charge of `n` tokens made at the instant whose floor
@@ -150,26 +145,31 @@ impl AtomicBucket {
         n: u64,
         at: impl Fn() -> At,
     ) {
-        // Acquire, paired with the Release below: a refund starts after the previous one's CAS
-        // in the word's modification order. Checked by loom-tests/tests/admit.rs.
-        if self.refunding.compare_exchange(0, 1, Acquire, Relaxed).is_err() {
-            return;
-        }
-        // Release (on drop, even if the clock panics): see the Acquire above.
-        let _clear = crate::sync::ClearOnDrop(&self.refunding);
-        self.refund_flagged(q, charged_floor, stamp, n, at);
+        self.refund_with(false, q, charged_floor, stamp, n, at);
     }
 
-    /// The body of [`refund`](AtomicBucket::refund) and [`cancel`](AtomicBucket::cancel) (with
-    /// the reservation's `stamp`), with the refund flag held: whether it gave anything back.
-    fn refund_flagged(
+    /// [`refund`](AtomicBucket::refund) (`wait` false: give up if another refund holds the
+    /// flag) and [`cancel`](AtomicBucket::cancel) (`wait` true): whether it gave anything back.
+    fn refund_with(
         &self,
+        wait: bool,
         q: &TokenBucket,
         charged_floor: u64,
         stamp: u64,
         n: u64,
         at: impl Fn() -> At,
     ) -> bool {
+        // Acquire, paired with the Release of the flag's clear: a refund starts after the
+        // previous one's CAS in the word's modification order. Checked by
+        // loom-tests/tests/admit.rs and reserve.rs.
+        while self.refunding.compare_exchange(0, 1, Acquire, Relaxed).is_err() {
+            if !wait {
+                return false;
+            }
+            crate::sync::pause();
+        }
+        // Release (on drop, even if the clock panics): see the Acquire above.
+        let _clear = crate::sync::ClearOnDrop(&self.refunding);
         let cost = q.cost_units(n);
         // Acquire (and on failure below): pairs with the decisions' Release CAS, so that the
         // clock read after it is no earlier than theirs.
