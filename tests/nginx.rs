@@ -107,10 +107,10 @@ fn several_at_once() {
 #[test]
 fn configuration_errors_are_typed() {
     assert_eq!(Nginx::per_second(0), Err(tollgate::ConfigError::ZeroRate));
-    assert!(Nginx::per_second(1).unwrap().burst(16_777).is_ok());
+    assert!(Nginx::per_second(1).unwrap().burst(16_776).is_ok());
     assert!(matches!(
-        Nginx::per_second(1).unwrap().burst(16_778),
-        Err(tollgate::ConfigError::NginxBurstTooLarge { burst: 16_778, max: 16_777 })
+        Nginx::per_second(1).unwrap().burst(16_777),
+        Err(tollgate::ConfigError::NginxBurstTooLarge { burst: 16_777, max: 16_776 })
     ));
 }
 
@@ -129,7 +129,7 @@ proptest! {
     fn engine_matches_nginx_model(
         rate in prop_oneof![1u64..=20, 1u64..=100_000],
         per_minute in any::<bool>(),
-        burst in prop_oneof![Just(0u64), 0u64..=10, 0u64..=16_777],
+        burst in prop_oneof![Just(0u64), 0u64..=10, 0u64..=16_776],
         delay in prop_oneof![Just(None), (0u64..=12).prop_map(Some)],
         ops in prop::collection::vec(prop_oneof![
             3 => prop_oneof![0u64..2 * MS, 0u64..2_000 * MS, 0u64..(1 << 50)].prop_map(Op::Advance),

@@ -12,16 +12,15 @@
 //!   current window with a count of 0.
 //! - **Sliding-window counter** (`index + 1 | curr | prev`): as the fixed window. A word two
 //!   windows old, or one window old with nothing counted in it, weighs nothing.
-//! - **nginx** (`last + 1 | excess`): a new node's first request always passes with excess 0;
-//!   so does a node whose excess has leaked away with 1,000 milli-requests to spare. A fresh
-//!   key's word is such a node, last seen `D = ⌈10⁶ / rate⌉` ms ago (on a clock that starts
-//!   2^16 ms in, so that the word exists from the start); a word is evictable once its last
-//!   request is more than `⌈(burst + 1000)·1000 / rate⌉` ms old. A time before a word's `last`
-//!   counts as `last` (nginx's rule for a clock running back by more than 60 s would move
-//!   `last` back, which the table cannot allow); keyed times must not run back anyway. When a
-//!   slot's mark is above a new key's fresh word, the key starts on a *start word*: the mark's
-//!   `last` with an excess no stored word has, which every thread decides as a new node's first
-//!   request (at `last + D` if its clock is earlier).
+//! - **nginx** (`last | excess + 1000`): a field of 0 is a new node at `last` and at every
+//!   later instant (its next arrival leaks to nothing, as a new node's first request passes
+//!   with excess 0). A fresh key's word is a new node now; a word is evictable once its last
+//!   request is more than `⌈(burst + 1000)·1000 / rate⌉` ms old (it has leaked its whole field).
+//!   A time before a word's `last` counts as `last` (nginx's rule for a clock running back by
+//!   more than 60 s would move `last` back, which the table cannot allow); keyed times must not
+//!   run back anyway. When a slot's mark is above a new key's fresh word, the key starts on a
+//!   *start word*, a new node a millisecond after the mark's `last`, which every thread decides
+//!   as a new node's first request (at that millisecond if its clock is earlier).
 //!
 //! Two bits of every word are the table's, so a keyed limiter's clock stops at
 //! [`Keyed::lifetime`], a quarter of the direct limiter's: 8.7 years for nginx; 2^38 − 4

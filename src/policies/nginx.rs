@@ -18,15 +18,20 @@
 //! # Layout
 //!
 //! ```text
-//!  63                                     24 23                    0
-//! +-----------------------------------------+-----------------------+
-//! | last + 1: ms since the limiter's origin |  excess, milli-requests|
-//! +-----------------------------------------+-----------------------+
+//!  63                                     24 23                       0
+//! +-----------------------------------------+--------------------------+
+//! | last: ms since the limiter's origin     | excess + 1000, milli-req |
+//! +-----------------------------------------+--------------------------+
 //! ```
 //!
-//! The word 0 is a key with no state (nginx's "new node"). 40 bits of milliseconds last 34.8
-//! years from the limiter's creation; the clock saturates there (no more leaking: only denials).
-//! 24 bits of excess hold a burst of up to 16,777 requests. The word is updated by
+//! The excess is stored plus 1,000, so that a field of 0 is an excess of −1,000: a node whose
+//! next arrival leaks to nothing (`max(0, −1000 − leaked + 1000) = 0`), which is exactly nginx's
+//! new node, at `last` and every later instant. The word 0 (no state) is then a new node with no
+//! special case, and so is a keyed slot's *start word*. In these terms one arrival is
+//! `f' = max(0, f − leaked) + 1000` and refuses when `f' > burst + 1000`. 40 bits of
+//! milliseconds last 34.8 years from the limiter's creation; the clock saturates there (no more
+//! leaking: only denials). 24 bits hold a burst of up to 16,776 requests (with the 1,000, and
+//! one more for the keyed table's eviction mark). The word is updated by
 //! [`Direct`]'s relaxed CAS loop (see `policy.rs`): it publishes nothing
 //! else, and a decision takes effect at its CAS (a rejection at its load). Checked by
 //! `loom-tests/tests/nginx.rs`.
@@ -40,10 +45,14 @@ use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome, UpdateError};
 const EXCESS_BITS: u32 = 24;
 const EXCESS_MASK: u64 = (1 << EXCESS_BITS) - 1;
 const LAST_BITS: u32 = 64 - EXCESS_BITS;
-/// The largest `last` in ms since the origin (`last + 1` must fit its field).
+/// The largest `last` in ms since the origin.
 const MAX_MS: u64 = (1 << LAST_BITS) - 2;
-/// The largest burst: `burst·1000` must fit the excess field.
-const MAX_BURST: u64 = EXCESS_MASK / 1000;
+/// What the excess field holds above the excess: a field of 0 is a new node (module docs).
+const BIAS: u64 = 1000;
+/// The largest burst: `burst·1000 + 1000`, and one more for a keyed eviction mark, must fit the
+/// excess field.
+const MAX_BURST: u64 = (EXCESS_MASK - BIAS - 1) / 1000;
+const _: () = assert!(MAX_BURST == 16_776);
 const _: () = assert!(EXCESS_BITS + LAST_BITS == 64);
 
 /// A `limit_req` configuration: `rate=N r/s` or `r/m`, `burst=B`, and `nodelay` or `delay=D`.
@@ -106,63 +115,55 @@ impl Nginx {
     ///
     /// nginx counts one request at a time; `n` generalizes it as `n` arrivals in the same
     /// millisecond, all or none: exactly what `n` single requests in a row would do (the
-    /// first leaks, then each adds 1000), and a new node's first request is free. `n = 0` reports the state and stores nothing; more than `burst + 1` at once can
-    /// never pass ([`Outcome::Insufficient`]).
+    /// first leaks and clamps at zero, then each adds 1000), and a new node's first request is
+    /// free. (One clamp over the sum, `max(0, stored + n·1000 − leaked)`, would let a long-idle
+    /// node absorb part of a batch into its leak: more than `n` single arrivals get.) `n = 0`
+    /// reports the state and stores nothing; more than `burst + 1` at once can never pass
+    /// ([`Outcome::Insufficient`]).
     #[inline(always)]
     fn decide_ms(&self, word: u64, now: u64, n: u64) -> (Option<u64>, Decision) {
-        let max_n = self.burst / 1000 + 1;
-        if n > max_n {
-            let excess = if word == 0 {
-                0
-            } else {
-                let (_, _, _, stored, leaked) = self.leak(word, now);
-                stored.saturating_sub(leaked)
-            };
+        let (last, field) = (word >> EXCESS_BITS, word & EXCESS_MASK);
+        // Both below 2^40, so the difference fits an i64.
+        let elapsed = now as i64 - last as i64;
+        let ms = if elapsed < -60_000 { 1 } else { elapsed.max(0) as u64 };
+        // Saturating: a product beyond u64 leaks far more than any field (below 2^24), so the
+        // clamp at zero gives nginx's exact answer.
+        let leaked = self.rate.saturating_mul(ms) / 1000;
+        // nginx's `max(0, excess − leaked + 1000)`, in the biased field.
+        let left = field.saturating_sub(leaked);
+        if n.wrapping_sub(1) >= self.max_n() {
+            // `n = 0` reports; more than `burst + 1` is never admitted. Both store nothing.
+            let excess = left.saturating_sub(BIAS);
+            if n == 0 {
+                return (None, self.passed(excess));
+            }
             let d = Decision::from_nanos(Outcome::Insufficient, 0, Nanos::ZERO, self.drain_time(excess));
             return (None, d);
         }
         let add = n * 1000;
-        if word == 0 {
-            let excess = add.saturating_sub(1000);
-            let next = (n > 0).then(|| pack(now, excess));
-            return (next, self.passed(excess));
-        }
-        let (elapsed, ms, last, stored, leaked) = self.leak(word, now);
-        // nginx clamps at zero after adding: `max(0, stored − leaked + 1000)`.
-        let excess = (stored + add).saturating_sub(leaked);
-        if n == 0 {
-            return (None, self.passed(excess));
-        }
-        if excess > self.burst {
-            // Accepted once `rate·ms'/1000 ≥ stored + add − burst` with `ms' = now + w − last`.
-            let need = stored + add - self.burst;
+        let next = left + add;
+        if next > self.burst + BIAS {
+            // Accepted once `rate·ms'/1000 ≥ f + add − burst − 1000` with `ms' = now + w − last`
+            // (positive: `n ≤ burst/1000 + 1` alone passes on an empty node).
+            let need = field + add - self.burst - BIAS;
             let ms_needed = self.ceil_per_rate(need * 1000) as i64; // below 2^35
             let wait = (ms_needed - elapsed).max(0) as u64;
-            let d = Decision::from_nanos(Outcome::Denied, 0, ms_to_nanos(wait), self.drain_time(stored));
+            let d = Decision::from_nanos(
+                Outcome::Denied,
+                0,
+                ms_to_nanos(wait),
+                self.drain_time(field.saturating_sub(BIAS)),
+            );
             return (None, d);
         }
-        // `n` arrivals in one millisecond are `n` of nginx's steps in a row: the first leaks and
-        // clamps at zero, the other `n − 1` each add 1000 with nothing more to leak. (One
-        // clamp over the sum, `max(0, stored + n·1000 − leaked)`, would let a long-idle node
-        // absorb part of a batch into its leak: more than `n` single arrivals get.) Both forms
-        // refuse exactly when `stored + n·1000 − leaked > burst`, since `(n − 1)·1000 ≤ burst`.
-        let excess = (stored + 1000).saturating_sub(leaked) + (add - 1000);
         let last = if ms != 0 { now } else { last };
-        (Some(pack(last, excess)), self.passed(excess))
+        (Some(pack(last, next)), self.passed(next - BIAS))
     }
 
-    /// Unpacks `word` (not 0) as of `now`: `(elapsed, ms, last, stored, leaked)`, with nginx's
-    /// treatment of a clock behind `last` (`ms`), and the milli-requests leaked since.
+    /// The most requests one decision can admit: the burst and the one that leaks.
     #[inline]
-    fn leak(&self, word: u64, now: u64) -> (i64, u64, u64, u64, u64) {
-        let (last, stored) = (unpack_last(word), word & EXCESS_MASK);
-        // Both below 2^40, so the difference fits an i64.
-        let elapsed = now as i64 - last as i64;
-        let ms = if elapsed < -60_000 { 1 } else { elapsed.max(0) as u64 };
-        // Saturating: a product beyond u64 leaks far more than any excess (at most 2^24 + 1000),
-        // so the clamp at zero gives nginx's exact answer.
-        let leaked = self.rate.saturating_mul(ms) / 1000;
-        (elapsed, ms, last, stored, leaked)
+    fn max_n(&self) -> u64 {
+        self.burst / 1000 + 1
     }
 
     /// `ceil(x / rate)` for `x < 2^62`.
@@ -197,28 +198,17 @@ fn ms_to_nanos(ms: u64) -> Nanos {
     Nanos::new(ms.saturating_mul(1_000_000))
 }
 
+/// The word of `last` with the biased excess `field`.
 #[inline]
-fn pack(last: u64, excess: u64) -> u64 {
-    ((last + 1) << EXCESS_BITS) | excess
+fn pack(last: u64, field: u64) -> u64 {
+    (last << EXCESS_BITS) | field
 }
 
-#[inline]
-fn unpack_last(word: u64) -> u64 {
-    (word >> EXCESS_BITS) - 1
-}
-
-/// The excess of a keyed *start word*: a new node that has not yet had its first request
-/// (`last` is the slot's mark). Never a stored excess, which is at most the burst (+ 1 in an
-/// eviction mark). Start words say what they are, so that whichever thread decides first on one
-/// (the inserter, or another thread on the same key after a helper made the slot live) decides
-/// a new node's first request.
-const PENDING: u64 = EXCESS_MASK;
-const _: () = assert!(MAX_BURST * 1000 + 1 < PENDING);
-
-/// A keyed table's millisecond clock starts here, so that a fresh key's word (a node last
-/// seen up to ⌈10⁶ / rate⌉ ≤ 62,500 ms before) exists from the first millisecond.
+/// A keyed table's millisecond clock starts here, so that every word it stores is well above
+/// 0 (and its evictable line is a word from the first millisecond).
 const KEYED_START_MS: u64 = 1 << 16;
-/// The largest `last` in a keyed table, whose words keep two bits free.
+/// The largest `last` in a keyed table, whose words keep two bits free (with room for a start
+/// word one millisecond later).
 const KEYED_MAX_MS: u64 = (1 << (LAST_BITS - 2)) - 3;
 
 /// Keyed words: see `keyed/policy.rs`.
@@ -249,69 +239,45 @@ impl crate::keyed::sealed::KeyedWords for Nginx {
 
     #[inline]
     fn most_at_once(&self) -> u64 {
-        self.burst / 1000 + 1
+        self.max_n()
     }
 
-    /// A node whose excess is 0 and which leaked 1,000 milli-requests since: its next arrival
-    /// stores what a new node's does, `(n − 1)·1000`, at every later time.
+    /// A new node, now: its field is 0, and every later arrival on it is a new node's.
     #[inline]
     fn fresh(&self, elapsed: Nanos) -> u64 {
-        let now = keyed_ms(elapsed);
-        pack(now - self.ceil_per_rate(1_000_000), 0)
+        pack(keyed_ms(elapsed), 0)
     }
 
     /// Nodes last seen `⌈(burst + 1000)·1000 / rate⌉` ms ago or earlier: they have leaked their
-    /// excess (at most the burst) and 1,000 more. Never above the fresh word (equal to it
-    /// without a burst).
+    /// whole field (at most the burst + 1000), so their next arrival is a new node's, now and
+    /// later. Below the fresh word.
     #[inline]
     fn evictable(&self, elapsed: Nanos) -> u64 {
         let now = keyed_ms(elapsed);
-        let drained = self.ceil_per_rate((self.burst + 1000) * 1000);
-        // `last ≤ now − drained` ⇔ word < pack(now − drained + 1, 0).
-        let below = (now + 1).checked_sub(drained).map_or(0, |last| pack(last, 0));
-        below.min(self.fresh(elapsed))
+        let drained = self.ceil_per_rate((self.burst + BIAS) * 1000);
+        // `last ≤ now − drained` ⇔ word < pack(now − drained + 1, 0); `drained ≥ 1`.
+        (now + 1).checked_sub(drained).map_or(0, |last| pack(last, 0))
     }
 
-    /// A start word at the mark's `last`: a new node, its first request pending ([`PENDING`];
-    /// at or above the mark, whose excess is at most the burst + 1).
+    /// The mark itself if it is a new node (field 0: a claimant's fresh word), else a new node
+    /// a millisecond after the mark's `last` (an evicted word + 1, whose field is at most the
+    /// burst + 1001, below every word of the next millisecond). Every thread decides a start
+    /// word as a new node's first request, at its own clock or at the word's `last` if that
+    /// is later, so whichever thread decides first on it (the inserter, or another thread on
+    /// the same key after a helper made the slot live) finds what a new key should.
     fn above(&self, mark: u64) -> u64 {
-        pack(unpack_last(mark), PENDING).max(mark)
+        if mark & EXCESS_MASK == 0 {
+            mark
+        } else {
+            pack((mark >> EXCESS_BITS) + 1, 0)
+        }
     }
 
     /// nginx's step with the clock held at or after the word's `last`: a stored word then
-    /// always grows (a later `last`, or the same `last` with 1,000·n more excess). A start word
-    /// is a new node's first request (whose excess is `(n − 1)·1000`) at the earliest instant
-    /// it is a fresh node's, `last + D`, if the caller's clock is earlier: a new node's first
-    /// request always passes, whatever other key left the slot's mark and whichever thread
-    /// decides on it first.
+    /// always grows (a later `last`, or the same `last` with 1,000·n more excess).
     #[inline(always)]
     fn decide_keyed(&self, word: u64, elapsed: Nanos, n: u64) -> (Option<u64>, Decision) {
-        let now = keyed_ms(elapsed);
-        if word & EXCESS_MASK == PENDING {
-            return self.decide_pending(word, now, n);
-        }
-        let now = if word == 0 { now } else { now.max(unpack_last(word)) };
-        self.decide_ms(word, now, n)
-    }
-}
-
-impl Nginx {
-    /// [`decide_keyed`](crate::keyed::sealed::KeyedWords::decide_keyed) on a start word. Out of
-    /// line: inline, its arithmetic took registers from every keyed decision.
-    #[cold]
-    #[inline(never)]
-    fn decide_pending(&self, word: u64, now: u64, n: u64) -> (Option<u64>, Decision) {
-        let last = unpack_last(word);
-        let at = now.max(last + self.ceil_per_rate(1_000_000)).min(KEYED_MAX_MS);
-        if at > last {
-            // A new node's decision: its stored word has a later `last`, so it grows.
-            return self.decide_ms(0, at, n);
-        }
-        // The clock stopped at the table's lifetime on a start word: it cannot be stored grown.
-        if n == 0 {
-            return (None, self.passed(0));
-        }
-        (None, Decision::from_nanos(Outcome::Denied, 0, Nanos::ZERO, Nanos::ZERO))
+        self.decide_ms(word, keyed_ms(elapsed).max(word >> EXCESS_BITS), n)
     }
 }
 

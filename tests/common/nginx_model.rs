@@ -52,14 +52,12 @@ impl NginxModel {
     }
 
     /// Whether a keyed table may evict the node at `now_ns`: a burst's excess and 1,000
-    /// milli-requests more have leaked since its last request (so it decides as a new node),
-    /// and strictly more than one request's worth when there is no burst (the table's line never
-    /// passes a fresh key's word). nginx itself deletes idle nodes after 60 s.
+    /// milli-requests more have leaked since its last request (so it decides as a new node).
+    /// nginx itself deletes idle nodes after 60 s.
     pub fn evictable(&self, now_ns: u64) -> bool {
         let now = i128::from(now_ns / 1_000_000);
         let drained = ((self.burst + 1000) * 1000 + self.rate - 1) / self.rate;
-        let one = (1_000_000 + self.rate - 1) / self.rate;
-        self.state.map_or(true, |(last, _)| now - last >= drained.max(one + 1))
+        self.state.map_or(true, |(last, _)| now - last >= drained)
     }
 
     /// One request at `now_ns` after the limiter's creation.

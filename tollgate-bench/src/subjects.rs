@@ -299,11 +299,11 @@ fn keyed_policy<P: KeyedPolicy + Sync + 'static>(s: Setup, p: P) -> Box<dyn Subj
     Box::new(KeyedPol(l))
 }
 
-/// nginx `limit_req` per load: a rate never reached (1e9 r/s, burst 16,777, nodelay); one per
+/// nginx `limit_req` per load: a rate never reached (1e9 r/s, burst 16,776, nodelay); one per
 /// minute; or 1e9 r/s without a burst, whose nodes drain within 1 ms (evictable soon after).
 fn nginx_for(load: Load) -> Nginx {
     match load {
-        Load::Allow => Nginx::per_second(1_000_000_000).and_then(|q| q.burst(16_777)).map(Nginx::nodelay),
+        Load::Allow => Nginx::per_second(1_000_000_000).and_then(|q| q.burst(16_776)).map(Nginx::nodelay),
         Load::Deny => Nginx::per_minute(1),
         Load::Refill => Nginx::per_second(1_000_000_000),
     }
