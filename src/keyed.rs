@@ -7,6 +7,7 @@
 
 mod bucket;
 mod key;
+pub(crate) mod pages;
 mod policy;
 pub(crate) mod table;
 mod tiers;
@@ -968,6 +969,11 @@ pub struct KeyedStats {
     pub probe_histogram: Vec<u64>,
     /// Bytes the table owns.
     pub memory_bytes: u64,
+    /// Bytes of the table's memory the kernel backs with huge pages now (Linux with
+    /// transparent huge pages in `madvise` or `always` mode; 0 elsewhere). Large tables map
+    /// their arrays themselves, 2 MiB-aligned, and ask for huge pages before first touching
+    /// them, so this does not depend on what the allocator had been given back before.
+    pub huge_page_bytes: u64,
 }
 
 /// A key located in the table.
@@ -1042,6 +1048,7 @@ fn stats_of<W: Words>(table: &Table<W>, hasher: &ahash::RandomState, memory: usi
         max_probe: t.max_probe,
         probe_histogram: t.probe_histogram,
         memory_bytes: memory as u64,
+        huge_page_bytes: table.huge_page_bytes(),
     }
 }
 

@@ -57,6 +57,7 @@ use core::fmt;
 use crossbeam_utils::CachePadded;
 
 use super::key::Words;
+use super::pages::Pages;
 use super::tiers::Tiers;
 use super::WhenFull;
 use crate::engine::decision::Decision;
@@ -920,64 +921,18 @@ pub(crate) struct TableStats {
     pub(crate) probe_histogram: Vec<u64>,
 }
 
-/// The group array, asking the kernel for huge pages before it is first touched: a table of a
-/// million keys spans tens of megabytes, and with 4 KiB pages nearly every decision on it would
-/// also miss the TLB.
-fn alloc_groups<W: Words>(groups: usize) -> Result<Box<[Group<W>]>, ConfigError> {
-    alloc(groups, "the table's slots", true, || Group { slots: core::array::from_fn(|_| Slot::new()) })
-}
-
-/// `len` values from `make`, in memory asked for with a fallible request (an allocator that
-/// refuses gets an error naming `what`, not an abort), with huge pages requested before it is
-/// first written when `huge` (Linux).
-pub(crate) fn alloc<T>(
-    len: usize,
-    what: &'static str,
-    huge: bool,
-    mut make: impl FnMut() -> T,
-) -> Result<Box<[T]>, ConfigError> {
-    let bytes = (len as u128 * core::mem::size_of::<T>() as u128).min(u128::from(u64::MAX));
-    #[expect(clippy::cast_possible_truncation, reason = "at most u64::MAX")]
-    let refused = || ConfigError::OutOfMemory { what, bytes: bytes as u64 };
-    let mut v: Vec<T> = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| refused())?;
-    #[cfg(all(target_os = "linux", not(tollgate_loom)))]
-    if huge {
-        advise_huge_pages(v.as_mut_ptr().cast(), len * core::mem::size_of::<T>());
-    }
-    #[cfg(not(all(target_os = "linux", not(tollgate_loom))))]
-    let _ = huge;
-    v.extend((0..len).map(|_| make()));
-    Ok(v.into_boxed_slice())
-}
-
-/// `madvise(MADV_HUGEPAGE)` on the whole pages of `[ptr, ptr + len)`. The kernel backs every
-/// 2 MiB-aligned stretch of it with a huge page when transparent huge pages are enabled in
-/// `madvise` or `always` mode, and ignores the advice otherwise.
-#[cfg(all(target_os = "linux", not(tollgate_loom)))]
-pub(crate) fn advise_huge_pages(ptr: *mut u8, len: usize) {
-    const PAGE: usize = 4096;
-    if len < 2 << 20 {
-        return;
-    }
-    let start = (ptr as usize).next_multiple_of(PAGE);
-    let end = (ptr as usize + len) & !(PAGE - 1);
-    if end > start {
-        // SAFETY: the range is whole pages inside our own, not yet initialized, allocation.
-        // MADV_HUGEPAGE changes how the kernel backs those pages, never their contents or their
-        // mapping, and a failure (old kernel, THP disabled) leaves everything as it was.
-        unsafe {
-            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-        }
-    }
+/// The group array: a table of a million keys spans tens of megabytes, in huge pages where
+/// the system has them (see `pages.rs`).
+fn alloc_groups<W: Words>(groups: usize) -> Result<Pages<Group<W>>, ConfigError> {
+    Pages::new(groups, "the table's slots", || Group { slots: core::array::from_fn(|_| Slot::new()) })
 }
 
 /// The shards, as one array of groups (and one of headers, one of ghosts) cut into equal
 /// power-of-two ranges.
 pub(crate) struct Table<W: Words> {
-    groups: Box<[Group<W>]>,
-    headers: Box<[AtomicU64]>,
-    ghosts: Box<[AtomicU64]>,
+    groups: Pages<Group<W>>,
+    headers: Pages<AtomicU64>,
+    ghosts: Pages<AtomicU64>,
     counters: Box<[CachePadded<Counters>]>,
     /// log2 of the groups per shard.
     shard_shift: u32,
@@ -995,8 +950,8 @@ impl<W: Words> Table<W> {
         let groups = slots / GROUP;
         Ok(Table {
             groups: alloc_groups(groups)?,
-            headers: alloc(groups, "the table's group headers", false, || AtomicU64::new(NONE))?,
-            ghosts: alloc(groups, "the table's ghosts", false, || AtomicU64::new(0))?,
+            headers: Pages::new(groups, "the table's group headers", || AtomicU64::new(NONE))?,
+            ghosts: Pages::new(groups, "the table's ghosts", || AtomicU64::new(0))?,
             counters: (0..shards).map(|_| CachePadded::new(Counters::default())).collect(),
             shard_shift: (per_shard / GROUP).trailing_zeros(),
             group_mask: per_shard / GROUP - 1,
@@ -1019,12 +974,18 @@ impl<W: Words> Table<W> {
         (0..=self.shard_mask).map(|i| self.shard_at(i))
     }
 
-    /// Bytes the table owns.
+    /// Bytes the table owns (its large arrays in whole pages).
     pub(crate) fn memory(&self) -> usize {
         core::mem::size_of::<Table<W>>()
-            + self.groups.len() * core::mem::size_of::<Group<W>>()
-            + (self.headers.len() + self.ghosts.len()) * core::mem::size_of::<AtomicU64>()
+            + self.groups.bytes()
+            + self.headers.bytes()
+            + self.ghosts.bytes()
             + self.counters.len() * core::mem::size_of::<CachePadded<Counters>>()
+    }
+
+    /// Bytes of the table's memory on huge pages now (see `pages.rs`).
+    pub(crate) fn huge_page_bytes(&self) -> u64 {
+        super::pages::huge_bytes([self.groups.mapping(), self.headers.mapping(), self.ghosts.mapping()])
     }
 }
 

@@ -219,7 +219,7 @@ struct Entry<W: Words> {
 /// Per-key tier overrides.
 #[derive(Debug)]
 pub(crate) struct Overrides<W: Words> {
-    entries: Box<[Entry<W>]>,
+    entries: crate::keyed::pages::Pages<Entry<W>>,
     mask: usize,
     count: AtomicU64,
     writer: Mutex<()>,
@@ -229,7 +229,7 @@ impl<W: Words> Overrides<W> {
     /// Room for `capacity` overrides (the map is twice that, rounded to a power of two).
     pub(crate) fn new(capacity: usize) -> Result<Overrides<W>, ConfigError> {
         let len = (capacity * 2).next_power_of_two().max(2);
-        let entries = crate::keyed::table::alloc(len, "the per-key overrides", false, || Entry {
+        let entries = crate::keyed::pages::Pages::new(len, "the per-key overrides", || Entry {
             state: AtomicU64::new(state(0, KIND_EMPTY, 0)),
             key: W::new_atomic(),
         })?;
@@ -332,6 +332,6 @@ impl<W: Words> Overrides<W> {
 
     /// Bytes the map owns.
     pub(crate) fn memory(&self) -> usize {
-        self.entries.len() * core::mem::size_of::<Entry<W>>()
+        self.entries.bytes()
     }
 }

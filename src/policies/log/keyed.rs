@@ -15,6 +15,7 @@ use crossbeam_utils::CachePadded;
 
 use super::{SlidingLog, MAX_ELAPSED};
 use crate::engine::admit::Receipt;
+use crate::keyed::pages::Pages;
 use crate::keyed::{Key, KeyHasher, KeyedBuilder, KeyedStats, Words};
 use crate::{Clock, ConfigError, Decision, Nanos, Outcome, UpdateError, WhenFull};
 
@@ -84,11 +85,10 @@ pub(crate) fn build<K: Key + ?Sized, C: Clock>(
     })
 }
 
-/// `len` copies of `value`, in memory for which huge pages were requested before it was first
-/// written (Linux; see `keyed::table::advise_huge_pages`): a probe into a large table then
-/// costs a cache miss, not also a TLB miss.
-fn huge<T: Copy>(len: usize, value: T, what: &'static str) -> Result<Box<[T]>, ConfigError> {
-    crate::keyed::table::alloc(len, what, true, || value)
+/// `len` copies of `value`, in huge pages where the system has them (see `keyed/pages.rs`): a
+/// probe into a large table then costs a cache miss, not also a TLB miss.
+fn huge<T: Copy>(len: usize, value: T, what: &'static str) -> Result<Pages<T>, ConfigError> {
+    Pages::new(len, what, || value)
 }
 
 /// A shard behind its lock, on a cache line of its own.
@@ -110,8 +110,8 @@ struct Slot<W> {
 
 /// One shard: its slots and their logs (`N` entries per slot, in slot order).
 struct Shard<W> {
-    slots: Box<[Slot<W>]>,
-    rings: Box<[u64]>,
+    slots: Pages<Slot<W>>,
+    rings: Pages<u64>,
     /// Slots that have held a key (some may have expired and not yet been taken over).
     live: u64,
     /// Keys placed in a slot.
@@ -239,6 +239,7 @@ impl<K: Key + ?Sized, C: Clock> LogTable<K, C> {
     /// Decides `n` units for the key `words` at the time `now` gives (read under the shard's
     /// lock), storing them when `take`; when units were stored, also what a refund needs: the
     /// instant, the expiry written and the slot's count of units admitted after them.
+    #[inline(always)]
     fn decide(
         &self,
         words: K::Words,
@@ -349,11 +350,27 @@ impl<K: Key + ?Sized, C: Clock> LogTable<K, C> {
     }
 
     /// Bytes the table owns, all allocated at construction: per slot, the log (`8·N`) and its
-    /// slot (key, newest expiry, head and count: 24 bytes for one-word keys, 32 for two).
+    /// slot (key, newest expiry, head and count: 24 bytes for one-word keys, 32 for two), in
+    /// whole huge pages where an array is mapped (see `keyed/pages.rs`).
     pub(crate) fn memory_bytes(&self) -> usize {
-        let per_slot = self.log.log_bytes() + core::mem::size_of::<Slot<K::Words>>();
-        self.per_shard * self.shards.len() * per_slot
-            + self.shards.len() * core::mem::size_of::<Locked<K::Words>>()
+        (0..self.shards.len())
+            .map(|i| {
+                let s = self.lock(i);
+                s.slots.bytes() + s.rings.bytes() + core::mem::size_of::<Locked<K::Words>>()
+            })
+            .sum()
+    }
+
+    /// Bytes of the slots and logs on huge pages now (see `keyed/pages.rs`): the ranges are
+    /// taken under each shard's lock, `/proc/self/smaps` read once after.
+    fn huge_page_bytes(&self) -> u64 {
+        let ranges: Vec<_> = (0..self.shards.len())
+            .flat_map(|i| {
+                let s = self.lock(i);
+                [s.slots.mapping(), s.rings.mapping()]
+            })
+            .collect();
+        crate::keyed::pages::huge_bytes(ranges)
     }
 
     /// The table's figures: walks every slot, one shard lock at a time.
@@ -362,6 +379,7 @@ impl<K: Key + ?Sized, C: Clock> LogTable<K, C> {
             capacity: self.capacity(),
             slots: self.capacity(),
             memory_bytes: self.memory_bytes() as u64,
+            huge_page_bytes: self.huge_page_bytes(),
             probe_histogram: vec![0; PROBE.min(self.per_shard)],
             ..KeyedStats::default()
         };
