@@ -195,3 +195,45 @@ fn keyed_refunds_racing_a_later_decision_never_add_capacity() {
         assert!(!admitted || left <= 1, "left {left} at 101 s after a decision at 100.5 s");
     });
 }
+
+/// Issue 13: refunds of *different* keys of one shard contend for the shard's one refund flag
+/// (`Shard::refund`: one refund per shard at a time; a refund that finds the flag taken gives
+/// nothing back, which errs toward refusal). Keys 1 and 2 each have one token charged at a
+/// frozen clock, and two threads refund them at once: whichever takes the flag gives its
+/// token back exactly; the other gets it back too or not at all, never more; and once both are
+/// done the flag is free again (a third refund, of key 3, lands). Checked by mutation: without
+/// the flag's release (`ClearOnDrop`) the third refund is lost and the model fails.
+#[test]
+fn refunds_of_two_keys_share_one_shard_flag() {
+    model(|| {
+        let q = TokenBucket::new(Rate::per_second(1), 2).unwrap();
+        let l: Arc<KeyedLimiter<u64, ManualClock>> = Arc::new(
+            KeyedBuilder::new(q)
+                .capacity(3)
+                .shards(1)
+                .seeds([1; 8])
+                .build_with_clock(ManualClock::new())
+                .unwrap(),
+        );
+        let level = |k: u64| l.peek_n_at(&k, Nanos::ZERO, 0).remaining();
+        let receipts: Vec<_> = [1u64, 2, 3]
+            .into_iter()
+            .map(|k| {
+                let (d, r) = l.limit(&k).charge(1);
+                assert!(d.is_allowed());
+                r.unwrap()
+            })
+            .collect();
+        let mut receipts = receipts.into_iter();
+        let (r1, r2, r3) = (receipts.next().unwrap(), receipts.next().unwrap(), receipts.next().unwrap());
+        let l2 = Arc::clone(&l);
+        let t = thread::spawn(move || l2.limit(&2).refund(r2));
+        l.limit(&1).refund(r1);
+        t.join().unwrap();
+        let (one, two) = (level(1), level(2));
+        assert!(one <= 2 && two <= 2, "more than the burst: {one} {two}");
+        assert!(one + two >= 3, "both refunds lost: {one} {two}");
+        l.limit(&3).refund(r3);
+        assert_eq!(level(3), 2, "the shard's refund flag was left taken");
+    });
+}

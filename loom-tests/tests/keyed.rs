@@ -266,3 +266,31 @@ fn a_forced_eviction_racing_its_victim_still_makes_room() {
         assert!(left <= 3 - u64::from(b == Outcome::Allowed), "v has {left} after {b:?}");
     });
 }
+
+/// Issue 13: two *different* new keys that share a home group commit at once. Each claims a
+/// slot and races for the home header's CAS; the loser keeps its claim (`acquire_slow`'s
+/// `claim`), scans again, does not find its key, and commits the same slot under the new
+/// header. Both keys are admitted, each in a slot of its own with one token taken (a second
+/// decision takes its last token, a third is refused), and no slot is lost to the race: the
+/// table (4 slots under loom, all usable) still takes two more keys. Checked by mutation: a
+/// loser that drops its claim after a failed CAS (`claim = None`, its slot left CLAIMED) claims
+/// a second slot, and the fourth key finds the table full.
+#[test]
+fn two_new_keys_of_one_home_commit_with_a_kept_claim() {
+    let (v, v2, k3, k4) = same_home_keys();
+    model(move || {
+        let l = table(1_000, 2);
+        let a = spawn_check(&l, v, 0);
+        let b = spawn_check(&l, v2, 0);
+        assert_eq!((a.join().unwrap(), b.join().unwrap()), (Outcome::Allowed, Outcome::Allowed));
+        assert_eq!(l.len(), 2);
+        for k in [v, v2] {
+            assert_eq!(l.check_at(&k, Nanos::ZERO).outcome(), Outcome::Allowed, "key {k}");
+            assert_eq!(l.check_at(&k, Nanos::ZERO).outcome(), Outcome::Denied, "key {k} inserted twice");
+        }
+        for k in [k3, k4] {
+            assert_eq!(l.check_at(&k, Nanos::ZERO).outcome(), Outcome::Allowed, "no room for key {k}");
+        }
+        assert_eq!(l.len(), 4);
+    });
+}
