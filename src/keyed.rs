@@ -280,6 +280,8 @@ pub trait KeyedTable<K: Key + ?Sized, C: Clock> {
     fn peek_n_at_words(&self, words: K::Words, now: Nanos, n: u64) -> Decision;
     fn charge_words(&self, words: K::Words, n: u64) -> (Decision, Option<Receipt>);
     fn refund_words(&self, words: K::Words, receipt: Receipt);
+    /// Starts fetching the memory a decision on the key reads.
+    fn prefetch_words(&self, words: K::Words);
     fn check_batch_at<Q: Borrow<K>>(&self, now: Nanos, items: &[(Q, u64)], out: &mut [Decision]) -> usize;
     fn sweep(&self) -> usize;
     fn len(&self) -> u64;
@@ -325,6 +327,10 @@ macro_rules! forward_table {
         #[inline]
         fn refund_words(&self, words: K::Words, receipt: Receipt) {
             self.refund_words(words, receipt)
+        }
+        #[inline(always)]
+        fn prefetch_words(&self, words: K::Words) {
+            self.prefetch_words(words)
         }
         #[inline]
         fn check_batch_at<Q: Borrow<K>>(
@@ -509,6 +515,38 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Keyed<A, K, C> {
         Q: Key<Words = K::Words> + ?Sized,
     {
         self.check_n(key, 1)
+    }
+
+    /// Starts fetching the memory a decision on `key` reads (its home slots), and returns at
+    /// once: nothing is decided, counted or inserted. A caller that sees one request at a time
+    /// calls it as soon as it knows the key (when the request is parsed) and decides later:
+    /// the cache miss then overlaps with the work in between, as [`check_batch`] overlaps
+    /// the misses of a batch. It costs a hash (the decision hashes again) and is a hint: a
+    /// key the table does not hold, or a line evicted again before the decision, costs only
+    /// the hash.
+    ///
+    /// ```
+    /// use tollgate::{KeyedLimiter, TokenBucket};
+    ///
+    /// let l = KeyedLimiter::<u64>::new(TokenBucket::per_second(10)?, 1 << 20)?;
+    /// let requests = [7u64, 8, 9, 10];
+    /// for (i, key) in requests.iter().enumerate() {
+    ///     if let Some(ahead) = requests.get(i + 2) {
+    ///         l.prefetch(ahead);
+    ///     }
+    ///     assert!(l.check(key).is_allowed_now());
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// [`check_batch`]: Keyed::check_batch
+    #[inline(always)]
+    pub fn prefetch<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
+        self.table.prefetch_words(key.words(self.table.fingerprint()));
     }
 
     /// `n` units for `key` now, all or none. `n = 0` is always allowed and takes nothing; an

@@ -149,6 +149,9 @@ fn exercise<A: KeyedAlgorithm>(name: &str, config: A) {
     let table: Keyed<A, u64, ManualClock> =
         Keyed::builder(config).capacity(64).seeds([7; 8]).build_with_clock(clock.clone()).unwrap();
     let t0 = table.now();
+    // A prefetch is a hint: it decides, counts and inserts nothing.
+    table.prefetch(&1);
+    assert!(table.is_empty(), "{name}: a prefetch inserted a key");
     assert!(table.peek(&1).is_allowed(), "{name}: a fresh key");
     assert!(table.peek_at(&1, t0).is_allowed() && table.peek_n(&1, 1).is_allowed());
     assert!(table.check(&1).is_allowed() && table.check_at(&2, t0).is_allowed());

@@ -184,6 +184,13 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         self.decide(&t, self.tier_index(tier), self.base(now), n)
     }
 
+    /// Starts fetching the key's home group ([`Keyed::prefetch`](crate::Keyed::prefetch)).
+    #[inline(always)]
+    pub(crate) fn prefetch_words(&self, words: K::Words) {
+        let t = self.target(words);
+        prefetch(t.shard.home_ptr(t.home));
+    }
+
     /// A key's identity, hash, shard and home group, computed once per decision.
     #[inline]
     fn target(&self, words: K::Words) -> Target<'_, K::Words> {

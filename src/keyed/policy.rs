@@ -334,6 +334,13 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
         self.past_lifetime(d, elapsed)
     }
 
+    /// Starts fetching the key's home group ([`Keyed::prefetch`](crate::Keyed::prefetch)).
+    #[inline(always)]
+    pub(crate) fn prefetch_words(&self, words: K::Words) {
+        let t = self.target(words);
+        prefetch(t.shard.home_ptr(t.home));
+    }
+
     #[inline]
     fn target(&self, words: K::Words) -> Target<'_, K::Words> {
         self.locate(words, words.hash_with(&self.hasher))

@@ -69,6 +69,7 @@ fn color_of(palette: &[&str], subject: &str) -> RGBColor {
         "tollgate" => RGBColor(213, 94, 0),
         "tollgate-coarse" => RGBColor(230, 159, 0),
         "tollgate-batch" => RGBColor(204, 121, 167),
+        "tollgate-prefetch" => RGBColor(150, 80, 120),
         "tollgate-evict" => RGBColor(170, 30, 60),
         "tollgate-counters" => RGBColor(240, 100, 60),
         "tollgate-nginx" => RGBColor(0, 158, 115),

@@ -121,7 +121,15 @@ fn workloads(quick: bool) -> Vec<Workload> {
     let big = if quick { 1 << 16 } else { 1 << 20 };
     let churn = if quick { 1 << 12 } else { 1 << 16 };
     let keyed = [
-        &["floor", "floor-coarse", "tollgate", "tollgate-counters", "tollgate-coarse", "tollgate-batch"],
+        &[
+            "floor",
+            "floor-coarse",
+            "tollgate",
+            "tollgate-counters",
+            "tollgate-coarse",
+            "tollgate-prefetch",
+            "tollgate-batch",
+        ],
         ALGORITHMS,
         KEYED_PEERS,
     ]

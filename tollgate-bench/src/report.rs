@@ -313,6 +313,20 @@ impl Report {
                 });
             }
         }
+        // Issue 14's lookahead for per-request callers: `prefetch` a few requests ahead, then
+        // `check`, against plain `check` in the same run.
+        for w in ["1K-keys", "1M-keys"] {
+            for l in [Load::Allow, Load::Deny] {
+                if let (Some(t), Some(p)) = (ns(w, l, "tollgate", 1), ns(w, l, "tollgate-prefetch", 1)) {
+                    out.push(Target {
+                        what: format!("keyed {w}, check with prefetch 4 requests ahead, {}", l.name()),
+                        goal: "report the effect".into(),
+                        measured: format!("{p:.1} ns against check {t:.1} ({:.2}×)", p / t),
+                        met: true,
+                    });
+                }
+            }
+        }
         for s in ["tollgate-coarse", "tollgate-batch"] {
             for l in [Load::Allow, Load::Deny] {
                 if let (Some(t), Some(g)) = (ns("1M-keys", l, s, 1), ns("1M-keys", l, "governor", 1)) {

@@ -280,6 +280,24 @@ impl<C: Clock + Sync> Subject for Keyed<C> {
     }
 }
 
+/// `check` with each key prefetched a few requests ahead (`Keyed::prefetch`), as a caller that
+/// sees one request at a time can: it knows the next keys once it has parsed their requests.
+struct KeyedPrefetch(KeyedLimiter<u64, TscClock>);
+
+/// How many requests ahead `tollgate-prefetch` prefetches.
+const PREFETCH_AHEAD: usize = 4;
+
+impl Subject for KeyedPrefetch {
+    fn run(&self, keys: &[u64]) {
+        for (i, k) in keys.iter().enumerate() {
+            if let Some(ahead) = keys.get(i + PREFETCH_AHEAD) {
+                self.0.prefetch(ahead);
+            }
+            let _ = black_box(self.0.check(k));
+        }
+    }
+}
+
 /// nginx, a fixed window or a sliding window per key: `Keyed<P, u64>`.
 struct KeyedPol<P: KeyedPolicy>(tollgate::Keyed<P, u64, TscClock>);
 
@@ -469,6 +487,7 @@ pub fn keyed_subject(name: &str) -> Option<Maker> {
             Box::new(KeyedBatch { limiter, blank })
         },
         "tollgate-evict" => |s| Box::new(Keyed(keyed(s, WhenFull::EvictFullest, TscClock::new()))),
+        "tollgate-prefetch" => |s| Box::new(KeyedPrefetch(keyed(s, WhenFull::Deny, TscClock::new()))),
         "tollgate-counters" => |s| {
             let l = KeyedLimiter::<u64>::builder(s.load.quota())
                 .capacity(s.capacity)

@@ -153,6 +153,7 @@ impl<K: Key + ?Sized, C: Clock> LogTable<K, C> {
 
     /// The shard and home slot of a key's hash. Shards and slots per shard are powers of two
     /// below 2^32: the truncations keep the bits the masks keep.
+    #[inline]
     fn place(&self, hash: u64) -> (usize, usize) {
         #[expect(clippy::cast_possible_truncation, reason = "masked below 2^32")]
         let (shard, low) = ((hash >> 32) as usize & (self.shards.len() - 1), hash as usize);
@@ -236,6 +237,23 @@ impl<K: Key + ?Sized, C: Clock> LogTable<K, C> {
         count
     }
 
+    /// Starts fetching the key's home slot and its log ([`Keyed::prefetch`](crate::Keyed::prefetch)).
+    #[inline(always)]
+    pub(crate) fn prefetch_words(&self, words: K::Words) {
+        self.prefetch_home(words);
+    }
+
+    /// Hashes the key, starts fetching its home slot and that slot's log, and returns its shard
+    /// and home slot.
+    #[inline(always)]
+    fn prefetch_home(&self, words: K::Words) -> (usize, usize) {
+        let (shard_index, home) = self.place(words.hash_with(&self.place));
+        let (slots_at, rings_at) = self.bases[shard_index];
+        crate::keyed::prefetch_line((slots_at + home * core::mem::size_of::<Slot<K::Words>>()) as *const u8);
+        crate::keyed::prefetch_line((rings_at + home * self.log.entries() * 8) as *const u8);
+        (shard_index, home)
+    }
+
     /// Decides `n` units for the key `words` at the time `now` gives (read under the shard's
     /// lock), storing them when `take`; when units were stored, also what a refund needs: the
     /// instant, the expiry written and the slot's count of units admitted after them.
@@ -247,18 +265,10 @@ impl<K: Key + ?Sized, C: Clock> LogTable<K, C> {
         n: u64,
         take: bool,
     ) -> (Decision, Option<[u64; 3]>) {
-        let hash = words.hash_with(&self.place);
-        // Shards and slots per shard are powers of two below 2^32: the truncations keep the
-        // bits the masks keep.
-        #[expect(clippy::cast_possible_truncation, reason = "masked below 2^32")]
-        let (shard_index, low) = ((hash >> 32) as usize & (self.shards.len() - 1), hash as usize);
+        // Start both cache misses (the home slot and its log) before the lock.
+        let (shard_index, home) = self.prefetch_home(words);
         let entries = self.log.entries();
         let mask = self.per_shard - 1;
-        let home = low & mask;
-        // Start both cache misses (the home slot and its log) before the lock.
-        let (slots_at, rings_at) = self.bases[shard_index];
-        crate::keyed::prefetch_line((slots_at + home * core::mem::size_of::<Slot<K::Words>>()) as *const u8);
-        crate::keyed::prefetch_line((rings_at + home * entries * 8) as *const u8);
         let mut shard = self.lock(shard_index);
         // The clock is read under the lock, so that decisions on a shard see times in the order
         // they take effect: a key whose log expired as of one decision is never judged at an
