@@ -53,7 +53,7 @@ impl<T> Pages<T> {
         let bytes = len.checked_mul(core::mem::size_of::<T>());
         #[cfg(all(target_os = "linux", not(tollgate_loom)))]
         if let Some(bytes) = bytes.filter(|&b| b >= HUGE && base_page_is_4k()) {
-            return map(len, bytes, what, make);
+            return map(len, bytes, what, Some(make));
         }
         let _ = bytes;
         let mut v: Vec<T> = Vec::new();
@@ -111,9 +111,27 @@ fn out_of_memory<T>(len: usize, what: &'static str) -> ConfigError {
     ConfigError::OutOfMemory { what, bytes: bytes as u64 }
 }
 
+impl Pages<crate::sync::AtomicU64> {
+    /// `len` zeros. A mapped array is left as the kernel gives it (zero pages, not yet
+    /// resident): memory that may never be written (a table's ghosts, written only by forced
+    /// evictions) then costs no resident memory until it is, and reads of it cost none.
+    pub(crate) fn zeroed(len: usize, what: &'static str) -> Result<Self, ConfigError> {
+        #[cfg(all(target_os = "linux", not(tollgate_loom)))]
+        if let Some(bytes) = len.checked_mul(8).filter(|&b| b >= HUGE && base_page_is_4k()) {
+            return map(len, bytes, what, None::<fn() -> crate::sync::AtomicU64>);
+        }
+        Pages::new(len, what, || crate::sync::AtomicU64::new(0))
+    }
+}
+
 /// The mapped case of [`Pages::new`]: `bytes = len·size_of::<T>() ≥ HUGE`, 4 KiB base pages.
 #[cfg(all(target_os = "linux", not(tollgate_loom)))]
-fn map<T>(len: usize, bytes: usize, what: &'static str, mut make: impl FnMut() -> T) -> Result<Pages<T>, ConfigError> {
+fn map<T>(
+    len: usize,
+    bytes: usize,
+    what: &'static str,
+    make: Option<impl FnMut() -> T>,
+) -> Result<Pages<T>, ConfigError> {
     const { assert!(core::mem::align_of::<T>() <= HUGE) };
     let refused = || out_of_memory::<T>(len, what);
     let mapped = bytes.checked_next_multiple_of(HUGE).ok_or_else(refused)?;
@@ -160,12 +178,16 @@ fn map<T>(len: usize, bytes: usize, what: &'static str, mut make: impl FnMut() -
         libc::madvise(start.cast(), mapped, libc::MADV_HUGEPAGE);
     }
     let ptr = start.cast::<T>();
-    for i in 0..len {
-        // SAFETY: `i < len` and `len·size_of::<T>() ≤ mapped`: inside the read/write part of
-        // the mapping, aligned (the start is 2 MiB-aligned, and `T`'s alignment divides its
-        // size and is at most that), and not yet holding a value. (If `make` panics, the
-        // values so far and the mapping leak: nothing is dropped uninitialized.)
-        unsafe { ptr.add(i).write(make()) };
+    // Without `make`, the values are the mapping's zero bytes (`Pages::zeroed`, for a type
+    // whose all-zero bytes are a valid value).
+    if let Some(mut make) = make {
+        for i in 0..len {
+            // SAFETY: `i < len` and `len·size_of::<T>() ≤ mapped`: inside the read/write part
+            // of the mapping, aligned (the start is 2 MiB-aligned, and `T`'s alignment divides
+            // its size and is at most that), and not yet holding a value. (If `make` panics,
+            // the values so far and the mapping leak: nothing is dropped uninitialized.)
+            unsafe { ptr.add(i).write(make()) };
+        }
     }
     // SAFETY: `start` is inside a mapping, so not null.
     Ok(Pages { ptr: unsafe { NonNull::new_unchecked(ptr) }, len, mapped })
@@ -251,6 +273,18 @@ mod tests {
         assert!(large.iter().all(|&v| v == 1));
         large[HUGE / 8] = 2;
         assert_eq!(large.iter().sum::<u64>(), (HUGE / 8 + 2) as u64);
+    }
+
+    #[test]
+    fn zeroed_arrays_read_zero_and_take_writes() {
+        use crate::sync::{AtomicU64, Ordering::Relaxed};
+        let z = Pages::<AtomicU64>::zeroed(HUGE / 8 * 3, "zeros").unwrap();
+        assert_eq!(z.mapped, 3 * HUGE);
+        assert!(z.iter().all(|v| v.load(Relaxed) == 0));
+        z[HUGE / 8].store(5, Relaxed);
+        assert_eq!(z.iter().map(|v| v.load(Relaxed)).sum::<u64>(), 5);
+        let small = Pages::<AtomicU64>::zeroed(10, "zeros").unwrap();
+        assert!(small.iter().all(|v| v.load(Relaxed) == 0));
     }
 
     #[test]

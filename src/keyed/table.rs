@@ -951,7 +951,8 @@ impl<W: Words> Table<W> {
         Ok(Table {
             groups: alloc_groups(groups)?,
             headers: Pages::new(groups, "the table's group headers", || AtomicU64::new(NONE))?,
-            ghosts: Pages::new(groups, "the table's ghosts", || AtomicU64::new(0))?,
+            // Written only by forced evictions: left as zero pages until then.
+            ghosts: Pages::zeroed(groups, "the table's ghosts")?,
             counters: (0..shards).map(|_| CachePadded::new(Counters::default())).collect(),
             shard_shift: (per_shard / GROUP).trailing_zeros(),
             group_mask: per_shard / GROUP - 1,
