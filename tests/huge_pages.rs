@@ -34,7 +34,8 @@ fn churn_the_heap() {
 #[test]
 fn a_table_built_after_large_frees_is_on_huge_pages() {
     churn_the_heap();
-    let l = KeyedLimiter::<u64>::builder(TokenBucket::per_second(10).unwrap()).capacity(1 << 19).build().unwrap();
+    let l =
+        KeyedLimiter::<u64>::builder(TokenBucket::per_second(10).unwrap()).capacity(1 << 19).build().unwrap();
     let s = l.stats();
     assert!(s.memory_bytes >= 16 << 20, "{}", s.memory_bytes);
     if !thp_on() {
@@ -63,6 +64,7 @@ fn a_sliding_log_table_built_after_large_frees_is_on_huge_pages() {
 
 #[test]
 fn small_tables_report_no_huge_pages() {
-    let l = KeyedLimiter::<u64>::builder(TokenBucket::per_second(10).unwrap()).capacity(1000).build().unwrap();
+    let l =
+        KeyedLimiter::<u64>::builder(TokenBucket::per_second(10).unwrap()).capacity(1000).build().unwrap();
     assert_eq!(l.stats().huge_page_bytes, 0);
 }

@@ -93,6 +93,13 @@ fn keyed_key_and_bucket_conserve() {
     });
 }
 
+/// A keyed table of one shard (4 slots under loom, holding 4 keys), one token a second, burst 2.
+fn one_shard_table() -> Arc<KeyedLimiter<u64, ManualClock>> {
+    let q = TokenBucket::new(Rate::per_second(1), 2).unwrap();
+    let l = KeyedBuilder::new(q).capacity(3).shards(1).seeds([1; 8]).build_with_clock(ManualClock::new());
+    Arc::new(l.unwrap())
+}
+
 /// A refund of key 1 races the eviction of key 1 and the reuse of its slot by key 4. The
 /// table (4 slots under loom) holds 4 keys; 1 was charged at 0 and is full again by 10 s, when
 /// 2, 3 and 5 are charged (not full) and 4 arrives, evicting 1. The refund (at the clock's 0)
@@ -101,15 +108,7 @@ fn keyed_key_and_bucket_conserve() {
 #[test]
 fn refund_races_eviction_and_reuse() {
     model(|| {
-        let q = TokenBucket::new(Rate::per_second(1), 2).unwrap();
-        let l: Arc<KeyedLimiter<u64, ManualClock>> = Arc::new(
-            KeyedBuilder::new(q)
-                .capacity(3)
-                .shards(1)
-                .seeds([1; 8])
-                .build_with_clock(ManualClock::new())
-                .unwrap(),
-        );
+        let l = one_shard_table();
         let (_, receipt) = l.limit(&1).charge(1);
         let receipt = receipt.unwrap();
         let late = Nanos::new(10_000_000_000);
@@ -206,15 +205,7 @@ fn keyed_refunds_racing_a_later_decision_never_add_capacity() {
 #[test]
 fn refunds_of_two_keys_share_one_shard_flag() {
     model(|| {
-        let q = TokenBucket::new(Rate::per_second(1), 2).unwrap();
-        let l: Arc<KeyedLimiter<u64, ManualClock>> = Arc::new(
-            KeyedBuilder::new(q)
-                .capacity(3)
-                .shards(1)
-                .seeds([1; 8])
-                .build_with_clock(ManualClock::new())
-                .unwrap(),
-        );
+        let l = one_shard_table();
         let level = |k: u64| l.peek_n_at(&k, Nanos::ZERO, 0).remaining();
         let receipts: Vec<_> = [1u64, 2, 3]
             .into_iter()

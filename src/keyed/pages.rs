@@ -49,7 +49,11 @@ unsafe impl<T: Sync> Sync for Pages<T> {}
 impl<T> Pages<T> {
     /// `len` values from `make`. A refused request (the system is out of memory or address
     /// space, or the size overflows) is an error naming `what`, never an abort.
-    pub(crate) fn new(len: usize, what: &'static str, mut make: impl FnMut() -> T) -> Result<Pages<T>, ConfigError> {
+    pub(crate) fn new(
+        len: usize,
+        what: &'static str,
+        mut make: impl FnMut() -> T,
+    ) -> Result<Pages<T>, ConfigError> {
         let bytes = len.checked_mul(core::mem::size_of::<T>());
         #[cfg(all(target_os = "linux", not(tollgate_loom)))]
         if let Some(bytes) = bytes.filter(|&b| b >= HUGE && base_page_is_4k()) {
