@@ -54,12 +54,10 @@ impl<T> Pages<T> {
         what: &'static str,
         mut make: impl FnMut() -> T,
     ) -> Result<Pages<T>, ConfigError> {
-        let bytes = len.checked_mul(core::mem::size_of::<T>());
         #[cfg(all(target_os = "linux", not(tollgate_loom)))]
-        if let Some(bytes) = bytes.filter(|&b| b >= HUGE && base_page_is_4k()) {
+        if let Some(bytes) = mapped_bytes::<T>(len) {
             return map(len, bytes, what, Some(make));
         }
-        let _ = bytes;
         let mut v: Vec<T> = Vec::new();
         v.try_reserve_exact(len).map_err(|_| out_of_memory::<T>(len, what))?;
         v.extend((0..len).map(|_| make()));
@@ -102,7 +100,14 @@ pub(crate) fn huge_bytes(mappings: impl IntoIterator<Item = Option<(usize, usize
     0
 }
 
-/// Whether the system's base page is 4 KiB (then its transparent huge pages are 2 MiB).
+/// The bytes of `len` values of `T`, if they get a mapping of their own: 2 MiB or more, on a
+/// system whose base page is 4 KiB (then its transparent huge pages are 2 MiB).
+#[cfg(all(target_os = "linux", not(tollgate_loom)))]
+fn mapped_bytes<T>(len: usize) -> Option<usize> {
+    len.checked_mul(core::mem::size_of::<T>()).filter(|&b| b >= HUGE && base_page_is_4k())
+}
+
+/// Whether the system's base page is 4 KiB.
 #[cfg(all(target_os = "linux", not(tollgate_loom)))]
 fn base_page_is_4k() -> bool {
     // SAFETY: `sysconf` reads a system constant; it has no preconditions.
@@ -121,7 +126,7 @@ impl Pages<crate::sync::AtomicU64> {
     /// evictions) then costs no resident memory until it is, and reads of it cost none.
     pub(crate) fn zeroed(len: usize, what: &'static str) -> Result<Self, ConfigError> {
         #[cfg(all(target_os = "linux", not(tollgate_loom)))]
-        if let Some(bytes) = len.checked_mul(8).filter(|&b| b >= HUGE && base_page_is_4k()) {
+        if let Some(bytes) = mapped_bytes::<crate::sync::AtomicU64>(len) {
             return map(len, bytes, what, None::<fn() -> crate::sync::AtomicU64>);
         }
         Pages::new(len, what, || crate::sync::AtomicU64::new(0))

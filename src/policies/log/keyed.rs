@@ -51,8 +51,8 @@ pub(crate) fn build<K: Key + ?Sized, C: Clock>(
         .map(|_| {
             let slot = Slot { key: K::Words::default(), newest: 0, head: 0, admitted: 0 };
             Ok(CachePadded::new(Mutex::new(Shard {
-                slots: huge(per_shard, slot, "the log table's slots")?,
-                rings: huge(per_shard * entries, 0, "the log table's logs")?,
+                slots: Pages::new(per_shard, "the log table's slots", || slot)?,
+                rings: Pages::new(per_shard * entries, "the log table's logs", || 0)?,
                 live: 0,
                 inserts: 0,
                 reclaimed: 0,
@@ -83,12 +83,6 @@ pub(crate) fn build<K: Key + ?Sized, C: Clock>(
         writer: Mutex::new(()),
         _key: PhantomData,
     })
-}
-
-/// `len` copies of `value`, in huge pages where the system has them (see `keyed/pages.rs`): a
-/// probe into a large table then costs a cache miss, not also a TLB miss.
-fn huge<T: Copy>(len: usize, value: T, what: &'static str) -> Result<Pages<T>, ConfigError> {
-    Pages::new(len, what, || value)
 }
 
 /// A shard behind its lock, on a cache line of its own.
