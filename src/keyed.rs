@@ -29,8 +29,8 @@ pub use tiers::Tier;
 use crate::engine::admit::{Admit, Receipt};
 use crate::policies::log::keyed::LogTable;
 use crate::{
-    Clock, ConfigError, CounterSnapshot, Counters, Decision, DefaultClock, Nanos, SlidingLog, TokenBucket,
-    UpdateError,
+    Cancelled, Clock, ConfigError, CounterSnapshot, Counters, Decision, DefaultClock, Nanos, Reservation,
+    ReserveError, SlidingLog, TokenBucket, UpdateError,
 };
 
 /// What a keyed table does with a new key when the table has no room for it: every slot
@@ -834,6 +834,51 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Keyed<A, K, C> {
     }
 }
 
+/// Async waiting per key, on tokio's timer: the `tokio` feature.
+#[cfg(feature = "tokio")]
+impl<K: Key + ?Sized, C: Clock> Keyed<TokenBucket, K, C> {
+    /// One token for `key`, awaited: [`until_ready_n`](Keyed::until_ready_n) of 1.
+    pub async fn until_ready<Q>(&self, key: &Q) -> Result<Nanos, ReserveError>
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
+        self.until_ready_n_within(key, 1, Duration::MAX).await
+    }
+
+    /// Reserves `n` tokens for `key` and waits on tokio's timer until they are due, as
+    /// [`Limiter::until_ready_n`](crate::Direct::until_ready_n) does: the tokens are then
+    /// taken (do not check for them again), refusals are immediate, and the future is
+    /// **cancel-safe** (dropped before it completes, it [cancels](Keyed::cancel) the
+    /// reservation).
+    pub async fn until_ready_n<Q>(&self, key: &Q, n: u64) -> Result<Nanos, ReserveError>
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
+        self.until_ready_n_within(key, n, Duration::MAX).await
+    }
+
+    /// [`until_ready_n`](Keyed::until_ready_n), refused at once if the tokens would be due
+    /// more than `max_wait` from now.
+    pub async fn until_ready_n_within<Q>(
+        &self,
+        key: &Q,
+        n: u64,
+        max_wait: Duration,
+    ) -> Result<Nanos, ReserveError>
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
+        let r = self.reserve_n_within(key, n, max_wait)?;
+        Ok(crate::engine::direct::reserve::wait_until_due(self.clock(), r, |r| {
+            let _ = self.cancel(key, r);
+        })
+        .await)
+    }
+}
+
 /// Tiers and per-key overrides: the token bucket's table only.
 impl<K: Key + ?Sized, C: Clock> Keyed<TokenBucket, K, C> {
     /// [`check_n`](Keyed::check_n) under `tier`, whatever the key's override: for callers that
@@ -858,6 +903,131 @@ impl<K: Key + ?Sized, C: Clock> Keyed<TokenBucket, K, C> {
         let d = self.table.check_n_in_at_words(key.words(self.table.fingerprint()), tier, now, n);
         self.record(&d);
         d
+    }
+
+    /// One token for `key`, now or in the future: [`reserve_n`](Keyed::reserve_n) of 1.
+    pub fn reserve<Q>(&self, key: &Q) -> Result<Reservation, ReserveError>
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
+        self.reserve_n_at(key, self.now(), 1, Duration::MAX)
+    }
+
+    /// `n` tokens for `key`, now or as soon as its bucket has them: the reservation says when
+    /// they are due. Exactly [`Limiter::reserve_n`](crate::Direct::reserve_n), per key: the
+    /// key's bucket goes into debt of at most one burst, later checks and reservations of the
+    /// key queue behind it (FIFO, with no lock and no queue), and refusals are immediate:
+    /// [`ReserveError::Insufficient`] above the key's burst, [`ReserveError::TooLate`] past one
+    /// fill time, [`ReserveError::TableFull`] for a new key with no room
+    /// ([`WhenFull::Deny`]). Under [`WhenFull::Allow`], a new key with no room gets a
+    /// reservation due at once that takes nothing. A key in debt is never evicted. In the last
+    /// fill time of the table's [`lifetime`](Keyed::lifetime), the debt allowed shrinks to
+    /// what is left of it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Cancelled, KeyedLimiter, ManualClock, TokenBucket};
+    ///
+    /// let q = TokenBucket::per_second(10)?.with_burst(2)?;
+    /// let l = KeyedLimiter::<str>::builder(q).capacity(1_000).build_with_clock(ManualClock::new())?;
+    /// let a = l.reserve_n("tenant-a", 2)?; // the whole burst: due at once
+    /// assert_eq!(a.delay(), Duration::ZERO);
+    /// let b = l.reserve("tenant-a")?; // the next token: due in 100 ms
+    /// assert_eq!(b.delay(), Duration::from_millis(100));
+    /// assert!(!l.check("tenant-a").is_allowed()); // checks queue behind reservations
+    /// assert!(l.check("tenant-b").is_allowed()); // every key has its own line
+    /// assert_eq!(l.cancel("tenant-a", b), Cancelled::Returned);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reserve_n<Q>(&self, key: &Q, n: u64) -> Result<Reservation, ReserveError>
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
+        self.reserve_n_at(key, self.now(), n, Duration::MAX)
+    }
+
+    /// [`reserve_n`](Keyed::reserve_n), refused at once (taking nothing) if the tokens would
+    /// be due more than `max_wait` from now.
+    pub fn reserve_n_within<Q>(
+        &self,
+        key: &Q,
+        n: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation, ReserveError>
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
+        self.reserve_n_at(key, self.now(), n, max_wait)
+    }
+
+    /// [`reserve_n_within`](Keyed::reserve_n_within) at a caller-supplied `now` (with the
+    /// contract of [`check_n_at`](Keyed::check_n_at)).
+    pub fn reserve_n_at<Q>(
+        &self,
+        key: &Q,
+        now: Nanos,
+        n: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation, ReserveError>
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
+        self.table.reserve_words(key.words(self.table.fingerprint()), now, n, max_wait)
+    }
+
+    /// Gives back what `r`, a reservation of `key`, still owes, by the rule of
+    /// [`Limiter::cancel`](crate::Direct::cancel): while the key is in debt only its latest
+    /// reservation goes back (whole); once it is out of debt, the tokens less the refill since.
+    /// Another key's or another limiter's reservation is [`Cancelled::Foreign`].
+    ///
+    /// As with [`check_all`](crate::check_all)'s refunds on a keyed table, the refill is
+    /// counted under the smallest fill any tier has had, so a key of a tier with a longer fill
+    /// gets back less once out of debt; and a table that evicts by force
+    /// ([`WhenFull::EvictFullest`]) gives nothing back ([`Cancelled::NothingOwed`]).
+    pub fn cancel<Q>(&self, key: &Q, r: Reservation) -> Cancelled
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
+        self.table.cancel_words(key.words(self.table.fingerprint()), &r, || self.now())
+    }
+
+    /// [`cancel`](Keyed::cancel) at a caller-supplied `now`, no earlier than any decision's on
+    /// this key.
+    pub fn cancel_at<Q>(&self, key: &Q, now: Nanos, r: Reservation) -> Cancelled
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
+        self.table.cancel_words(key.words(self.table.fingerprint()), &r, || now)
+    }
+
+    /// One token for `key`, waiting for it: [`acquire_n`](Keyed::acquire_n) of 1 with no limit
+    /// on the wait (at most one fill time).
+    pub fn acquire<Q>(&self, key: &Q) -> Result<Nanos, ReserveError>
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
+        self.acquire_n(key, 1, Duration::MAX)
+    }
+
+    /// Reserves `n` tokens for `key` and blocks the thread until they are due (asleep for the
+    /// bulk, spinning the last 100 µs); refused at once, taking nothing, if they would be due
+    /// more than `max_wait` from now. Returns the due instant on the limiter's clock, as
+    /// [`Limiter::acquire_n`](crate::Direct::acquire_n) does.
+    pub fn acquire_n<Q>(&self, key: &Q, n: u64, max_wait: Duration) -> Result<Nanos, ReserveError>
+    where
+        K: Borrow<Q>,
+        Q: Key<Words = K::Words> + ?Sized,
+    {
+        let due = self.reserve_n_within(key, n, max_wait)?.ready_at();
+        crate::engine::direct::reserve::sleep_until(self.clock(), due);
+        Ok(due)
     }
 
     /// The tier named `name`, if the limiter was built with it (`"default"` is the default).

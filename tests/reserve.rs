@@ -5,13 +5,14 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use common::model::{is_exact, refill_bound, Answer, Model, ModelRefusal, ModelReservation};
 use proptest::prelude::*;
 use tollgate::{
-    Admit, Cancelled, Clock, Limiter, ManualClock, Nanos, Rate, Receipt, Reservation, ReserveError,
-    TokenBucket, TscClock,
+    Admit, Cancelled, Clock, Decision, KeyedLimiter, Limiter, ManualClock, Nanos, Rate, Receipt, Reservation,
+    ReserveError, TokenBucket, TscClock, WhenFull,
 };
 
 #[derive(Clone, Debug)]
@@ -29,7 +30,8 @@ enum Op {
     Refund(usize),
 }
 
-fn ops(burst: u64, forward_only: bool) -> impl Strategy<Value = Vec<Op>> {
+/// Operations, each on one of `keys` keys (the direct limiter has one).
+fn ops(burst: u64, forward_only: bool, keys: u64) -> impl Strategy<Value = Vec<(u64, Op)>> {
     let cost = prop_oneof![6 => 1..=burst, 1 => Just(0u64), 1 => (burst + 1)..=burst.saturating_add(2)];
     let wait = prop_oneof![2 => Just(u64::MAX), 1 => Just(0u64), 2 => 0u64..2_000_000_000, 1 => any::<u64>()];
     let span = prop_oneof![3 => Just(0u64), 4 => 0u64..1_000, 4 => 0u64..3_000_000_000, 1 => 0u64..(1 << 50)];
@@ -44,7 +46,7 @@ fn ops(burst: u64, forward_only: bool) -> impl Strategy<Value = Vec<Op>> {
         1 => (1..=burst).prop_map(Op::Charge),
         1 => any::<usize>().prop_map(Op::Refund),
     ];
-    prop::collection::vec(op, 1..80)
+    prop::collection::vec((0..keys, op), 1..80)
 }
 
 fn quota() -> impl Strategy<Value = TokenBucket> {
@@ -65,46 +67,102 @@ fn exact_quota() -> impl Strategy<Value = TokenBucket> {
     })
 }
 
-/// One admission, for the bound: `n` tokens used at `at` ns.
+/// One admission, for the bound: `n` tokens used at `at` ns on `key`.
 #[derive(Clone, Copy, Debug)]
 struct Use {
+    key: u64,
     at: u64,
     n: u64,
 }
 
-/// Runs `ops`, comparing every answer with the model. Returns the admissions: checks at their
-/// instant, reservations not cancelled at their due time.
-fn run(q: TokenBucket, ops: &[Op]) -> Result<Vec<Use>, TestCaseError> {
-    let clock = ManualClock::new();
-    let l = Limiter::with_clock(q, clock.clone());
-    let mut model = Model::new(&q);
+/// What the model-based run drives: a direct limiter (one key) or a keyed table.
+trait Subject {
+    fn check(&self, key: u64, now: u64, n: u64) -> Decision;
+    fn peek(&self, key: u64, now: u64, n: u64) -> Decision;
+    fn reserve(&self, key: u64, now: u64, n: u64, max_wait: Duration) -> Result<Reservation, ReserveError>;
+    fn cancel(&self, key: u64, now: u64, r: Reservation) -> Cancelled;
+    fn charge(&self, key: u64, now: u64, n: u64) -> (Decision, Option<Receipt>);
+    fn refund(&self, key: u64, now: u64, r: Receipt);
+}
+
+impl Subject for Limiter<ManualClock> {
+    fn check(&self, _: u64, now: u64, n: u64) -> Decision {
+        self.check_n_at(Nanos::new(now), n)
+    }
+    fn peek(&self, _: u64, now: u64, n: u64) -> Decision {
+        self.peek_n_at(Nanos::new(now), n)
+    }
+    fn reserve(&self, _: u64, now: u64, n: u64, max_wait: Duration) -> Result<Reservation, ReserveError> {
+        self.reserve_n_at(Nanos::new(now), n, max_wait)
+    }
+    fn cancel(&self, _: u64, now: u64, r: Reservation) -> Cancelled {
+        self.cancel_at(Nanos::new(now), r)
+    }
+    fn charge(&self, _: u64, now: u64, n: u64) -> (Decision, Option<Receipt>) {
+        self.clock().set(Nanos::new(now));
+        Admit::charge(self, n)
+    }
+    fn refund(&self, _: u64, now: u64, r: Receipt) {
+        self.clock().set(Nanos::new(now));
+        Admit::refund(self, r);
+    }
+}
+
+impl Subject for KeyedLimiter<u64, ManualClock> {
+    fn check(&self, key: u64, now: u64, n: u64) -> Decision {
+        self.check_n_at(&key, Nanos::new(now), n)
+    }
+    fn peek(&self, key: u64, now: u64, n: u64) -> Decision {
+        self.peek_n_at(&key, Nanos::new(now), n)
+    }
+    fn reserve(&self, key: u64, now: u64, n: u64, max_wait: Duration) -> Result<Reservation, ReserveError> {
+        self.reserve_n_at(&key, Nanos::new(now), n, max_wait)
+    }
+    fn cancel(&self, key: u64, now: u64, r: Reservation) -> Cancelled {
+        self.cancel_at(&key, Nanos::new(now), r)
+    }
+    fn charge(&self, key: u64, now: u64, n: u64) -> (Decision, Option<Receipt>) {
+        self.clock().set(Nanos::new(now));
+        Admit::charge(&self.limit(&key), n)
+    }
+    fn refund(&self, key: u64, now: u64, r: Receipt) {
+        self.clock().set(Nanos::new(now));
+        Admit::refund(&self.limit(&key), r);
+    }
+}
+
+/// Runs `ops` on `l`, comparing every answer with a model per key. Returns the admissions:
+/// checks at their instant, reservations not cancelled at their due time.
+fn run(l: &impl Subject, q: TokenBucket, ops: &[(u64, Op)]) -> Result<Vec<Use>, TestCaseError> {
+    let mut models: HashMap<u64, Model> = HashMap::new();
     let mut now = 0u64;
-    let mut open: Vec<(Reservation, ModelReservation, usize)> = Vec::new();
-    let mut receipts: Vec<(Receipt, ModelReservation, usize)> = Vec::new();
+    let mut open: Vec<(u64, Reservation, ModelReservation, usize)> = Vec::new();
+    let mut receipts: Vec<(u64, Receipt, ModelReservation, usize)> = Vec::new();
     let mut uses: Vec<Option<Use>> = Vec::new();
-    // FIFO: the latest due time among reservations made since the last cancel.
-    let mut latest_due: Option<u64> = None;
-    for op in ops {
+    // FIFO, per key: the latest due time among reservations made since the last cancel.
+    let mut latest_due: HashMap<u64, u64> = HashMap::new();
+    for &(key, ref op) in ops {
+        let model = models.entry(key).or_insert_with(|| Model::new(&q));
         match *op {
             Op::Advance(d) => now = now.saturating_add(d),
             Op::Back(d) => {
                 now = now.saturating_sub(d);
-                latest_due = None; // FIFO holds on a clock that does not run back
+                latest_due.clear(); // FIFO holds on a clock that does not run back
             }
             Op::CheckN(n) => {
-                let d = l.check_n_at(Nanos::new(now), n);
+                let d = l.check(key, now, n);
                 prop_assert_eq!(Answer::of(&d), model.decide(now, n, true), "check_n({}) at {}", n, now);
                 if d.is_allowed() && n > 0 {
-                    uses.push(Some(Use { at: now, n }));
+                    uses.push(Some(Use { key, at: now, n }));
                 }
             }
             Op::PeekN(n) => {
-                let d = l.peek_n_at(Nanos::new(now), n);
+                let d = l.peek(key, now, n);
                 prop_assert_eq!(Answer::of(&d), model.decide(now, n, false), "peek_n({}) at {}", n, now);
             }
             Op::Reserve(n, wait) => {
                 let max_wait = if wait == u64::MAX { Duration::MAX } else { Duration::from_nanos(wait) };
-                let got = l.reserve_n_at(Nanos::new(now), n, max_wait);
+                let got = l.reserve(key, now, n, max_wait);
                 let want = model.reserve(now, n, wait);
                 match (got, want) {
                     (Ok(r), Ok(m)) => {
@@ -119,13 +177,13 @@ fn run(q: TokenBucket, ops: &[Op]) -> Result<Vec<Use>, TestCaseError> {
                         prop_assert_eq!(r.reserved_at(), Nanos::new(now));
                         let due = now.saturating_add(m.wait_ns);
                         if n > 0 {
-                            if let Some(prev) = latest_due {
+                            if let Some(&prev) = latest_due.get(&key) {
                                 prop_assert!(due >= prev, "FIFO: due at {} after one due at {}", due, prev);
                             }
-                            latest_due = Some(due);
+                            latest_due.insert(key, due);
                         }
-                        uses.push((n > 0).then_some(Use { at: due, n }));
-                        open.push((r, m, uses.len() - 1));
+                        uses.push((n > 0).then_some(Use { key, at: due, n }));
+                        open.push((key, r, m, uses.len() - 1));
                     }
                     (
                         Err(ReserveError::Insufficient { requested, burst }),
@@ -149,45 +207,69 @@ fn run(q: TokenBucket, ops: &[Op]) -> Result<Vec<Use>, TestCaseError> {
                 if open.is_empty() {
                     continue;
                 }
-                let (r, m, use_index) = open.remove(i % open.len());
-                let got = l.cancel_at(Nanos::new(now), r);
-                let want = model.cancel(now, &m);
+                let (key, r, m, use_index) = open.remove(i % open.len());
+                let got = l.cancel(key, now, r);
+                let want = models.get_mut(&key).expect("a key reserved on").cancel(now, &m);
                 let expected = if want { Cancelled::Returned } else { Cancelled::NothingOwed };
                 prop_assert_eq!(got, expected, "cancel at {} of {:?}", now, m);
                 uses[use_index] = None;
-                latest_due = None;
+                latest_due.remove(&key);
             }
             Op::Charge(n) => {
-                l.clock().set(Nanos::new(now));
-                let (d, receipt) = Admit::charge(&l, n);
+                let (d, receipt) = l.charge(key, now, n);
                 let (want, taken) = model.charge(now, n);
                 prop_assert_eq!(Answer::of(&d), want, "charge({}) at {}", n, now);
                 prop_assert_eq!(receipt.is_some(), taken.is_some());
                 if let (Some(r), Some(m)) = (receipt, taken) {
-                    uses.push(Some(Use { at: now, n }));
-                    receipts.push((r, m, uses.len() - 1));
+                    uses.push(Some(Use { key, at: now, n }));
+                    receipts.push((key, r, m, uses.len() - 1));
                 }
             }
             Op::Refund(i) => {
                 if receipts.is_empty() {
                     continue;
                 }
-                let (r, m, use_index) = receipts.remove(i % receipts.len());
-                l.clock().set(Nanos::new(now));
-                Admit::refund(&l, r);
-                model.cancel(now, &m);
+                let (key, r, m, use_index) = receipts.remove(i % receipts.len());
+                l.refund(key, now, r);
+                models.get_mut(&key).expect("a key charged").cancel(now, &m);
                 uses[use_index] = None;
-                latest_due = None;
+                latest_due.remove(&key);
             }
         }
-        // Every field of the state, after every step.
-        prop_assert_eq!(Answer::of(&l.peek_n_at(Nanos::new(now), 1)), model.decide(now, 1, false));
+        // Every field of every key's state, after every step.
+        for (&key, model) in &mut models {
+            prop_assert_eq!(Answer::of(&l.peek(key, now, 1)), model.decide(now, 1, false), "key {}", key);
+        }
     }
-    for (r, _, _) in open {
+    for (_, r, _, _) in open {
         // Not cancelled: dropping a reservation keeps its tokens taken (no Drop to run).
         drop(r);
     }
     Ok(uses.into_iter().flatten().collect())
+}
+
+/// Over any span, each key's uses are at most `burst + floor(rate·span)`.
+fn check_bound(q: &TokenBucket, mut uses: Vec<Use>) -> Result<(), TestCaseError> {
+    prop_assert!(is_exact(q));
+    uses.sort_by_key(|u| (u.key, u.at));
+    for i in 0..uses.len() {
+        let mut sum = 0u128;
+        for u in uses[i..].iter().take_while(|u| u.key == uses[i].key) {
+            sum += u128::from(u.n);
+            let bound = u128::from(q.burst()) + refill_bound(q, u.at - uses[i].at);
+            prop_assert!(sum <= bound, "{} tokens in [{}, {}] ns, bound {}", sum, uses[i].at, u.at, bound);
+        }
+    }
+    Ok(())
+}
+
+fn direct(q: TokenBucket) -> Limiter<ManualClock> {
+    Limiter::with_clock(q, ManualClock::new())
+}
+
+/// A table with room to spare: keys are evicted only once full, which no decision can tell.
+fn keyed(q: TokenBucket) -> KeyedLimiter<u64, ManualClock> {
+    KeyedLimiter::<u64>::builder(q).capacity(64).build_with_clock(ManualClock::new()).expect("a valid table")
 }
 
 proptest! {
@@ -195,25 +277,29 @@ proptest! {
 
     /// Every answer equals the model's, under any interleaving, with the clock moving both ways.
     #[test]
-    fn reservations_match_the_model(q in quota(), ops in quota().prop_flat_map(|q| ops(q.burst(), false))) {
-        run(q, &ops)?;
+    fn reservations_match_the_model(q in quota(), ops in quota().prop_flat_map(|q| ops(q.burst(), false, 1))) {
+        run(&direct(q), q, &ops)?;
     }
 
     /// Over any span, the tokens used (checks when admitted, reservations not cancelled when
     /// due) are at most `burst + floor(rate·span)`: never over-admitted, whatever was cancelled.
     #[test]
-    fn admissions_stay_within_the_bound(q in exact_quota(), ops in (1u64..=8).prop_flat_map(|b| ops(b, true))) {
-        prop_assert!(is_exact(&q));
-        let mut uses = run(q, &ops)?;
-        uses.sort_by_key(|u| u.at);
-        for i in 0..uses.len() {
-            let mut sum = 0u128;
-            for u in &uses[i..] {
-                sum += u128::from(u.n);
-                let bound = u128::from(q.burst()) + refill_bound(&q, u.at - uses[i].at);
-                prop_assert!(sum <= bound, "{} tokens in [{}, {}] ns, bound {}", sum, uses[i].at, u.at, bound);
-            }
-        }
+    fn admissions_stay_within_the_bound(q in exact_quota(), ops in (1u64..=8).prop_flat_map(|b| ops(b, true, 1))) {
+        check_bound(&q, run(&direct(q), q, &ops)?)?;
+    }
+
+    /// Per key, a keyed table's reservations are the direct limiter's: every answer equals a
+    /// model per key. The clock only moves forward (a keyed table's contract: a key reclaimed
+    /// at a later time comes back fresh at an earlier one).
+    #[test]
+    fn keyed_reservations_match_the_model(q in quota(), ops in quota().prop_flat_map(|q| ops(q.burst(), true, 3))) {
+        run(&keyed(q), q, &ops)?;
+    }
+
+    /// The bound, per key, on a keyed table.
+    #[test]
+    fn keyed_admissions_stay_within_the_bound(q in exact_quota(), ops in (1u64..=8).prop_flat_map(|b| ops(b, true, 3))) {
+        check_bound(&q, run(&keyed(q), q, &ops)?)?;
     }
 }
 
@@ -346,6 +432,120 @@ fn acquire_waits_until_due() {
     let second = l.acquire().unwrap();
     assert!(second.as_u64() >= first.as_u64() + 1_000_000, "{first:?} {second:?}");
     assert!(clock.now() >= second, "returned before the tokens were due");
+    // A token an hour: the second is due long after any delay of this thread.
+    let l = Limiter::with_clock(TokenBucket::per_hour(1).unwrap(), clock);
+    l.acquire().unwrap();
     let refused = l.acquire_n(1, Duration::ZERO);
     assert!(matches!(refused, Err(ReserveError::TooLate { .. })), "{refused:?}");
+}
+
+fn keyed_with(q: TokenBucket, capacity: usize, when_full: WhenFull) -> KeyedLimiter<u64, ManualClock> {
+    KeyedLimiter::<u64>::builder(q)
+        .capacity(capacity)
+        .shards(1)
+        .when_full(when_full)
+        .build_with_clock(ManualClock::new())
+        .unwrap()
+}
+
+/// Per key: the direct limiter's answers (#56924's numbers, as above), each key in its own
+/// line, and a cancel that names the wrong key or limiter gives nothing back.
+#[test]
+fn keyed_reservations_queue_per_key() {
+    let l = keyed_with(TokenBucket::per_second(10).unwrap().with_burst(20).unwrap(), 64, WhenFull::Deny);
+    let _a = l.reserve_n(&1, 15).unwrap();
+    l.clock().set(Nanos::new(100 * MS));
+    let r = l.reserve_n(&1, 10).unwrap();
+    assert_eq!(r.delay(), Duration::from_millis(400));
+    assert_eq!(l.reserve_n(&2, 20).unwrap().delay(), Duration::ZERO); // key 2 has its own line
+    l.clock().set(Nanos::new(200 * MS));
+    let c = l.reserve_n(&1, 2).unwrap();
+    assert_eq!(c.delay(), Duration::from_millis(500));
+    assert_eq!(c.ready_at(), Nanos::new(700 * MS));
+    assert!(!l.check(&1).is_allowed()); // checks queue behind reservations
+    l.clock().set(Nanos::new(300 * MS));
+    // Another key's, or another limiter's (direct or keyed), reservation: not ours.
+    let other = keyed_with(TokenBucket::per_second(10).unwrap().with_burst(20).unwrap(), 64, WhenFull::Deny);
+    let direct = Limiter::with_clock(TokenBucket::per_second(10).unwrap(), ManualClock::new());
+    let d = direct.reserve().unwrap();
+    assert_eq!(l.cancel(&1, d), Cancelled::Foreign);
+    let d = direct.reserve().unwrap();
+    assert_eq!(other.cancel(&1, d), Cancelled::Foreign);
+    assert_eq!(direct.cancel(l.reserve(&3).unwrap()), Cancelled::Foreign);
+    assert_eq!(l.cancel(&2, r), Cancelled::Foreign);
+    assert_eq!(l.cancel(&1, c), Cancelled::Returned);
+    // Debt of 4 tokens at +300 ms, less the 2: due in 300 ms (the 10 was made at +100).
+    assert_eq!(l.peek(&1).retry_after(), Some(Duration::from_millis(300)));
+    // A key in debt is never evicted: a sweep finds nothing to reclaim on key 1.
+    l.sweep();
+    assert_eq!(l.peek(&1).retry_after(), Some(Duration::from_millis(300)));
+}
+
+/// Bad input and a full table: each refusal is typed and takes nothing; a key admitted
+/// untracked (fail-open) gets a reservation due at once that owes nothing.
+#[test]
+fn keyed_reservations_refuse_at_once() {
+    let q = TokenBucket::per_second(10).unwrap().with_burst(2).unwrap();
+    let l = keyed_with(q, 8, WhenFull::Deny);
+    assert_eq!(l.reserve_n(&1, 3).unwrap_err(), ReserveError::Insufficient { requested: 3, burst: 2 });
+    let zero = l.reserve_n(&1, 0).unwrap();
+    assert_eq!((zero.delay(), zero.tokens()), (Duration::ZERO, 0));
+    assert_eq!(l.cancel(&1, zero), Cancelled::NothingOwed);
+    let _now = l.reserve_n(&1, 2).unwrap();
+    let err = l.reserve_n_within(&1, 1, Duration::from_millis(50)).unwrap_err();
+    assert_eq!(
+        err,
+        ReserveError::TooLate { wait: Duration::from_millis(100), max_wait: Duration::from_millis(50) }
+    );
+    assert_eq!(l.peek(&1).retry_after(), Some(Duration::from_millis(100)), "a refusal took nothing");
+    // Fill the table with keys in debt (never evictable), then a new key finds no room.
+    let mut key = 100;
+    while l.reserve_n(&key, 2).is_ok() {
+        let _in_debt = l.reserve_n(&key, 2).unwrap();
+        key += 1;
+    }
+    let err = l.reserve_n(&key, 1).unwrap_err();
+    assert_eq!(err, ReserveError::TableFull);
+    assert!(err.to_string().contains("no room"), "{err}");
+
+    let open = keyed_with(q, 8, WhenFull::Allow);
+    for key in 0..64u64 {
+        let r = open.reserve_n(&key, 2).unwrap();
+        if r.delay() == Duration::ZERO && open.peek(&key).remaining() == 2 {
+            // Admitted untracked: nothing was taken, so nothing is owed.
+            assert_eq!(open.cancel(&key, r), Cancelled::NothingOwed);
+            return;
+        }
+        let _ = open.reserve_n(&key, 2).unwrap(); // in debt: never evicted
+    }
+    panic!("a table of 8 keys tracked 64 keys in debt");
+}
+
+/// A table that evicts by force gives nothing back (as its `check_all` receipts), and a cancel
+/// after a tier change counts the tokens as they were reserved.
+#[test]
+fn keyed_cancels_under_evictions_and_tiers() {
+    let q = TokenBucket::per_second(10).unwrap().with_burst(2).unwrap();
+    let l = keyed_with(q, 64, WhenFull::EvictFullest);
+    let r = l.reserve_n(&1, 2).unwrap();
+    assert_eq!(l.cancel(&1, r), Cancelled::NothingOwed);
+    assert_eq!(l.peek(&1).remaining(), 0);
+
+    let l = KeyedLimiter::<u64>::builder(q)
+        .tier("gold", TokenBucket::per_second(10).unwrap().with_burst(2).unwrap())
+        .capacity(64)
+        .build_with_clock(ManualClock::new())
+        .unwrap();
+    let gold = l.tier("gold").unwrap();
+    l.set_override(&1, gold).unwrap();
+    let a = l.reserve_n(&1, 2).unwrap();
+    let b = l.reserve(&1).unwrap();
+    assert_eq!(b.delay(), Duration::from_millis(100));
+    // Gold gets a faster rate: the debt is read at it, and b still goes back whole (latest).
+    l.set_tier_quota(gold, TokenBucket::per_second(20).unwrap().with_burst(2).unwrap()).unwrap();
+    assert_eq!(l.cancel(&1, b), Cancelled::Returned);
+    assert_eq!(l.cancel(&1, a), Cancelled::Returned);
+    assert_eq!(l.peek(&1).remaining(), 2);
+    assert!(l.acquire_n(&1, 2, Duration::ZERO).is_ok());
+    assert!(matches!(l.acquire_n(&1, 1, Duration::ZERO), Err(ReserveError::TooLate { .. })));
 }

@@ -1,6 +1,9 @@
 //! Reservations and cancels on the direct bucket (`src/engine/direct/reserve.rs`,
 //! `AtomicBucket::reserve` and `cancel`): a reservation is the decisions' CAS with a stamp that
-//! may lie ahead of now; a cancel is the refunds' CAS under their flag, waiting for it.
+//! may lie ahead of now; a cancel is the refunds' CAS under their flag, waiting for it. The
+//! same per key (`src/keyed/bucket.rs`, `reserve_words` and `cancel_words`): the table's probe
+//! and CAS with the reservation's rule, and `Shard::cancel`, waiting for the shard's refund
+//! flag.
 
 #![cfg(tollgate_loom)]
 
@@ -8,7 +11,7 @@ use std::time::Duration;
 
 use loom::sync::Arc;
 use loom::thread;
-use tollgate::{Cancelled, Limiter, ManualClock, Nanos, Rate, TokenBucket};
+use tollgate::{Cancelled, KeyedLimiter, Limiter, ManualClock, Nanos, Rate, TokenBucket};
 
 use loom_tests::model;
 
@@ -90,6 +93,89 @@ fn cancel_races_cancel() {
             Cancelled::Returned => assert_eq!(wait, Duration::from_nanos(10)),
             Cancelled::NothingOwed => assert_eq!(wait, Duration::from_nanos(20)),
             other => panic!("{other:?}"),
+        }
+    });
+}
+
+/// A one-shard table (so every key shares the refund flag), seeds fixed: one token per 10 ns,
+/// `burst` (a keyed table's keys start full), with `empty` keys' tokens all taken at 0 ns.
+fn keyed(burst: u64, empty: &[u64]) -> Arc<KeyedLimiter<u64, ManualClock>> {
+    let q = TokenBucket::new(Rate::per(1, Duration::from_nanos(10)), burst).unwrap();
+    let l = Arc::new(
+        KeyedLimiter::<u64>::builder(q)
+            .capacity(3)
+            .shards(1)
+            .seeds([1; 8])
+            .build_with_clock(ManualClock::new())
+            .unwrap(),
+    );
+    for key in empty {
+        assert!(l.check_n_at(key, Nanos::ZERO, burst).is_allowed());
+    }
+    l
+}
+
+/// `reserve_races_check` on a key that is not in the table yet (full, one token): both insert
+/// it (one inserts, the other finds it), and the two decisions serialize on its word as on a
+/// direct bucket.
+#[test]
+fn keyed_reserve_races_check_on_a_new_key() {
+    model(|| {
+        let l = keyed(1, &[]);
+        let c = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.check_at(&7, Nanos::ZERO).is_allowed())
+        };
+        let r = l.reserve_n_at(&7, Nanos::ZERO, 1, Duration::MAX).unwrap();
+        let checked = c.join().unwrap();
+        assert_eq!(r.delay(), if checked { Duration::from_nanos(10) } else { Duration::ZERO });
+        let wait = if checked { Duration::from_nanos(10) } else { Duration::ZERO };
+        assert_eq!(l.peek_n_at(&7, Nanos::new(10), 1).retry_after(), Some(wait));
+        assert_eq!(l.len(), 1, "one bucket for the key");
+    });
+}
+
+/// `cancel_races_reserve` per key: the cancel (through the shard's refund flag and the
+/// table's CAS) gives back whole only while its reservation is the key's latest.
+#[test]
+fn keyed_cancel_races_reserve() {
+    model(|| {
+        let l = keyed(2, &[7]);
+        let first = l.reserve_n_at(&7, Nanos::ZERO, 1, Duration::MAX).unwrap();
+        assert_eq!(first.delay(), Duration::from_nanos(10));
+        let other = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.reserve_n_at(&7, Nanos::ZERO, 1, Duration::MAX).unwrap().delay())
+        };
+        let cancelled = l.cancel_at(&7, Nanos::ZERO, first);
+        let delay = other.join().unwrap();
+        match cancelled {
+            Cancelled::Returned => assert_eq!(delay, Duration::from_nanos(10)),
+            Cancelled::NothingOwed => assert_eq!(delay, Duration::from_nanos(20)),
+            other => panic!("{other:?}"),
+        }
+        let end = l.peek_n_at(&7, Nanos::ZERO, 1).retry_after().unwrap() - Duration::from_nanos(10);
+        let expected = if cancelled == Cancelled::Returned { 10 } else { 20 };
+        assert_eq!(end, Duration::from_nanos(expected));
+    });
+}
+
+/// Cancels of two keys racing on the one shard's refund flag: a cancel waits for the other
+/// rather than give nothing back (a refund would give up), so both go back whole.
+#[test]
+fn keyed_cancels_of_two_keys_both_go_back() {
+    model(|| {
+        let l = keyed(1, &[7, 8]);
+        let a = l.reserve_n_at(&7, Nanos::ZERO, 1, Duration::MAX).unwrap();
+        let b = l.reserve_n_at(&8, Nanos::ZERO, 1, Duration::MAX).unwrap();
+        let t = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.cancel_at(&8, Nanos::ZERO, b))
+        };
+        assert_eq!(l.cancel_at(&7, Nanos::ZERO, a), Cancelled::Returned);
+        assert_eq!(t.join().unwrap(), Cancelled::Returned);
+        for key in [7, 8] {
+            assert_eq!(l.peek_n_at(&key, Nanos::ZERO, 1).retry_after(), Some(Duration::from_nanos(10)));
         }
     });
 }

@@ -148,6 +148,12 @@ impl Decision {
         Decision::from_nanos(outcome, self.remaining_u32(), missing, self.reset_after_nanos())
     }
 
+    /// The two waits in the quota's units, as stored: `(missing, until_full)`.
+    #[inline]
+    pub(crate) fn units(&self) -> (u64, u64) {
+        (self.missing, self.until_full)
+    }
+
     fn nanos_ceil(&self, units: u64) -> Nanos {
         Nanos::new(units.div_ceil(u64::from(self.units_per_nano())))
     }

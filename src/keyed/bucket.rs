@@ -12,10 +12,16 @@ use super::{
     batch, hashers, prefetch, shard_count, stats_of, table_slots, KeyedBuilder, KeyedStats, Target, WhenFull,
     MAX_CAPACITY,
 };
+use core::time::Duration;
+
 use crate::engine::admit::Receipt;
+use crate::engine::direct::reserve::KeyedParts;
 use crate::policies::bucket::BucketWord;
 use crate::policies::token_bucket::At;
-use crate::{Clock, ConfigError, Decision, Nanos, Outcome, TokenBucket, UpdateError};
+use crate::{
+    Cancelled, Clock, ConfigError, Decision, Nanos, Outcome, Reservation, ReserveError, TokenBucket,
+    UpdateError,
+};
 
 /// Bucket instants in a table count from this many units, the largest fill time any tier may
 /// have (2^60 units: 36 years at 1 ns), so that one time base serves every tier.
@@ -106,12 +112,180 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
             if now < charged_now {
                 return None; // a clock behind the charge's: refund nothing
             }
+            // In debt to a reservation (the word ahead of now), only the latest charge goes
+            // back (see `AtomicBucket::refund_with`), and a charge is never the latest then:
+            // its stamp is at most its own now.
+            if w > now {
+                return None;
+            }
             let floor = now - l.params.tiers.min_fill().min(charged_fill);
             let owed = cost.saturating_sub(floor - charged_floor);
             // Never below the evictable line: a bucket full in every tier.
             (owed > 0).then(|| w.saturating_sub(owed).max(evictable(&l.params, now)))
         };
         t.shard.refund(t.words, t.home, step);
+    }
+}
+
+/// Reservations on a key's bucket (`Keyed::reserve_n_at`, `Keyed::cancel_at`).
+impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
+    /// `n` tokens for the key, now or as soon as its bucket has them, due at most `max_wait`
+    /// (and one fill) from `now`: a decision whose stamp may lie ahead of `now`, by the same
+    /// lock-free probe and CAS as a check (`Reserve` below), so later checks and reservations
+    /// of the key queue behind it.
+    pub(crate) fn reserve_words(
+        &self,
+        words: K::Words,
+        now: Nanos,
+        n: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation, ReserveError> {
+        let t = self.target(words);
+        let q = self.params.tiers.get(self.tier_of(t.words, t.hash));
+        if n > q.burst() {
+            return Err(ReserveError::Insufficient { requested: n, burst: q.burst() });
+        }
+        let at = Self::at(&q, self.base(now));
+        let parts = |stamp: u64| KeyedParts {
+            owner: self.id,
+            key_hash: t.hash,
+            tokens: n,
+            floor: at.floor,
+            stamp,
+            cost: q.cost_units(n),
+        };
+        if n == 0 {
+            return Ok(Reservation::keyed(parts(0), now, 0));
+        }
+        let m = q.units_per_nano();
+        let max_wait_ns = u64::try_from(max_wait.as_nanos()).unwrap_or(u64::MAX);
+        // One fill of debt at most, or the caller's wait; and never a word past the largest a
+        // slot holds (only near the end of the table's lifetime).
+        let limit = q.fill_units().min(max_wait_ns.saturating_mul(m)).min(MAX_UNITS - at.now);
+        let rule = Reserve { now: Now { p: &self.params, q: &q, at }, max_wait: limit };
+        let d = match t.shard.probe(t.home, t.words, &rule, n) {
+            Some(d) => d,
+            None => t.shard.acquire_next(t.words, t.hash, t.home, &rule, n),
+        };
+        match d.outcome() {
+            Outcome::Allowed | Outcome::Delayed => {
+                // `Reserve::taken` leaves the stored stamp in `until_full`, exactly.
+                let stamp = at.floor + d.units().1;
+                Ok(Reservation::keyed(parts(stamp), now, stamp.saturating_sub(at.now) / m))
+            }
+            // Admitted without a bucket (`WhenFull::Allow`): due at once, nothing to give back.
+            Outcome::Untracked => Ok(Reservation::keyed(parts(0), now, 0)),
+            Outcome::TableFull => Err(ReserveError::TableFull),
+            _ => Err(ReserveError::TooLate {
+                wait: d.retry_after().unwrap_or(Duration::MAX),
+                max_wait: Duration::from_nanos((q.fill_units() / m).min(max_wait_ns)),
+            }),
+        }
+    }
+
+    /// Gives back what a reservation of this key still owes, by the rule of
+    /// `AtomicBucket::refund` (while the key is in debt, only its latest reservation or charge,
+    /// whole; out of debt, the cost less the floor's advance since), with the floors of
+    /// [`refund_words`](BucketTable::refund_words): under the smallest fill any tier has had.
+    /// `now()` is read after each load of the word.
+    pub(crate) fn cancel_words(
+        &self,
+        words: K::Words,
+        r: &Reservation,
+        now: impl Fn() -> Nanos,
+    ) -> Cancelled {
+        let t = self.target(words);
+        let p = r.keyed_parts();
+        if p.owner != self.id || p.key_hash != t.hash {
+            return Cancelled::Foreign;
+        }
+        // Nothing taken (no tokens, or admitted untracked); or a table whose forced evictions
+        // may put the key back in a slot whose first stamp is another key's history, below
+        // which nothing may go (as its receipts, see `charge_words`).
+        if p.tokens == 0 || p.stamp == 0 || self.params.when_full == WhenFull::EvictFullest {
+            return Cancelled::NothingOwed;
+        }
+        let charged_now = OFFSET + self.base(r.reserved_at());
+        let charged_fill = charged_now - p.floor;
+        let step = |w: u64| {
+            // After the word's Acquire load (in `Shard::cancel`): see `AtomicBucket::refund`.
+            crate::sync::clock_after_loads();
+            let now = OFFSET + self.base(now());
+            if now < charged_now {
+                return None; // a clock behind the reservation's: give nothing
+            }
+            let owed = if w > now {
+                // In debt: only the latest, whole (see `AtomicBucket::refund_with`).
+                if w != p.stamp {
+                    return None;
+                }
+                p.cost
+            } else {
+                let floor = now - self.params.tiers.min_fill().min(charged_fill);
+                p.cost.saturating_sub(floor - p.floor)
+            };
+            // Never below the evictable line: a bucket full in every tier.
+            (owed > 0).then(|| w.saturating_sub(owed).max(evictable(&self.params, now)))
+        };
+        if t.shard.cancel(t.words, t.home, step) {
+            Cancelled::Returned
+        } else {
+            Cancelled::NothingOwed
+        }
+    }
+}
+
+/// A reservation's rule: a bucket decision that may go into debt, at most `max_wait` units
+/// past `now` (see `BucketWord::reserve`). Everything else is the check's ([`Now`]).
+struct Reserve<'a> {
+    now: Now<'a>,
+    max_wait: u64,
+}
+
+impl Rule for Reserve<'_> {
+    type Taken = BucketWord;
+    const GHOSTS: bool = true;
+
+    #[inline]
+    fn fresh(&self) -> u64 {
+        self.now.fresh()
+    }
+
+    #[inline]
+    fn evictable(&self) -> u64 {
+        self.now.evictable()
+    }
+
+    fn decide(&self, w: u64, n: u64) -> Result<(u64, BucketWord), Decision> {
+        match BucketWord::from_raw(w).reserve(self.now.q, self.now.at, n, self.max_wait) {
+            Ok((next, _)) => Ok((next.raw(), next)),
+            // Too late: the wait it would have needed, in whole nanoseconds.
+            Err(wait_ns) => Err(Decision::from_nanos(Outcome::Denied, 0, Nanos::new(wait_ns), Nanos::ZERO)),
+        }
+    }
+
+    /// Allowed (due now) or delayed until the stamp, which `until_full` carries exactly
+    /// (`stamp − floor`, in units) for `reserve_words`.
+    fn taken(&self, next: BucketWord) -> Decision {
+        let (at, stamp) = (self.now.at, next.raw());
+        let outcome = if stamp > at.now { Outcome::Delayed } else { Outcome::Allowed };
+        Decision::new(
+            self.now.q,
+            outcome,
+            at.now.saturating_sub(stamp),
+            stamp.saturating_sub(at.now),
+            stamp - at.floor,
+        )
+    }
+
+    #[inline]
+    fn hasher(&self) -> &ahash::RandomState {
+        self.now.hasher()
+    }
+
+    #[inline]
+    fn when_full(&self) -> WhenFull {
+        self.now.when_full()
     }
 }
 

@@ -773,7 +773,21 @@ impl<'a, W: Words> Shard<'a, W> {
         self.refund_one(words, home, step);
     }
 
-    fn refund_one(&self, words: W, home: usize, step: impl Fn(u64) -> Option<u64>) {
+    /// [`refund`](Shard::refund) for a cancel: waits for another refund or cancel of this
+    /// shard in progress (a few instructions each) rather than give nothing back, as a direct
+    /// bucket's cancel does. Decisions never wait on it. Whether it gave anything back.
+    pub(crate) fn cancel(&self, words: W, home: usize, step: impl Fn(u64) -> Option<u64>) -> bool {
+        // Acquire/Release: as in `refund`.
+        let flag = &self.c().refunding;
+        while flag.compare_exchange(0, 1, Acquire, Relaxed).is_err() {
+            crate::sync::pause();
+        }
+        let _clear = crate::sync::ClearOnDrop(flag);
+        self.refund_one(words, home, step)
+    }
+
+    /// Gives back `step`'s amount on `words`' live word, if it is still live: whether it did.
+    fn refund_one(&self, words: W, home: usize, step: impl Fn(u64) -> Option<u64>) -> bool {
         let found = loop {
             // Acquire: as in `find`.
             let h = self.header(home).load(Acquire);
@@ -781,21 +795,21 @@ impl<'a, W: Words> Shard<'a, W> {
                 break self.scan(home, h_reach(h).max(GROUP), words);
             }
         };
-        let Some((slot, mut w)) = found else { return };
+        let Some((slot, mut w)) = found else { return false };
         loop {
             if w & STATE != LIVE {
-                return;
+                return false;
             }
-            let Some(next) = step(w).filter(|&next| next < w) else { return };
+            let Some(next) = step(w).filter(|&next| next < w) else { return false };
             // Success Relaxed: the refund publishes nothing (its RMW continues the release
             // sequence of the decision it replaces, and refunds of a shard are serialized by
             // the flag). Failure Acquire, as in `decide_on`: the key is checked again after a
             // failure, which may show a new key's word. Checked by loom-tests/tests/admit.rs.
             match slot.word.compare_exchange_weak(w, next, Relaxed, Acquire) {
-                Ok(_) => return,
+                Ok(_) => return true,
                 Err(seen) => {
                     if W::load(&slot.key, Relaxed) != words {
-                        return;
+                        return false;
                     }
                     w = seen;
                 }

@@ -17,17 +17,19 @@ use super::Direct;
 use crate::sync::Ordering::Relaxed;
 use crate::{Clock, Nanos, TokenBucket};
 
-/// Tokens reserved on a [`Limiter`](crate::Limiter): due at [`ready_at`](Reservation::ready_at),
-/// on the limiter's clock.
+/// Tokens reserved on a [`Limiter`](crate::Limiter) or for one key of a
+/// [`KeyedLimiter`](crate::KeyedLimiter): due at [`ready_at`](Reservation::ready_at), on the
+/// limiter's clock.
 ///
 /// The tokens are taken when the reservation is made. Dropping a reservation does **not**
 /// give them back: a caller that will not use them calls
-/// [`Limiter::cancel`](crate::Direct::cancel). Not `Clone`: a reservation is cancelled at
-/// most once, by construction.
+/// [`Limiter::cancel`](crate::Direct::cancel) (or [`KeyedLimiter::cancel`](crate::Keyed::cancel)
+/// with the key). Not `Clone`: a reservation is cancelled at most once, by construction.
 #[must_use = "the tokens are taken: wait until `ready_at`, or give them back with `cancel`"]
 #[derive(PartialEq, Eq)]
 pub struct Reservation {
-    /// The issuing limiter (`sync::next_id`) and its configuration's generation.
+    /// The issuing limiter (`sync::next_id`), and its configuration's generation (direct) or
+    /// the key's hash (keyed).
     owner: u64,
     generation: u64,
     /// Tokens reserved.
@@ -40,6 +42,20 @@ pub struct Reservation {
     /// (in ns, rounded up).
     at: Nanos,
     wait: u64,
+    /// Keyed only: the tokens' cost in units under the quota it was made under (a tier may
+    /// change before the cancel); 0 for a direct one.
+    cost: u64,
+}
+
+/// The fields of a keyed reservation, for `keyed/bucket.rs`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KeyedParts {
+    pub(crate) owner: u64,
+    pub(crate) key_hash: u64,
+    pub(crate) tokens: u64,
+    pub(crate) floor: u64,
+    pub(crate) stamp: u64,
+    pub(crate) cost: u64,
 }
 
 impl Reservation {
@@ -73,6 +89,24 @@ impl Reservation {
     pub fn tokens(&self) -> u64 {
         self.tokens
     }
+
+    /// A keyed reservation: made at `at` (the clock's reading), due `wait` ns later.
+    pub(crate) fn keyed(parts: KeyedParts, at: Nanos, wait: u64) -> Reservation {
+        let KeyedParts { owner, key_hash, tokens, floor, stamp, cost } = parts;
+        Reservation { owner, generation: key_hash, tokens, floor, stamp, at, wait, cost }
+    }
+
+    /// A keyed reservation's fields (the inverse of [`keyed`](Reservation::keyed)).
+    pub(crate) fn keyed_parts(&self) -> KeyedParts {
+        KeyedParts {
+            owner: self.owner,
+            key_hash: self.generation,
+            tokens: self.tokens,
+            floor: self.floor,
+            stamp: self.stamp,
+            cost: self.cost,
+        }
+    }
 }
 
 impl fmt::Debug for Reservation {
@@ -105,6 +139,9 @@ pub enum ReserveError {
         /// The longest wait allowed.
         max_wait: Duration,
     },
+    /// Keyed: the key is new and the table has no room for it
+    /// ([`WhenFull::Deny`](crate::WhenFull::Deny)). Nothing was taken.
+    TableFull,
 }
 
 impl fmt::Display for ReserveError {
@@ -118,6 +155,9 @@ impl fmt::Display for ReserveError {
                 f,
                 "the tokens would be due in {wait:?}, later than the {max_wait:?} allowed (refused at once)"
             ),
+            ReserveError::TableFull => {
+                f.write_str("the key is new and the keyed table has no room for it (refused at once)")
+            }
         }
     }
 }
@@ -134,8 +174,9 @@ pub enum Cancelled {
     /// Nothing was owed: the bucket has refilled at least the reservation's tokens since it
     /// was made (it was due, and as good as used), or it reserved no tokens.
     NothingOwed,
-    /// Not this limiter's reservation, or made under a configuration
-    /// ([`set_policy`](crate::Direct::set_policy)) since replaced: nothing was given back.
+    /// Not this limiter's reservation (or, keyed, not this key's), or made under a
+    /// configuration ([`set_policy`](crate::Direct::set_policy)) since replaced: nothing was
+    /// given back.
     Foreign,
 }
 
@@ -222,6 +263,7 @@ impl<C: Clock> Direct<TokenBucket, C> {
             stamp,
             at: now,
             wait,
+            cost: 0,
         };
         if n == 0 {
             return Ok(reservation(0, 0));
@@ -337,35 +379,50 @@ impl<C: Clock> Direct<TokenBucket, C> {
     /// more than `max_wait` from now.
     pub async fn until_ready_n_within(&self, n: u64, max_wait: Duration) -> Result<Nanos, ReserveError> {
         let r = self.reserve_n_within(n, max_wait)?;
-        let due = r.ready_at();
-        let mut pending = CancelOnDrop { limiter: self, reservation: Some(r) };
-        loop {
-            let now = self.clock.now();
-            if now >= due {
-                break;
-            }
-            // tokio sleeps at least this long (rounded up to its timer's millisecond); the loop
-            // covers a limiter clock that runs behind tokio's.
-            tokio::time::sleep(Duration::from_nanos(due.as_u64() - now.as_u64())).await;
-        }
-        // Due: the tokens are the caller's now; nothing to give back.
-        pending.reservation = None;
-        Ok(due)
+        Ok(wait_until_due(&self.clock, r, |r| {
+            let _ = self.cancel(r);
+        })
+        .await)
     }
+}
+
+/// Waits on tokio's timer until `r` is due on `clock`, and returns its due instant; `cancel`
+/// gets the reservation back if the future is dropped before (cancel-safety, for direct and
+/// keyed waits alike).
+#[cfg(feature = "tokio")]
+pub(crate) async fn wait_until_due<C: Clock + ?Sized>(
+    clock: &C,
+    r: Reservation,
+    cancel: impl FnOnce(Reservation),
+) -> Nanos {
+    let due = r.ready_at();
+    let mut pending = CancelOnDrop { cancel: Some(cancel), reservation: Some(r) };
+    loop {
+        let now = clock.now();
+        if now >= due {
+            break;
+        }
+        // tokio sleeps at least this long (rounded up to its timer's millisecond); the loop
+        // covers a limiter clock that runs behind tokio's.
+        tokio::time::sleep(Duration::from_nanos(due.as_u64() - now.as_u64())).await;
+    }
+    // Due: the tokens are the caller's now; nothing to give back.
+    pending.reservation = None;
+    due
 }
 
 /// Cancels its reservation when dropped, unless it was used: what makes `until_ready` cancel-safe.
 #[cfg(feature = "tokio")]
-struct CancelOnDrop<'a, C: Clock> {
-    limiter: &'a Direct<TokenBucket, C>,
+struct CancelOnDrop<F: FnOnce(Reservation)> {
+    cancel: Option<F>,
     reservation: Option<Reservation>,
 }
 
 #[cfg(feature = "tokio")]
-impl<C: Clock> Drop for CancelOnDrop<'_, C> {
+impl<F: FnOnce(Reservation)> Drop for CancelOnDrop<F> {
     fn drop(&mut self) {
-        if let Some(r) = self.reservation.take() {
-            let _ = self.limiter.cancel(r);
+        if let (Some(r), Some(cancel)) = (self.reservation.take(), self.cancel.take()) {
+            cancel(r);
         }
     }
 }
