@@ -49,6 +49,7 @@ pub use policies::log::{SlidingLog, SlidingLogLimiter};
 pub use policies::nginx::{Nginx, NginxLimiter};
 pub use policies::parse::ParseError;
 pub use policies::policy::Policy;
+pub use policies::queued::{Queued, QueuedLimiter};
 pub use policies::sliding::{SlidingWindow, SlidingWindowLimiter};
 pub use policies::token_bucket::{Rate, TokenBucket};
 pub use policies::window::{FixedWindow, FixedWindowLimiter};

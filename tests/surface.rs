@@ -130,11 +130,18 @@ fn configurations_deserialize_from_their_strings() {
         per_client: TokenBucket,
         per_ip: Nginx,
         per_tenant: SlidingWindow,
+        upstream: tollgate::Queued,
     }
     let c: Config = serde_json::from_str(
-        r#"{"per_client": "100/min", "per_ip": "10r/s burst=20 nodelay", "per_tenant": "1000/h"}"#,
+        r#"{"per_client": "100/min", "per_ip": "10r/s burst=20 nodelay", "per_tenant": "1000/h",
+            "upstream": "50/s burst=1 queue=20"}"#,
     )
     .unwrap();
+    assert_eq!(
+        c.upstream,
+        tollgate::Queued::with_max_queued(TokenBucket::new(tollgate::Rate::per_second(50), 1).unwrap(), 20)
+            .unwrap()
+    );
     assert_eq!(c.per_client, TokenBucket::per_minute(100).unwrap());
     assert_eq!(c.per_ip, Nginx::per_second(10).unwrap().burst(20).unwrap().nodelay());
     assert_eq!(c.per_tenant, SlidingWindow::new(1000, Duration::from_secs(3600)).unwrap());

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use loom::sync::Arc;
 use loom::thread;
-use tollgate::{Cancelled, KeyedLimiter, Limiter, ManualClock, Nanos, Rate, TokenBucket};
+use tollgate::{
+    Cancelled, KeyedLimiter, Limiter, ManualClock, Nanos, Outcome, Queued, QueuedLimiter, Rate, TokenBucket,
+};
 
 use loom_tests::model;
 
@@ -177,5 +179,29 @@ fn keyed_cancels_of_two_keys_both_go_back() {
         for key in [7, 8] {
             assert_eq!(l.peek_n_at(&key, Nanos::ZERO, 1).retry_after(), Some(Duration::from_nanos(10)));
         }
+    });
+}
+
+/// A queued bucket (`policies/queued.rs`, `AtomicBucket::queue`): one token per 10 ns, burst 1,
+/// a line of one token, full at 0 ns. Two threads check at once: one is served now, the
+/// other waits its turn (10 ns), in either order; a third request finds the line full.
+#[test]
+fn queued_checks_race_into_one_line() {
+    model(|| {
+        let q = TokenBucket::new(Rate::per(1, Duration::from_nanos(10)), 1).unwrap();
+        let l =
+            Arc::new(QueuedLimiter::with_clock(Queued::with_max_queued(q, 1).unwrap(), ManualClock::new()));
+        let t = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.check_at(Nanos::ZERO).delay())
+        };
+        let here = l.check_at(Nanos::ZERO).delay();
+        let there = t.join().unwrap();
+        let mut delays = [here, there];
+        delays.sort();
+        assert_eq!(delays, [Duration::ZERO, Duration::from_nanos(10)]);
+        let full = l.check_at(Nanos::ZERO);
+        assert_eq!(full.outcome(), Outcome::Denied);
+        assert_eq!(full.retry_after(), Some(Duration::from_nanos(10)));
     });
 }

@@ -14,8 +14,8 @@ use crate::sync::{
     Ordering::{Acquire, Relaxed, Release},
 };
 
-/// Words of a configuration.
-pub(crate) const WORDS: usize = 9;
+/// Words of a configuration: the token bucket's nine, and a queued bucket's bound.
+pub(crate) const WORDS: usize = 10;
 
 /// A configuration as words, plus its generation.
 #[derive(Debug)]

@@ -138,6 +138,15 @@ pub enum ConfigError {
         /// The limiter's largest fill time, in nanoseconds.
         max_nanos: u64,
     },
+    /// A queued bucket's line ([`Queued`](crate::Queued)) longer than its word has room for
+    /// (2^62 of its time units), or, for a running limiter, than the line or fill it was built
+    /// with.
+    QueueTooLong {
+        /// The line asked for, as a wait in nanoseconds (saturated).
+        queue_nanos: u64,
+        /// The longest line, in nanoseconds.
+        max_nanos: u64,
+    },
     /// A keyed token bucket whose new keys would start below a full bucket
     /// ([`TokenBucket::with_initial`](crate::TokenBucket::with_initial)). A keyed table reclaims
     /// a key once its bucket has refilled, because a full bucket decides as a fresh key's; with
@@ -253,6 +262,11 @@ impl fmt::Display for ConfigError {
                 f,
                 "a fill time of {fill_nanos} ns exceeds this limiter's largest of {max_nanos} ns: \
                  build its quota with TokenBucket::with_max_fill_time to allow more"
+            ),
+            ConfigError::QueueTooLong { queue_nanos, max_nanos } => write!(
+                f,
+                "a line of {queue_nanos} ns of waiting exceeds the longest of {max_nanos} ns this \
+                 bucket has room for"
             ),
             ConfigError::KeyedInitialBelowBurst { initial, burst } => write!(
                 f,

@@ -150,6 +150,38 @@ impl BucketWord {
         }
     }
 
+    /// A queued bucket's decision ([`Queued`](crate::Queued)): take `n` tokens (`1 ≤ n ≤
+    /// burst`) now, or for later if they are due at most `queue` units from now
+    /// ([`reserve`](BucketWord::reserve)'s stamp); otherwise refuse, with the wait until the
+    /// line has room for them: the wait they need less the line, rounded up (never early).
+    #[inline]
+    pub(crate) fn queue(self, q: &TokenBucket, at: At, n: u64, queue: u64) -> Verdict {
+        match self.reserve(q, at, n, queue) {
+            Ok((next, _)) => Verdict::Take { next },
+            Err(wait_ns) => {
+                let base = self.base(at);
+                let missing = wait_ns.saturating_mul(q.units_per_nano()).saturating_sub(queue).max(1);
+                Verdict::Final(Decision::new(
+                    q,
+                    Outcome::Denied,
+                    at.now.saturating_sub(base),
+                    missing,
+                    base - at.floor,
+                ))
+            }
+        }
+    }
+
+    /// The decision once a queued take stored `self` at `at`: allowed, or delayed until the
+    /// stamp (the whole nanoseconds `reserve` rounded it to).
+    #[inline]
+    pub(crate) fn queued(self, q: &TokenBucket, at: At) -> Decision {
+        if self.0 <= at.now {
+            return self.taken(q, at);
+        }
+        Decision::new(q, Outcome::Delayed, 0, self.0 - at.now, self.0 - at.floor)
+    }
+
     /// The decision once the stamp moved to `self` at `at`.
     #[inline]
     pub(crate) fn taken(self, q: &TokenBucket, at: At) -> Decision {

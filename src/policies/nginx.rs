@@ -308,7 +308,7 @@ impl Policy for Nginx {
 
     fn config_words(&self) -> Option<[u64; WORDS]> {
         let [magic, shift] = self.per_rate.to_words();
-        Some([self.rate, magic, shift, self.burst, self.delay, 0, 0, 0, 0])
+        Some([self.rate, magic, shift, self.burst, self.delay, 0, 0, 0, 0, 0])
     }
 
     fn from_config_words(w: [u64; WORDS]) -> Option<Nginx> {

@@ -8,6 +8,7 @@
 //! unit    = ns | us | µs | ms | s | sec | second | seconds | m | min | minute | minutes
 //!         | h | hr | hour | hours | d | day | days
 //! options = token bucket: burst=N  initial=N
+//!           queued:       burst=N  initial=N  queue=N | queue=<number><unit>   (queue required)
 //!           nginx:        burst=N  nodelay  delay=N    (rates in r/s or r/m only, as nginx)
 //!           windows:      none ("100/min" is 100 per window of a minute)
 //! ```
@@ -21,7 +22,7 @@ use core::fmt;
 use core::str::FromStr;
 use core::time::Duration;
 
-use crate::{ConfigError, FixedWindow, Nginx, Rate, SlidingLog, SlidingWindow, TokenBucket};
+use crate::{ConfigError, FixedWindow, Nginx, Queued, Rate, SlidingLog, SlidingWindow, TokenBucket};
 
 /// Why a configuration string could not be read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,6 +59,13 @@ pub enum ParseError {
         /// The algorithm.
         algorithm: &'static str,
     },
+    /// An option the algorithm needs, missing.
+    MissingOption {
+        /// The option's name.
+        option: &'static str,
+        /// The algorithm.
+        algorithm: &'static str,
+    },
     /// An option given twice.
     DuplicateOption {
         /// The option's name.
@@ -87,6 +95,9 @@ impl fmt::Display for ParseError {
             }
             ParseError::UnknownOption { option, algorithm } => {
                 write!(f, "unknown option `{option}` for a {algorithm}")
+            }
+            ParseError::MissingOption { option, algorithm } => {
+                write!(f, "a {algorithm} needs the option `{option}=`")
             }
             ParseError::DuplicateOption { option } => write!(f, "the option `{option}` is given twice"),
             ParseError::Invalid(e) => write!(f, "invalid limit: {e}"),
@@ -214,14 +225,49 @@ impl FromStr for TokenBucket {
 
     fn from_str(s: &str) -> Result<TokenBucket, ParseError> {
         let mut spec = spec(s)?;
-        let burst = spec.options.number("burst")?;
-        let initial = spec.options.number("initial")?;
+        let quota = bucket(&mut spec)?;
         spec.options.done("token bucket")?;
-        let quota = TokenBucket::new(Rate::per(spec.count, spec.period), burst.unwrap_or(spec.count))?;
-        Ok(match initial {
-            Some(i) => quota.with_initial(i)?,
-            None => quota,
-        })
+        Ok(quota)
+    }
+}
+
+/// The token bucket of `spec`, taking its options.
+fn bucket(spec: &mut Spec<'_>) -> Result<TokenBucket, ParseError> {
+    let burst = spec.options.number("burst")?;
+    let initial = spec.options.number("initial")?;
+    let quota = TokenBucket::new(Rate::per(spec.count, spec.period), burst.unwrap_or(spec.count))?;
+    Ok(match initial {
+        Some(i) => quota.with_initial(i)?,
+        None => quota,
+    })
+}
+
+/// A token bucket and its line: `"10/s burst=1 queue=20"` (at most 20 tokens waiting),
+/// `"100/s queue=500ms"` (at most half a second of waiting).
+impl FromStr for Queued {
+    type Err = ParseError;
+
+    fn from_str(s: &str) -> Result<Queued, ParseError> {
+        const NAME: &str = "queued token bucket";
+        let mut spec = spec(s)?;
+        let quota = bucket(&mut spec)?;
+        let queue = match spec.options.take("queue") {
+            None => return Err(ParseError::MissingOption { option: "queue", algorithm: NAME }),
+            Some(None) => return Err(ParseError::BadNumber { what: "queue", number: String::new() }),
+            Some(Some(v)) => v,
+        };
+        spec.options.done(NAME)?;
+        let digits = queue.bytes().take_while(u8::is_ascii_digit).count();
+        let (amount, unit) = queue.split_at(digits);
+        let amount = number("queue", amount)?;
+        if unit.is_empty() {
+            return Ok(Queued::with_max_queued(quota, amount)?);
+        }
+        let nanos = unit_nanos(unit).ok_or_else(|| ParseError::UnknownUnit { unit: unit.to_owned() })?;
+        let nanos = amount
+            .checked_mul(nanos)
+            .ok_or_else(|| ParseError::BadNumber { what: "queue", number: queue.to_owned() })?;
+        Ok(Queued::new(quota, Duration::from_nanos(nanos))?)
     }
 }
 
@@ -289,7 +335,7 @@ mod de {
 
     use serde::de::{Deserialize, Deserializer, Error, Visitor};
 
-    use crate::{FixedWindow, Nginx, SlidingLog, SlidingWindow, TokenBucket};
+    use crate::{FixedWindow, Nginx, Queued, SlidingLog, SlidingWindow, TokenBucket};
 
     struct FromString<T>(PhantomData<T>);
 
@@ -315,7 +361,7 @@ mod de {
             }
         )*};
     }
-    deserialize_from_str!(TokenBucket, Nginx, FixedWindow, SlidingWindow, SlidingLog);
+    deserialize_from_str!(TokenBucket, Queued, Nginx, FixedWindow, SlidingWindow, SlidingLog);
 }
 
 #[cfg(all(test, not(tollgate_loom)))]

@@ -383,11 +383,12 @@ impl Policy for SlidingWindow {
             self.max_index,
             small,
             0,
+            0,
         ])
     }
 
     fn from_config_words(w: [u64; WORDS]) -> Option<SlidingWindow> {
-        let [limit, window, magic, shift, bits, mask, max_index, small, _] = w;
+        let [limit, window, magic, shift, bits, mask, max_index, small, _, _] = w;
         #[expect(clippy::cast_possible_truncation, reason = "at most 20, as stored")]
         let bits = bits as u32;
         let per_window = Divisor::from_words([magic, shift]);

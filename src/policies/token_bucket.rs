@@ -16,6 +16,7 @@
 
 use core::time::Duration;
 
+use crate::engine::config::WORDS;
 use crate::{ConfigError, Nanos};
 
 /// The largest burst: `2^32 − 1` tokens.
@@ -393,6 +394,11 @@ impl TokenBucket {
         })
     }
 
+    /// Where a direct limiter's clock starts, in units: the most debt its word has room for.
+    pub(crate) const fn offset_units(&self) -> u64 {
+        self.offset
+    }
+
     /// The fill time in units.
     #[inline]
     pub(crate) const fn fill_units(&self) -> u64 {
@@ -400,7 +406,7 @@ impl TokenBucket {
     }
 
     /// The quota as words, for storage in atomics ([`TokenBucket::from_words`] reverses it).
-    pub(crate) fn words(&self) -> [u64; 9] {
+    pub(crate) fn words(&self) -> [u64; WORDS] {
         [
             self.rate.tokens,
             Nanos::from_duration_saturating(self.rate.period).as_u64(),
@@ -411,12 +417,13 @@ impl TokenBucket {
             self.max_elapsed,
             self.per_token.magic,
             self.offset,
+            0, // free: a queued bucket's bound (see `Queued`)
         ]
     }
 
     /// A quota from [`TokenBucket::words`].
-    pub(crate) fn from_words(w: [u64; 9]) -> TokenBucket {
-        let [tokens, period, burst, initial, m_shift, t, max_elapsed, magic, offset] = w;
+    pub(crate) fn from_words(w: [u64; WORDS]) -> TokenBucket {
+        let [tokens, period, burst, initial, m_shift, t, max_elapsed, magic, offset, _] = w;
         let shift = (m_shift >> 32) as u32;
         TokenBucket {
             rate: Rate::per(tokens, Duration::from_nanos(period)),

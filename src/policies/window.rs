@@ -141,7 +141,7 @@ impl Policy for FixedWindow {
 
     fn config_words(&self) -> Option<[u64; WORDS]> {
         let [magic, shift] = self.per_window.to_words();
-        Some([self.limit, self.window, magic, shift, 0, 0, 0, 0, 0])
+        Some([self.limit, self.window, magic, shift, 0, 0, 0, 0, 0, 0])
     }
 
     fn from_config_words(w: [u64; WORDS]) -> Option<FixedWindow> {

@@ -272,6 +272,51 @@ impl Model {
         true
     }
 
+    /// A queued bucket's `check_n` (when `take`) or `peek_n`, with a line of `queue` units:
+    /// allowed when the tokens are there; otherwise admitted for later when they are due (at
+    /// the first whole nanosecond, as `reserve`) at most `queue` units from now, the answer
+    /// `Delayed`, and the delay in ns alongside; otherwise denied, to retry once the wait fits
+    /// the line (rounded up). Also what a refund of the admission needs.
+    pub fn queue(
+        &mut self,
+        elapsed_ns: u64,
+        n: u64,
+        queue: u64,
+        take: bool,
+    ) -> (Answer, u64, Option<ModelReservation>) {
+        let now = self.instant(elapsed_ns);
+        let fill = self.burst * self.t;
+        let floor = now - fill;
+        let z = self.z.max(floor);
+        let after = z + i128::from(n) * self.t;
+        if n == 0 || i128::from(n) > self.burst || after <= now {
+            let (answer, taken) =
+                if take { self.charge(elapsed_ns, n) } else { (self.decide(elapsed_ns, n, false), None) };
+            return (answer, 0, taken);
+        }
+        let wait_ns = ceil_div(after - now, self.m);
+        let wait = wait_ns * self.m;
+        let reset = |z: i128| u64::try_from(ceil_div(z - floor, self.m)).expect("a wait fits u64");
+        if wait <= i128::from(queue) {
+            let stamp = now + wait;
+            if take {
+                self.z = stamp;
+            }
+            let answer =
+                Answer { outcome: Outcome::Delayed, remaining: 0, retry_ns: Some(0), reset_ns: reset(stamp) };
+            let delay = u64::try_from(wait_ns).expect("a wait fits u64");
+            return (answer, delay, take.then_some(ModelReservation { floor, n, wait_ns: delay, stamp }));
+        }
+        let retry = ceil_div((wait - i128::from(queue)).max(1), self.m);
+        let answer = Answer {
+            outcome: Outcome::Denied,
+            remaining: u64::try_from((now - z).max(0) / self.t).expect("a level fits u64"),
+            retry_ns: Some(u64::try_from(retry).expect("a wait fits u64")),
+            reset_ns: reset(z),
+        };
+        (answer, 0, None)
+    }
+
     /// A `check_all` charge: `check_n` that also returns what its refund needs.
     pub fn charge(&mut self, elapsed_ns: u64, n: u64) -> (Answer, Option<ModelReservation>) {
         let floor = self.instant(elapsed_ns) - self.burst * self.t;

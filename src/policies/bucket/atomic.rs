@@ -67,6 +67,32 @@ impl AtomicBucket {
         }
     }
 
+    /// A queued bucket's decision ([`BucketWord::queue`]) committed: the same lock-free loop and
+    /// orderings as [`charge`](AtomicBucket::charge); when tokens were taken (now or for
+    /// later), also the word stored.
+    #[inline]
+    pub(crate) fn queue(
+        &self,
+        q: &TokenBucket,
+        at: At,
+        n: u64,
+        queue: u64,
+    ) -> (Decision, Option<BucketWord>) {
+        let mut cur = self.load();
+        loop {
+            let next = match cur.queue(q, at, n, queue) {
+                Verdict::Take { next } => next,
+                Verdict::Final(denied) => return (denied, None),
+            };
+            // As in `charge`: Relaxed loads, Release on success for the refunds that load this
+            // value with Acquire and read their clock after it.
+            match self.word.compare_exchange_weak(cur.raw(), next.raw(), Release, Relaxed) {
+                Ok(_) => return (next.queued(q, at), Some(next)),
+                Err(seen) => cur = BucketWord::from_raw(seen),
+            }
+        }
+    }
+
     /// Reserves `n` tokens (`1 ≤ n ≤ burst`) at `at`, due at most `max_wait` units (at most
     /// one fill) from now: `Ok((stamp, wait))`, the stamp stored, which is when they are due,
     /// and that many whole nanoseconds from now; or `Err(wait)`, the wait in whole nanoseconds
