@@ -141,6 +141,9 @@ impl BucketWord {
         // `base + cost > now` here. At the end of the lifetime `base + cost` can pass 2^64
         // (`base` up to one fill past `now`): then in `u128`, as the wait is reported.
         let wait_ns = match base.checked_add(cost) {
+            // A division only when the unit is not the nanosecond (most rates' is): it sits
+            // on the path of every refusal of a reservation.
+            Some(due) if m == 1 => due - at.now,
             Some(due) => (due - at.now).div_ceil(m),
             None => wide_wait(base, cost, at.now, m),
         };

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use tollgate::{
     Clock, CoarseClock, Decision, FixedWindow, FixedWindowLimiter, KeyedLimiter, KeyedPolicy,
-    KeyedSlidingLog, Limiter, Nginx, NginxLimiter, Rate, SlidingLog, SlidingLogLimiter, SlidingWindow,
-    SlidingWindowLimiter, TokenBucket, TscClock, WhenFull,
+    KeyedSlidingLog, Limiter, Nginx, NginxLimiter, Rate, ReserveError, SlidingLog, SlidingLogLimiter,
+    SlidingWindow, SlidingWindowLimiter, TokenBucket, TscClock, WhenFull,
 };
 
 use crate::driver::{Subject, BATCH};
@@ -103,15 +103,21 @@ impl<C: Clock + Sync> Subject for Bucket<C> {
     }
 }
 
-/// Reservations on the token bucket: `reserve_n(1)`, its answer read (a reservation is kept,
-/// its tokens taken, as a load generator's would be). Deny-heavy: the bucket is a whole fill in
-/// debt, so every reservation is refused at once as too late.
+/// Reservations on the token bucket: `reserve_n(1)`, its answer read as a caller reads it (how
+/// long to wait: the reservation's delay, or a refusal's wait) and kept, its tokens taken, as a
+/// load generator's would be. Deny-heavy: the bucket is a whole fill in debt, so every
+/// reservation is refused at once as too late.
 struct Reserve<C: Clock>(Limiter<C>);
 
 impl<C: Clock + Sync> Subject for Reserve<C> {
     fn run(&self, keys: &[u64]) {
         for _ in keys {
-            let _ = black_box(self.0.reserve_n(1).map(|r| r.delay()));
+            let wait = match self.0.reserve_n(1) {
+                Ok(r) => r.delay(),
+                Err(ReserveError::TooLate { wait, .. }) => wait,
+                Err(_) => Duration::MAX,
+            };
+            let _ = black_box(wait);
         }
     }
 }

@@ -180,6 +180,19 @@ pub enum Cancelled {
     Foreign,
 }
 
+/// The refusal of a reservation due `wait` ns from now, `max_wait_ns` allowed.
+#[inline]
+pub(crate) fn too_late(q: &TokenBucket, wait: u64, max_wait_ns: u64) -> ReserveError {
+    let m = q.units_per_nano();
+    // No division for the nanosecond unit (most rates'): a refusal is the common answer of an
+    // overloaded reserver.
+    let fill = if m == 1 { q.fill_units() } else { q.fill_units() / m };
+    ReserveError::TooLate {
+        wait: Duration::from_nanos(wait),
+        max_wait: Duration::from_nanos(fill.min(max_wait_ns)),
+    }
+}
+
 /// The last stretch of a wait that [`Direct::acquire_n`] spins instead of sleeping: a sleep
 /// overshoots by the timer slack (50 µs by default on Linux) and the scheduler's latency.
 const SPIN_NANOS: u64 = 100_000;
@@ -275,10 +288,7 @@ impl<C: Clock> Direct<TokenBucket, C> {
         // comparison is the same, without a division on the common path.
         match self.state.reserve(q, at, n, q.fill_units().min(max_wait_ns.saturating_mul(m))) {
             Ok((stamp, wait)) => Ok(reservation(stamp, wait)),
-            Err(wait) => Err(ReserveError::TooLate {
-                wait: Duration::from_nanos(wait),
-                max_wait: Duration::from_nanos((q.fill_units() / m).min(max_wait_ns)),
-            }),
+            Err(wait) => Err(too_late(q, wait, max_wait_ns)),
         }
     }
 
