@@ -549,3 +549,73 @@ fn keyed_cancels_under_evictions_and_tiers() {
     assert!(l.acquire_n(&1, 2, Duration::ZERO).is_ok());
     assert!(matches!(l.acquire_n(&1, 1, Duration::ZERO), Err(ReserveError::TooLate { .. })));
 }
+
+/// The rate changes while a thread waits: its tokens were taken under the old quota and stay
+/// due when they were; later reservations queue behind it at the new rate (within the new
+/// quota's one fill of debt); the old reservations are no longer this configuration's to cancel.
+#[test]
+fn the_rate_changes_mid_wait() {
+    let q = TokenBucket::per_second(10).unwrap().with_burst(2).unwrap(); // a token per 100 ms
+    let l = std::sync::Arc::new(Limiter::with_clock(
+        q.with_max_fill_time(Duration::from_secs(1)).unwrap(),
+        ManualClock::new(),
+    ));
+    let first = l.reserve_n(2).unwrap();
+    let queued = l.reserve().unwrap();
+    assert_eq!(queued.ready_at(), Nanos::new(100 * MS));
+    let waiter = {
+        let l = std::sync::Arc::clone(&l);
+        std::thread::spawn(move || l.acquire_n(1, Duration::MAX).unwrap()) // due at 200 ms
+    };
+    // Until the waiter has reserved: the line then ends at 200 ms, and one more token at the
+    // old rate is due at 300 ms.
+    while l.peek().retry_after() != Some(Duration::from_millis(300)) {
+        std::thread::yield_now();
+    }
+    l.set_policy(TokenBucket::per_second(20).unwrap().with_burst(10).unwrap()).unwrap();
+    // The next token after the line comes 50 ms later, at the new rate.
+    let next = l.reserve().unwrap();
+    assert_eq!(next.ready_at(), Nanos::new(250 * MS));
+    l.clock().set(Nanos::new(250 * MS));
+    assert_eq!(waiter.join().unwrap(), Nanos::new(200 * MS), "the waiter's due time did not move");
+    // Made under the old quota: not refunded under the new one.
+    assert_eq!(l.cancel(first), Cancelled::Foreign);
+    assert_eq!(l.cancel(queued), Cancelled::Foreign);
+    assert_eq!(l.cancel(next), Cancelled::NothingOwed); // due already
+}
+
+/// Per key, the quota changes while a key is in debt: the same rule, and the line is bounded
+/// by the new quota's fill.
+#[test]
+fn a_tier_changes_mid_wait() {
+    let q = TokenBucket::per_second(10).unwrap().with_burst(2).unwrap();
+    let l = KeyedLimiter::<u64>::builder(q)
+        .capacity(64)
+        .max_fill_time(Duration::from_secs(1))
+        .build_with_clock(ManualClock::new())
+        .unwrap();
+    let _now = l.reserve_n(&1, 2).unwrap();
+    let queued = l.reserve(&1).unwrap();
+    assert_eq!(queued.ready_at(), Nanos::new(100 * MS));
+    l.set_policy(TokenBucket::per_second(20).unwrap().with_burst(4).unwrap()).unwrap();
+    assert_eq!(l.reserve(&1).unwrap().ready_at(), Nanos::new(150 * MS));
+    assert_eq!(l.check(&1).retry_after(), Some(Duration::from_millis(200)));
+    // The new fill is 200 ms: a line ending past it is refused at once.
+    let err = l.reserve_n(&1, 2).unwrap_err();
+    assert_eq!(
+        err,
+        ReserveError::TooLate { wait: Duration::from_millis(250), max_wait: Duration::from_millis(200) }
+    );
+    assert_eq!(l.cancel(&1, queued), Cancelled::NothingOwed, "not the latest while in debt");
+}
+
+/// A deadline already past (a wait of zero): only tokens there now, else refused at once.
+#[test]
+fn a_deadline_in_the_past_takes_only_what_is_there() {
+    let l = limiter(10, 1);
+    let deadline = Nanos::ZERO;
+    let max_wait = deadline.as_duration().saturating_sub(l.now().as_duration());
+    assert!(l.acquire_n(1, max_wait).is_ok());
+    assert!(matches!(l.acquire_n(1, max_wait), Err(ReserveError::TooLate { .. })));
+    assert_eq!(l.peek().retry_after(), Some(Duration::from_millis(100)), "the refusal took nothing");
+}

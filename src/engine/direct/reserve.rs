@@ -25,6 +25,13 @@ use crate::{Clock, Nanos, TokenBucket};
 /// give them back: a caller that will not use them calls
 /// [`Limiter::cancel`](crate::Direct::cancel) (or [`KeyedLimiter::cancel`](crate::Keyed::cancel)
 /// with the key). Not `Clone`: a reservation is cancelled at most once, by construction.
+///
+/// ```compile_fail
+/// let l = tollgate::Limiter::new(tollgate::TokenBucket::per_second(10).unwrap());
+/// let r = l.reserve().unwrap();
+/// let _ = l.cancel(r);
+/// let _ = l.cancel(r); // error: use of moved value
+/// ```
 #[must_use = "the tokens are taken: wait until `ready_at`, or give them back with `cancel`"]
 #[derive(PartialEq, Eq)]
 pub struct Reservation {
