@@ -310,7 +310,7 @@ impl<'a> Source<'a> {
 
 /// Pins the calling thread to CPU `t` modulo the CPUs this process may use (Linux only).
 #[cfg(target_os = "linux")]
-fn pin_to(t: usize) {
+pub fn pin_to(t: usize) {
     // SAFETY: `set` is a plain bit set owned by this frame; the calls read or write only it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -329,7 +329,7 @@ fn pin_to(t: usize) {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn pin_to(_: usize) {}
+pub fn pin_to(_: usize) {}
 
 #[cfg(test)]
 mod tests {

@@ -64,9 +64,10 @@ fn threaded(
     let pacer = Arc::new(Pacer::with_clock(Rate::per_second(rate), clock.clone()).expect("a valid rate"));
     let end = clock.now().as_u64() + (seconds * 1e9) as u64;
     let handles: Vec<_> = (0..threads)
-        .map(|_| {
+        .map(|i| {
             let pacer = Arc::clone(&pacer);
             std::thread::spawn(move || {
+                crate::driver::pin_to(i);
                 let (mut h, mut sent) = (histogram(), 0u64);
                 loop {
                     let (intended, actual) = wait(&pacer);
@@ -191,6 +192,7 @@ fn floor_spin(threads: usize, rate: u64, seconds: f64) -> PacingRow {
         .map(|i| {
             let clock = clock.clone();
             std::thread::spawn(move || {
+                crate::driver::pin_to(i);
                 let (mut h, mut sent) = (histogram(), 0u64);
                 for k in (i as u64..).step_by(threads) {
                     let intended = start + (k as f64 * interval) as u64;
