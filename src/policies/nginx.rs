@@ -100,6 +100,17 @@ impl Nginx {
         Ok(Nginx { burst: b * 1000, ..self })
     }
 
+    /// The `burst=` value: requests above the rate that are queued (or, with `nodelay`,
+    /// passed) rather than rejected.
+    pub const fn burst_size(&self) -> u64 {
+        self.burst / 1000
+    }
+
+    /// The rate in thousandths of a request per second, as nginx keeps it (`rate=30r/m` is 500).
+    pub const fn millirequests_per_second(&self) -> u64 {
+        self.rate
+    }
+
     /// `nodelay`: the whole burst passes at once; only the excess beyond it is rejected.
     pub fn nodelay(self) -> Nginx {
         Nginx { delay: u64::MAX, ..self }

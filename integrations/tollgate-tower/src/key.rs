@@ -1,0 +1,247 @@
+//! What a keyed limit counts a request against: the client's address (the socket's, or a
+//! trusted proxy's report of it), a header, the path, or any function of the request.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+use http::header::{HeaderName, FORWARDED};
+use http::request::Parts;
+use tollgate::IpPrefix;
+
+use crate::forwarded::{forwarded_for, x_forwarded_for, Hop};
+
+/// Why a request has no key for a limit. The layer answers it with
+/// [`RateLimitLayer::key_error_status`](crate::RateLimitLayer::key_error_status) (400 by
+/// default): a request the limit cannot place is not let through unlimited.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The request carries no peer address: the server did not put the connection's
+    /// `SocketAddr` in the request's extensions (see [`PeerIp`]).
+    NoPeerAddress,
+    /// The header the key comes from is missing.
+    MissingHeader(HeaderName),
+    /// The header is present but not visible ASCII, or empty.
+    MalformedHeader(HeaderName),
+    /// A key extractor of the application's refused the request, saying why.
+    Refused(String),
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyError::NoPeerAddress => f.write_str(
+                "the request has no peer address: serve with the connection's SocketAddr in the request extensions",
+            ),
+            KeyError::MissingHeader(h) => write!(f, "the request has no `{h}` header to limit by"),
+            KeyError::MalformedHeader(h) => {
+                write!(f, "the `{h}` header is empty or not visible ASCII, so it cannot be a limit's key")
+            }
+            KeyError::Refused(why) => write!(f, "the request has no key: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+/// How a keyed limit finds a request's key. Implemented by the extractors of this module and by
+/// any `Fn(&Parts) -> Result<K, KeyError>`.
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// The key: what the keyed limiter is keyed by.
+    type Key: tollgate::Key + Send + Sync + 'static;
+    /// The request's key.
+    fn extract(&self, req: &Parts) -> Result<Self::Key, KeyError>;
+}
+
+impl<K, F> KeyExtractor for F
+where
+    F: Fn(&Parts) -> Result<K, KeyError> + Send + Sync + 'static,
+    K: tollgate::Key + Send + Sync + 'static,
+{
+    type Key = K;
+    fn extract(&self, req: &Parts) -> Result<K, KeyError> {
+        self(req)
+    }
+}
+
+/// The connection's peer address, from the request's extensions: a [`SocketAddr`] or a
+/// [`PeerAddr`] the server inserted for each accepted connection.
+pub(crate) fn peer_addr(req: &Parts) -> Option<SocketAddr> {
+    if let Some(addr) = req.extensions.get::<SocketAddr>() {
+        return Some(*addr);
+    }
+    req.extensions.get::<PeerAddr>().map(|p| p.0)
+}
+
+/// The peer address as an extension of its own, for servers that cannot insert a bare
+/// [`SocketAddr`] (one extension type per crate is the convention).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// The socket's peer address, by network: a `/64` for IPv6 (one host holds a whole /64, so its
+/// addresses are one key: it cannot spray them) and the address for IPv4, by default. Ignores
+/// every forwarding header: right when clients connect directly.
+///
+/// The server puts the peer in the request's extensions, as a [`SocketAddr`] or a [`PeerAddr`],
+/// for each connection it accepts; without it the request is refused with
+/// [`KeyError::NoPeerAddress`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PeerIp<const V6: u8 = 64, const V4: u8 = 32>;
+
+impl<const V6: u8, const V4: u8> KeyExtractor for PeerIp<V6, V4> {
+    type Key = IpPrefix<V6, V4>;
+    fn extract(&self, req: &Parts) -> Result<IpPrefix<V6, V4>, KeyError> {
+        let peer = peer_addr(req).ok_or(KeyError::NoPeerAddress)?;
+        Ok(IpPrefix::new(peer.ip().to_canonical()))
+    }
+}
+
+/// Which header the trusted proxies report the client in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2` (the de-facto header; the default).
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client;proto=https, for="[2001:db8::1]:4711"`.
+    Forwarded,
+}
+
+/// The client's address behind trusted reverse proxies, by network (`/64` for IPv6 by default).
+///
+/// Forwarding headers are written by whoever sent the request, so they are believed only as far
+/// as they were appended by a proxy you trust: if the socket's peer is not one of the trusted
+/// networks, the key is the peer itself and no header is read. Otherwise the header's hops are
+/// walked from the right (the most recent, appended by the nearest proxy) past every trusted
+/// address, and the first untrusted one is the client. A hop that is not an address (garbage,
+/// `unknown`, an obfuscated node, an address with a zone) ends the walk: the key is then the
+/// nearest trusted proxy's address, never a value the client chose. With every hop trusted, the
+/// left-most is the client.
+///
+/// Read only the header your proxies append (`X-Forwarded-For` by default): a client can send
+/// the other one, and a proxy that does not know it passes it through unchanged.
+#[derive(Clone, Debug, Default)]
+pub struct ClientIp<const V6: u8 = 64, const V4: u8 = 32> {
+    trusted: Vec<(IpAddr, u8)>,
+    header: ForwardedHeader,
+}
+
+/// A trusted network that does not parse.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadNetwork(pub String);
+
+impl fmt::Display for BadNetwork {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "`{}` is not a network: expected an address or address/prefix, such as 10.0.0.0/8 or fd00::/8",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for BadNetwork {}
+
+impl<const V6: u8, const V4: u8> ClientIp<V6, V4> {
+    /// Trusting no proxy: the key is the socket's peer (as [`PeerIp`]) until networks are added.
+    pub fn new() -> Self {
+        ClientIp { trusted: Vec::new(), header: ForwardedHeader::default() }
+    }
+
+    /// Trusts the proxies in `network` (`"10.0.0.0/8"`, `"fd00::/8"`, or one address).
+    pub fn trust(mut self, network: &str) -> Result<Self, BadNetwork> {
+        let bad = || BadNetwork(network.to_owned());
+        let (addr, bits) = match network.split_once('/') {
+            Some((a, b)) => (a, Some(b)),
+            None => (network, None),
+        };
+        let addr: IpAddr = addr.trim().parse().map_err(|_| bad())?;
+        let addr = addr.to_canonical();
+        let width = if addr.is_ipv4() { 32 } else { 128 };
+        let bits = match bits {
+            None => width,
+            Some(b) => b.trim().parse::<u8>().ok().filter(|&b| b <= width).ok_or_else(bad)?,
+        };
+        self.trusted.push((addr, bits));
+        Ok(self)
+    }
+
+    /// Reads `header` instead of `X-Forwarded-For`.
+    pub fn header(mut self, header: ForwardedHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|&(net, bits)| in_network(ip, net, bits))
+    }
+
+    /// The client's address for `req`.
+    pub fn client(&self, req: &Parts) -> Result<IpAddr, KeyError> {
+        let peer = peer_addr(req).ok_or(KeyError::NoPeerAddress)?.ip().to_canonical();
+        if !self.is_trusted(peer) {
+            return Ok(peer);
+        }
+        let hops = match self.header {
+            ForwardedHeader::XForwardedFor => x_forwarded_for(&req.headers),
+            ForwardedHeader::Forwarded => forwarded_for(req.headers.get_all(FORWARDED)),
+        };
+        let mut nearest = peer;
+        for hop in hops.iter().rev() {
+            match *hop {
+                Hop::Addr(ip) if self.is_trusted(ip) => nearest = ip,
+                Hop::Addr(ip) => return Ok(ip),
+                Hop::Unknown => return Ok(nearest),
+            }
+        }
+        Ok(nearest)
+    }
+}
+
+impl<const V6: u8, const V4: u8> KeyExtractor for ClientIp<V6, V4> {
+    type Key = IpPrefix<V6, V4>;
+    fn extract(&self, req: &Parts) -> Result<IpPrefix<V6, V4>, KeyError> {
+        self.client(req).map(IpPrefix::new)
+    }
+}
+
+/// Whether `ip` is in `net/bits` (both canonical: IPv4-mapped IPv6 read as IPv4).
+fn in_network(ip: IpAddr, net: IpAddr, bits: u8) -> bool {
+    match (ip, net) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            let mask = if bits == 0 { 0 } else { u32::MAX << (32 - u32::from(bits)) };
+            u32::from(a) & mask == u32::from(n) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            let mask = if bits == 0 { 0 } else { u128::MAX << (128 - u32::from(bits)) };
+            u128::from(a) & mask == u128::from(n) & mask
+        }
+        _ => false,
+    }
+}
+
+/// A header's value as the key: an API key, a tenant id. A missing header is
+/// [`KeyError::MissingHeader`] (refused, not let through), so put a limit keyed by the client's
+/// address in front for anonymous requests, or use a closure to give them a shared key.
+#[derive(Clone, Debug)]
+pub struct HeaderKey(pub HeaderName);
+
+impl KeyExtractor for HeaderKey {
+    type Key = String;
+    fn extract(&self, req: &Parts) -> Result<String, KeyError> {
+        let value = req.headers.get(&self.0).ok_or_else(|| KeyError::MissingHeader(self.0.clone()))?;
+        let value = value.to_str().ok().filter(|v| !v.is_empty());
+        value.map(str::to_owned).ok_or_else(|| KeyError::MalformedHeader(self.0.clone()))
+    }
+}
+
+/// The request's path as the key (without the query): a limit per endpoint.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PathKey;
+
+impl KeyExtractor for PathKey {
+    type Key = String;
+    fn extract(&self, req: &Parts) -> Result<String, KeyError> {
+        Ok(req.uri.path().to_owned())
+    }
+}

@@ -1,0 +1,237 @@
+//! One limit of a layer: a tollgate limiter (direct or keyed, any algorithm), how a request finds
+//! its key, which requests it applies to, what a request costs, and how the headers describe it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use tollgate::{
+    Admit, Algorithm, Clock, Decision, Direct, FixedWindow, Keyed, KeyedAlgorithm, Nginx, Queued, Receipt,
+    SlidingLog, SlidingWindow, TokenBucket,
+};
+
+use crate::key::{KeyError, KeyExtractor};
+
+/// How a configuration reads in `RateLimit-Policy`: `q` units per `w` seconds.
+pub trait HeaderQuota {
+    /// The quota: what the limit admits at once, from full.
+    fn quota(&self) -> u64;
+    /// The window: the time over which the quota refills, in whole seconds, rounded up (at
+    /// least 1: the header has no sub-second windows).
+    fn window(&self) -> Duration;
+}
+
+fn whole_seconds(d: Duration) -> Duration {
+    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    Duration::from_secs(s.max(1))
+}
+
+/// The burst, refilled over the fill time.
+impl HeaderQuota for TokenBucket {
+    fn quota(&self) -> u64 {
+        self.burst()
+    }
+    fn window(&self) -> Duration {
+        whole_seconds(self.fill_time().as_duration())
+    }
+}
+
+/// The bucket's burst and fill (the line waits beyond it).
+impl HeaderQuota for Queued {
+    fn quota(&self) -> u64 {
+        self.bucket().burst()
+    }
+    fn window(&self) -> Duration {
+        self.bucket().window()
+    }
+}
+
+/// `burst + 1` requests (nginx passes one more than its burst), leaked over the time the rate
+/// takes to pass them.
+impl HeaderQuota for Nginx {
+    fn quota(&self) -> u64 {
+        self.burst_size() + 1
+    }
+    fn window(&self) -> Duration {
+        let millis =
+            (self.burst_size() + 1).saturating_mul(1_000_000).div_ceil(self.millirequests_per_second());
+        whole_seconds(Duration::from_millis(millis))
+    }
+}
+
+macro_rules! windowed {
+    ($($ty:ty),*) => {$(
+        /// The limit per window.
+        impl HeaderQuota for $ty {
+            fn quota(&self) -> u64 {
+                self.limit()
+            }
+            fn window(&self) -> Duration {
+                whole_seconds(<$ty>::window(self))
+            }
+        }
+    )*};
+}
+windowed!(FixedWindow, SlidingWindow, SlidingLog);
+
+/// What the layer needs of a limit, object-safe so that a layer holds any mix.
+pub(crate) trait HttpLimit: Send + Sync {
+    /// Takes `n` units for the request.
+    fn charge(&self, req: &Parts, n: u64) -> Result<(Decision, Option<Receipt>), KeyError>;
+    /// Gives back a charge of this request's.
+    fn refund(&self, req: &Parts, receipt: Receipt);
+    /// What `n` more units would get, taking nothing.
+    fn peek(&self, req: &Parts, n: u64) -> Result<Decision, KeyError>;
+}
+
+struct DirectLimit<A: Algorithm, C: Clock>(Arc<Direct<A, C>>);
+
+impl<A, C> HttpLimit for DirectLimit<A, C>
+where
+    A: Algorithm + Send + Sync + 'static,
+    C: Clock + Send + Sync + 'static,
+{
+    fn charge(&self, _: &Parts, n: u64) -> Result<(Decision, Option<Receipt>), KeyError> {
+        Ok(Admit::charge(&*self.0, n))
+    }
+    fn refund(&self, _: &Parts, receipt: Receipt) {
+        Admit::refund(&*self.0, receipt);
+    }
+    fn peek(&self, _: &Parts, n: u64) -> Result<Decision, KeyError> {
+        Ok(self.0.peek_n(n))
+    }
+}
+
+struct KeyedHttpLimit<A: KeyedAlgorithm, E: KeyExtractor, C: Clock> {
+    limiter: Arc<Keyed<A, E::Key, C>>,
+    key: E,
+}
+
+impl<A, E, C> HttpLimit for KeyedHttpLimit<A, E, C>
+where
+    A: KeyedAlgorithm + 'static,
+    E: KeyExtractor,
+    C: Clock + Send + Sync + 'static,
+    Keyed<A, E::Key, C>: Send + Sync,
+{
+    fn charge(&self, req: &Parts, n: u64) -> Result<(Decision, Option<Receipt>), KeyError> {
+        let key = self.key.extract(req)?;
+        Ok(Admit::charge(&self.limiter.limit(&key), n))
+    }
+    fn refund(&self, req: &Parts, receipt: Receipt) {
+        if let Ok(key) = self.key.extract(req) {
+            Admit::refund(&self.limiter.limit(&key), receipt);
+        }
+    }
+    fn peek(&self, req: &Parts, n: u64) -> Result<Decision, KeyError> {
+        let key = self.key.extract(req)?;
+        Ok(self.limiter.peek_n(&key, n))
+    }
+}
+
+type Predicate = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
+type Cost = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
+
+/// One limit of a [`RateLimitLayer`](crate::RateLimitLayer): a limiter shared with the
+/// application (an `Arc`: change its quota, read its counters, while the layer uses it), named
+/// for the `RateLimit` headers.
+///
+/// ```
+/// use std::sync::Arc;
+/// use tollgate::{KeyedLimiter, Limiter, Nginx, TokenBucket};
+/// use tollgate_tower::{ClientIp, HeaderKey, Limit};
+///
+/// let per_ip = Arc::new(KeyedLimiter::new("10/s burst=20".parse::<TokenBucket>()?, 100_000)?);
+/// let global = Arc::new(tollgate::NginxLimiter::new("1000r/s burst=100 nodelay".parse::<Nginx>()?));
+/// let limits = [
+///     Limit::keyed("per-ip", per_ip, ClientIp::<64>::new().trust("10.0.0.0/8")?),
+///     // Only on the login route, and a login costs 5.
+///     Limit::direct("global", global).when(|req| req.uri.path() == "/login").cost(|_| 5),
+/// ];
+/// # let _ = limits;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct Limit {
+    pub(crate) name: Arc<str>,
+    pub(crate) limit: Arc<dyn HttpLimit>,
+    pub(crate) quota: u64,
+    pub(crate) window: Duration,
+    pub(crate) when: Option<Predicate>,
+    pub(crate) cost: Option<Cost>,
+}
+
+impl Limit {
+    /// One limiter for every request: a global limit.
+    pub fn direct<A, C>(name: &str, limiter: Arc<Direct<A, C>>) -> Limit
+    where
+        A: Algorithm + HeaderQuota + Clone + Send + Sync + 'static,
+        C: Clock + Send + Sync + 'static,
+    {
+        let config = limiter.policy();
+        Limit::new(name, Arc::new(DirectLimit(limiter)), config.quota(), config.window())
+    }
+
+    /// A limiter per key, the key found by `key`.
+    pub fn keyed<A, E, C>(name: &str, limiter: Arc<Keyed<A, E::Key, C>>, key: E) -> Limit
+    where
+        A: KeyedAlgorithm + HeaderQuota + 'static,
+        E: KeyExtractor,
+        C: Clock + Send + Sync + 'static,
+        Keyed<A, E::Key, C>: Send + Sync,
+    {
+        let config = limiter.policy();
+        Limit::new(name, Arc::new(KeyedHttpLimit { limiter, key }), config.quota(), config.window())
+    }
+
+    fn new(name: &str, limit: Arc<dyn HttpLimit>, quota: u64, window: Duration) -> Limit {
+        Limit { name: name.into(), limit, quota, window, when: None, cost: None }
+    }
+
+    /// Applies the limit only to requests for which `pred` is true (a route, a method): per-route
+    /// quotas in one layer.
+    pub fn when(mut self, pred: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Limit {
+        self.when = Some(Arc::new(pred));
+        self
+    }
+
+    /// What a request costs this limit (1 by default): a bulk endpoint, a request's size class.
+    /// A cost of 0 passes and takes nothing.
+    pub fn cost(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Limit {
+        self.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// Describes the limit in `RateLimit-Policy` as `q` units per `w` (rounded up to whole
+    /// seconds) instead of what its configuration says.
+    pub fn describe(mut self, q: u64, w: Duration) -> Limit {
+        self.quota = q;
+        self.window = whole_seconds(w);
+        self
+    }
+
+    /// The name the headers give it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn applies(&self, req: &Parts) -> bool {
+        self.when.as_ref().map_or(true, |p| p(req))
+    }
+
+    pub(crate) fn cost_of(&self, req: &Parts) -> u64 {
+        self.cost.as_ref().map_or(1, |c| c(req))
+    }
+}
+
+impl fmt::Debug for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limit")
+            .field("name", &self.name)
+            .field("quota", &self.quota)
+            .field("window", &self.window)
+            .field("per_route", &self.when.is_some())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,327 @@
+//! The layer in front of a real hyper server on 127.0.0.1 (an ephemeral port), driven by a real
+//! HTTP client: status codes, every header's exact value at known instants (manual clocks),
+//! `Retry-After` rounding, problem bodies, dry-run, delays, per-route limits, several limits at
+//! once, key errors, a full table, and many concurrent clients.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderName, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tollgate::{
+    KeyedLimiter, Limiter, ManualClock, Nginx, NginxLimiter, Queued, QueuedLimiter, TokenBucket, WhenFull,
+};
+use tollgate_tower::{Delays, HeaderKey, Headers, Limit, PeerIp, RateLimitLayer};
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+async fn hello(_: Request<hyper::body::Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    Ok(Response::new(Full::new(Bytes::from_static(b"hello"))))
+}
+
+/// Serves `layer` around `hello` on 127.0.0.1, each request carrying its connection's peer
+/// address; returns the address. The server stops with the test's runtime.
+async fn serve(layer: RateLimitLayer) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, peer) = listener.accept().await.unwrap();
+            let svc = ServiceBuilder::new().layer(layer.clone()).service_fn(hello);
+            let svc = tower::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(peer);
+                svc.clone().oneshot(req)
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc)),
+            );
+        }
+    });
+    addr
+}
+
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: http::HeaderMap,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+}
+
+async fn get(c: &HttpClient, addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut req = Request::get(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = c.request(req.body(Full::new(Bytes::new())).unwrap()).await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    Reply { status, headers, body }
+}
+
+fn bucket(spec: &str, clock: &ManualClock) -> Arc<KeyedLimiter<tollgate::IpPrefix, ManualClock>> {
+    Arc::new(
+        KeyedLimiter::builder(spec.parse::<TokenBucket>().unwrap())
+            .capacity(1_000)
+            .build_with_clock(clock.clone())
+            .unwrap(),
+    )
+}
+
+/// A per-IP bucket of 2 per second: every header's value at each step, the refusal's status,
+/// `Retry-After`, and its problem body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_at_known_instants() {
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::new([Limit::keyed("per-ip", bucket("2/s", &clock), PeerIp::<64>)])
+        .headers(Headers::ALL);
+    let (addr, c) = (serve(layer).await, client());
+
+    let r = get(&c, addr, "/", &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body, "hello");
+    assert_eq!(r.header("ratelimit-policy"), Some(r#""per-ip";q=2;w=1"#));
+    assert_eq!(r.header("ratelimit"), Some(r#""per-ip";r=1"#));
+    assert_eq!(r.header("x-ratelimit-limit"), Some("2"));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("1"));
+    assert_eq!(r.header("x-ratelimit-reset"), Some("1")); // full again in 500 ms: rounded up
+    assert_eq!(r.header("ratelimit-limit"), Some("2"));
+    assert_eq!(r.header("ratelimit-remaining"), Some("1"));
+    assert_eq!(r.header("ratelimit-reset"), Some("1"));
+    assert_eq!(r.header("retry-after"), None);
+
+    // The last token: none left, and `t` says when the next one comes (500 ms: 1 s).
+    let r = get(&c, addr, "/", &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("ratelimit"), Some(r#""per-ip";r=0;t=1"#));
+
+    let r = get(&c, addr, "/", &[]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(r.header("ratelimit"), Some(r#""per-ip";r=0;t=1"#));
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        r.body,
+        r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Too Many Requests","status":429,"detail":"the limit \"per-ip\" is exhausted for now","violated-policies":["per-ip"]}"#
+    );
+
+    // 500 ms later one token is back.
+    clock.advance(Duration::from_millis(500));
+    assert_eq!(get(&c, addr, "/", &[]).await.status, StatusCode::OK);
+}
+
+/// `Retry-After` is the exact wait rounded up to whole seconds, never down: 1 per 1.5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_rounds_up() {
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::new([Limit::keyed("slow", bucket("2/3s burst=1", &clock), PeerIp::<64>)]);
+    let (addr, c) = (serve(layer).await, client());
+    assert_eq!(get(&c, addr, "/", &[]).await.status, StatusCode::OK);
+    let r = get(&c, addr, "/", &[]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header("retry-after"), Some("2")); // 1.5 s
+    clock.advance(Duration::from_millis(1_499));
+    let r = get(&c, addr, "/", &[]).await;
+    assert_eq!(r.header("retry-after"), Some("1")); // 1 ms: still a whole second
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(get(&c, addr, "/", &[]).await.status, StatusCode::OK);
+}
+
+/// A request that can never fit (its cost above the burst) gets a distinct answer: no
+/// `Retry-After`, a detail that says retrying will not help, a configurable status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_never_fits_is_told_so() {
+    let clock = ManualClock::new();
+    let limit = Limit::keyed("per-ip", bucket("10/s", &clock), PeerIp::<64>).cost(|req| {
+        if req.uri.path() == "/bulk" {
+            11
+        } else {
+            1
+        }
+    });
+    let layer = RateLimitLayer::new([limit]).insufficient_status(StatusCode::PAYLOAD_TOO_LARGE);
+    let (addr, c) = (serve(layer).await, client());
+    let r = get(&c, addr, "/bulk", &[]).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(r.header("retry-after"), None);
+    assert!(r.body.contains("retrying will not help"), "{}", r.body);
+    // Nothing was taken.
+    assert_eq!(get(&c, addr, "/", &[]).await.header("ratelimit"), Some(r#""per-ip";r=9"#));
+}
+
+/// Dry-run: every request is served, and the headers say what enforcing would have done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_never_refuses() {
+    let clock = ManualClock::new();
+    let layer =
+        RateLimitLayer::new([Limit::keyed("per-ip", bucket("1/s", &clock), PeerIp::<64>)]).dry_run(true);
+    let (addr, c) = (serve(layer).await, client());
+    assert_eq!(get(&c, addr, "/", &[]).await.status, StatusCode::OK);
+    let r = get(&c, addr, "/", &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("ratelimit"), Some(r#""per-ip";r=0;t=1"#));
+    assert_eq!(r.header("retry-after"), None);
+}
+
+/// Per-route limits in one layer; several limits at once: the headers describe the one closest
+/// to refusing, `RateLimit-Policy` lists each, and a refusal by a later limit gives back what
+/// the earlier ones took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_route_and_several_limits() {
+    let clock = ManualClock::new();
+    let per_ip = bucket("10/s", &clock);
+    let login = Arc::new(Limiter::with_clock("1/min".parse::<TokenBucket>().unwrap(), clock.clone()));
+    let layer = RateLimitLayer::new([
+        Limit::keyed("per-ip", Arc::clone(&per_ip), PeerIp::<64>),
+        Limit::direct("login", Arc::clone(&login)).when(|req| req.uri.path() == "/login"),
+    ]);
+    let (addr, c) = (serve(layer).await, client());
+
+    let r = get(&c, addr, "/", &[]).await;
+    assert_eq!(r.header("ratelimit-policy"), Some(r#""per-ip";q=10;w=1"#));
+    let r = get(&c, addr, "/login", &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("ratelimit-policy"), Some(r#""per-ip";q=10;w=1, "login";q=1;w=60"#));
+    assert_eq!(r.header("ratelimit"), Some(r#""login";r=0;t=60"#));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+
+    let r = get(&c, addr, "/login", &[]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header("retry-after"), Some("60"));
+    assert!(r.body.contains(r#""violated-policies":["login"]"#), "{}", r.body);
+    // per-ip took a token for the refused request and got it back: 10 − 2 served = 8 left.
+    let peer: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    assert_eq!(per_ip.peek(&tollgate::IpPrefix::new(peer)).remaining(), 8);
+}
+
+/// A keyed limit that finds no key refuses the request (400 by default), saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_key_is_a_bad_request() {
+    let keys = Arc::new(KeyedLimiter::<String>::new("5/s".parse::<TokenBucket>().unwrap(), 100).unwrap());
+    let layer =
+        RateLimitLayer::new([Limit::keyed("per-key", keys, HeaderKey(HeaderName::from_static("x-api-key")))]);
+    let (addr, c) = (serve(layer).await, client());
+    let r = get(&c, addr, "/", &[]).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(r.body.contains("no `x-api-key` header"), "{}", r.body);
+    let r = get(&c, addr, "/", &[("x-api-key", "k1")]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("ratelimit"), Some(r#""per-key";r=4"#));
+}
+
+/// nginx without `nodelay`: a request over the rate waits its delay, then is served (never
+/// early); with `Delays::Refuse` it is refused with the delay as `Retry-After`. A queued bucket
+/// delays the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_requests_wait_or_are_refused() {
+    let nginx = Arc::new(NginxLimiter::new("5r/s burst=2".parse::<Nginx>().unwrap()));
+    let layer = RateLimitLayer::new([Limit::direct("nginx", nginx)]);
+    let (addr, c) = (serve(layer).await, client());
+    assert_eq!(get(&c, addr, "/", &[]).await.status, StatusCode::OK);
+    let start = Instant::now();
+    let r = get(&c, addr, "/", &[]).await; // 200 ms of excess at 5 r/s
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(start.elapsed() >= Duration::from_millis(150), "served after {:?}", start.elapsed());
+
+    let clock = ManualClock::new();
+    let queued =
+        Arc::new(QueuedLimiter::with_clock("1/s burst=1 queue=5".parse::<Queued>().unwrap(), clock.clone()));
+    let layer = RateLimitLayer::new([Limit::direct("queued", queued)]).delays(Delays::Refuse);
+    let (addr, c) = (serve(layer).await, client());
+    assert_eq!(get(&c, addr, "/", &[]).await.status, StatusCode::OK);
+    let r = get(&c, addr, "/", &[]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert!(r.body.contains("configured to refuse"), "{}", r.body);
+    // Refused, so given back: the line is as long as before.
+    assert_eq!(get(&c, addr, "/", &[]).await.header("retry-after"), Some("1"));
+}
+
+/// A keyed table with no room for a new client (`WhenFull::Deny`): 503, reduced capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_table_is_reduced_capacity() {
+    let keys = Arc::new(
+        KeyedLimiter::<String>::builder("1/h".parse::<TokenBucket>().unwrap())
+            .capacity(8)
+            .when_full(WhenFull::Deny)
+            .build()
+            .unwrap(),
+    );
+    let layer =
+        RateLimitLayer::new([Limit::keyed("per-key", keys, HeaderKey(HeaderName::from_static("x-api-key")))]);
+    let (addr, c) = (serve(layer).await, client());
+    let mut statuses = Vec::new();
+    for k in 0..64 {
+        statuses.push(get(&c, addr, "/", &[("x-api-key", &format!("key-{k}"))]).await);
+    }
+    let full =
+        statuses.iter().find(|r| r.status == StatusCode::SERVICE_UNAVAILABLE).expect("the table filled up");
+    assert!(full.body.contains("temporary-reduced-capacity"), "{}", full.body);
+    assert_eq!(full.header("retry-after"), None);
+}
+
+/// Many clients at once on 2 threads, one frozen clock: exactly the burst is admitted per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_never_exceed_the_quota() {
+    let clock = ManualClock::new();
+    let keys = Arc::new(
+        KeyedLimiter::<String>::builder("50/h".parse::<TokenBucket>().unwrap())
+            .capacity(100)
+            .build_with_clock(clock.clone())
+            .unwrap(),
+    );
+    let layer =
+        RateLimitLayer::new([Limit::keyed("per-key", keys, HeaderKey(HeaderName::from_static("x-api-key")))]);
+    let addr = serve(layer).await;
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            tokio::spawn(async move {
+                let c = client();
+                let key = format!("tenant-{}", i % 2);
+                let mut ok = 0;
+                for _ in 0..20 {
+                    ok +=
+                        u32::from(get(&c, addr, "/", &[("x-api-key", &key)]).await.status == StatusCode::OK);
+                }
+                (i % 2, ok)
+            })
+        })
+        .collect();
+    let mut admitted = [0; 2];
+    for t in tasks {
+        let (k, ok) = t.await.unwrap();
+        admitted[k] += ok;
+    }
+    assert_eq!(admitted, [50, 50], "160 requests per key, a burst of 50, a frozen clock");
+}
+
+/// The layer is a plain tower service too: no server needed to call it.
+#[tokio::test]
+async fn the_service_without_a_server() {
+    let limiter = Arc::new(Limiter::new("1/h".parse::<TokenBucket>().unwrap()));
+    let mut svc = ServiceBuilder::new()
+        .layer(RateLimitLayer::new([Limit::direct("global", limiter)]))
+        .service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::new()))) });
+    let ok = svc.ready().await.unwrap().call(Request::new(())).await.unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    let no = svc.ready().await.unwrap().call(Request::new(())).await.unwrap();
+    assert_eq!(no.status(), StatusCode::TOO_MANY_REQUESTS);
+}
