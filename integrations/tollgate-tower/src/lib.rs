@@ -1,4 +1,4 @@
-//! tower middleware for [tollgate](tollgate): decides every request before the inner service
+//! tower middleware for [`tollgate`]: decides every request before the inner service
 //! runs, answers a refusal with `429 Too Many Requests`, `Retry-After` (rounded up, never
 //! earlier than the limiter's exact wait) and an RFC 9457 problem body, and describes the limits
 //! in the IETF `RateLimit` / `RateLimit-Policy` headers (draft 10), the draft-03
