@@ -17,6 +17,7 @@ cargo fmt --all -- --check
 step "clippy"
 cargo clippy --workspace --all-targets --profile ci -- -D warnings
 cargo clippy -p tollgate --all-targets --features serde,tokio --profile ci -- -D warnings
+cargo clippy -p tollgate-tower --all-targets --features axum --profile ci -- -D warnings
 
 step "atomics come only from src/sync.rs"
 if grep -rn 'sync::atomic' src --include='*.rs' | grep -v '^src/sync.rs:'; then
@@ -33,6 +34,10 @@ cargo test -p tollgate --features serde --profile ci --test surface
 
 step "the tokio feature: async waiting, cancel-safe under select!"
 cargo test -p tollgate --features tokio --profile ci --test until_ready
+
+step "the HTTP layer with axum: its tests and the example, serving real requests on 127.0.0.1"
+cargo test -p tollgate-tower --features axum --profile ci
+cargo run -q --profile ci -p tollgate-tower --features axum --example axum -- --addr 127.0.0.1:0 --requests 4
 
 step "examples run"
 for example in demo keyed several_limits algorithms; do
@@ -69,6 +74,7 @@ rm -rf "$scratch"
 
 step "crate docs: every link resolves"
 RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate --features serde,tokio
+RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate-tower --features axum
 
 step "crate builds without default features"
 cargo check -p tollgate --no-default-features

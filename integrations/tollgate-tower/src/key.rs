@@ -70,6 +70,10 @@ pub(crate) fn peer_addr(req: &Parts) -> Option<SocketAddr> {
     if let Some(addr) = req.extensions.get::<SocketAddr>() {
         return Some(*addr);
     }
+    #[cfg(feature = "axum")]
+    if let Some(info) = req.extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
+        return Some(info.0);
+    }
     req.extensions.get::<PeerAddr>().map(|p| p.0)
 }
 
@@ -83,8 +87,9 @@ pub struct PeerAddr(pub SocketAddr);
 /// every forwarding header: right when clients connect directly.
 ///
 /// The server puts the peer in the request's extensions, as a [`SocketAddr`] or a [`PeerAddr`],
-/// for each connection it accepts; without it the request is refused with
-/// [`KeyError::NoPeerAddress`].
+/// for each connection it accepts (with the `axum` feature, axum's `ConnectInfo<SocketAddr>`
+/// from `into_make_service_with_connect_info::<SocketAddr>()` is read too); without it the
+/// request is refused with [`KeyError::NoPeerAddress`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PeerIp<const V6: u8 = 64, const V4: u8 = 32>;
 

@@ -244,9 +244,9 @@ impl Config {
         if let Some(refused) = refused {
             if !self.dry_run {
                 refund(req, receipts);
-                return Verdict::Refuse(self.refusal(&refused, &answers));
+                return Verdict::Refuse(self.refusal(req, &refused, &answers));
             }
-            let headers = self.headers(&refused, &answers, Some(&refused));
+            let headers = self.headers(req, &refused, &answers, Some(&refused));
             return Verdict::Serve { headers, delay: Duration::ZERO };
         }
         let delay = if self.dry_run {
@@ -261,7 +261,7 @@ impl Config {
                 if described.decision.remaining() == 0 && self.headers.ietf {
                     described.next = described.limit.limit.peek(req, 1).ok().and_then(|d| d.retry_after());
                 }
-                self.headers(&described, &answers, None)
+                self.headers(req, &described, &answers, None)
             }
             None => HeaderMap::new(),
         };
@@ -271,6 +271,7 @@ impl Config {
     /// The headers describing `described` (and listing every limit answered), for a response.
     fn headers(
         &self,
+        req: &Parts,
         described: &Answer<'_>,
         answers: &[Answer<'_>],
         refused: Option<&Answer<'_>>,
@@ -292,12 +293,8 @@ impl Config {
                 if !policy.is_empty() {
                     policy.push_str(", ");
                 }
-                policy.push_str(&format!(
-                    "{};q={};w={}",
-                    sf_string(&a.limit.name),
-                    a.limit.quota,
-                    a.limit.window.as_secs()
-                ));
+                let (q, w) = a.limit.quota_for(req);
+                policy.push_str(&format!("{};q={q};w={}", sf_string(&a.limit.name), w.as_secs()));
             }
             let mut rl = format!("{};r={remaining}", sf_string(&described.limit.name));
             if let Some(t) = t {
@@ -308,7 +305,7 @@ impl Config {
         }
         for (on, prefix) in [(self.headers.draft03, "ratelimit"), (self.headers.x_ratelimit, "x-ratelimit")] {
             if on {
-                insert(&mut h, &format!("{prefix}-limit"), described.limit.quota.to_string());
+                insert(&mut h, &format!("{prefix}-limit"), described.limit.quota_for(req).0.to_string());
                 insert(&mut h, &format!("{prefix}-remaining"), remaining.to_string());
                 insert(&mut h, &format!("{prefix}-reset"), reset.to_string());
             }
@@ -317,7 +314,7 @@ impl Config {
     }
 
     /// The answer to a refused request.
-    fn refusal(&self, refused: &Answer<'_>, answers: &[Answer<'_>]) -> Response<Full<Bytes>> {
+    fn refusal(&self, req: &Parts, refused: &Answer<'_>, answers: &[Answer<'_>]) -> Response<Full<Bytes>> {
         let d = &refused.decision;
         let name = &refused.limit.name;
         let (status, problem, detail, retry) = match d.outcome() {
@@ -348,7 +345,7 @@ impl Config {
         };
         let mut builder = Response::builder().status(status);
         if let Some(h) = builder.headers_mut() {
-            h.extend(self.headers(refused, answers, Some(refused)));
+            h.extend(self.headers(req, refused, answers, Some(refused)));
             if let Some(wait) = retry {
                 h.insert(RETRY_AFTER, HeaderValue::from(ceil_seconds(wait)));
             }

@@ -20,6 +20,17 @@ pub trait HeaderQuota {
     /// The window: the time over which the quota refills, in whole seconds, rounded up (at
     /// least 1: the header has no sub-second windows).
     fn window(&self) -> Duration;
+    /// The configuration `key` is decided under in `table`, when it is not the table's own (a
+    /// token bucket key's tier).
+    fn for_key<K, C>(table: &Keyed<Self, K, C>, key: &K) -> Option<Self>
+    where
+        Self: KeyedAlgorithm,
+        K: tollgate::Key,
+        C: Clock,
+    {
+        let _ = (table, key);
+        None
+    }
 }
 
 fn whole_seconds(d: Duration) -> Duration {
@@ -27,13 +38,16 @@ fn whole_seconds(d: Duration) -> Duration {
     Duration::from_secs(s.max(1))
 }
 
-/// The burst, refilled over the fill time.
+/// The burst, refilled over the fill time; per key, the key's tier's.
 impl HeaderQuota for TokenBucket {
     fn quota(&self) -> u64 {
         self.burst()
     }
     fn window(&self) -> Duration {
         whole_seconds(self.fill_time().as_duration())
+    }
+    fn for_key<K: tollgate::Key, C: Clock>(table: &Keyed<Self, K, C>, key: &K) -> Option<Self> {
+        table.override_of(key).map(|tier| table.tier_quota(tier))
     }
 }
 
@@ -83,6 +97,11 @@ pub(crate) trait HttpLimit: Send + Sync {
     fn refund(&self, req: &Parts, receipt: Receipt);
     /// What `n` more units would get, taking nothing.
     fn peek(&self, req: &Parts, n: u64) -> Result<Decision, KeyError>;
+    /// `(q, w)` for this request when not the limit's own (a keyed token bucket's tier).
+    fn describe(&self, req: &Parts) -> Option<(u64, Duration)> {
+        let _ = req;
+        None
+    }
 }
 
 struct DirectLimit<A: Algorithm, C: Clock>(Arc<Direct<A, C>>);
@@ -110,7 +129,7 @@ struct KeyedHttpLimit<A: KeyedAlgorithm, E: KeyExtractor, C: Clock> {
 
 impl<A, E, C> HttpLimit for KeyedHttpLimit<A, E, C>
 where
-    A: KeyedAlgorithm + 'static,
+    A: KeyedAlgorithm + HeaderQuota + 'static,
     E: KeyExtractor,
     C: Clock + Send + Sync + 'static,
     Keyed<A, E::Key, C>: Send + Sync,
@@ -127,6 +146,10 @@ where
     fn peek(&self, req: &Parts, n: u64) -> Result<Decision, KeyError> {
         let key = self.key.extract(req)?;
         Ok(self.limiter.peek_n(&key, n))
+    }
+    fn describe(&self, req: &Parts) -> Option<(u64, Duration)> {
+        let key = self.key.extract(req).ok()?;
+        A::for_key(&self.limiter, &key).map(|q| (q.quota(), q.window()))
     }
 }
 
@@ -158,6 +181,8 @@ pub struct Limit {
     pub(crate) limit: Arc<dyn HttpLimit>,
     pub(crate) quota: u64,
     pub(crate) window: Duration,
+    /// Whether `quota` and `window` were set by [`describe`](Limit::describe).
+    pub(crate) described: bool,
     pub(crate) when: Option<Predicate>,
     pub(crate) cost: Option<Cost>,
 }
@@ -186,7 +211,7 @@ impl Limit {
     }
 
     fn new(name: &str, limit: Arc<dyn HttpLimit>, quota: u64, window: Duration) -> Limit {
-        Limit { name: name.into(), limit, quota, window, when: None, cost: None }
+        Limit { name: name.into(), limit, quota, window, described: false, when: None, cost: None }
     }
 
     /// Applies the limit only to requests for which `pred` is true (a route, a method): per-route
@@ -208,6 +233,7 @@ impl Limit {
     pub fn describe(mut self, q: u64, w: Duration) -> Limit {
         self.quota = q;
         self.window = whole_seconds(w);
+        self.described = true;
         self
     }
 
@@ -218,6 +244,14 @@ impl Limit {
 
     pub(crate) fn applies(&self, req: &Parts) -> bool {
         self.when.as_ref().map_or(true, |p| p(req))
+    }
+
+    /// `(q, w)` for `req`: as described, or the key's own configuration (its tier).
+    pub(crate) fn quota_for(&self, req: &Parts) -> (u64, Duration) {
+        if self.described {
+            return (self.quota, self.window);
+        }
+        self.limit.describe(req).unwrap_or((self.quota, self.window))
     }
 
     pub(crate) fn cost_of(&self, req: &Parts) -> u64 {

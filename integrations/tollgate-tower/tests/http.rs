@@ -325,3 +325,25 @@ async fn the_service_without_a_server() {
     let no = svc.ready().await.unwrap().call(Request::new(())).await.unwrap();
     assert_eq!(no.status(), StatusCode::TOO_MANY_REQUESTS);
 }
+
+/// A keyed token bucket's tiers: `RateLimit-Policy` and `X-RateLimit-Limit` give the key's own
+/// tier's quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_tier_is_described() {
+    let keys = Arc::new(
+        KeyedLimiter::<String>::builder("10/s".parse::<TokenBucket>().unwrap())
+            .tier("gold", "100/s burst=300".parse::<TokenBucket>().unwrap())
+            .capacity(100)
+            .build()
+            .unwrap(),
+    );
+    keys.set_override("vip", keys.tier("gold").unwrap()).unwrap();
+    let layer =
+        RateLimitLayer::new([Limit::keyed("per-key", keys, HeaderKey(HeaderName::from_static("x-api-key")))]);
+    let (addr, c) = (serve(layer).await, client());
+    let r = get(&c, addr, "/", &[("x-api-key", "vip")]).await;
+    assert_eq!(r.header("ratelimit-policy"), Some(r#""per-key";q=300;w=3"#));
+    assert_eq!(r.header("x-ratelimit-limit"), Some("300"));
+    let r = get(&c, addr, "/", &[("x-api-key", "someone")]).await;
+    assert_eq!(r.header("ratelimit-policy"), Some(r#""per-key";q=10;w=1"#));
+}
