@@ -43,8 +43,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
-use http::{HeaderMap, Request, Response, StatusCode};
-use http_body_util::{Either, Full};
+use http::{Request, Response, StatusCode};
+use smallvec::SmallVec;
 use tollgate::{Decision, Outcome, Receipt};
 use tower::{Layer, Service};
 
@@ -101,6 +101,80 @@ struct Config {
     delays: Delays,
     insufficient: StatusCode,
     key_error: StatusCode,
+    /// What every response of a limit repeats, rendered once (rebuilt by every setter).
+    cache: Vec<Cached>,
+    /// `RateLimit-Policy` when every limit applies, each as configured.
+    policy_all: Option<HeaderValue>,
+}
+
+/// A limit's header parts and refusal bodies, rendered once.
+#[derive(Clone)]
+struct Cached {
+    /// `"name";q=Q;w=W`.
+    policy_item: String,
+    /// `"name";r=`.
+    ratelimit_prefix: String,
+    /// `Q`.
+    limit: HeaderValue,
+    /// The problem bodies: denied, insufficient, table full, delayed (refused).
+    bodies: [Bytes; 4],
+}
+
+impl Config {
+    fn new(limits: Vec<Limit>) -> Config {
+        let mut c = Config {
+            limits,
+            headers: Headers::default(),
+            dry_run: false,
+            problem: true,
+            delays: Delays::default(),
+            insufficient: StatusCode::TOO_MANY_REQUESTS,
+            key_error: StatusCode::BAD_REQUEST,
+            cache: Vec::new(),
+            policy_all: None,
+        };
+        c.render();
+        c
+    }
+
+    fn render(&mut self) {
+        self.cache = self
+            .limits
+            .iter()
+            .map(|l| {
+                let name = sf_string(&l.name);
+                let body = |kind, status: StatusCode, detail: String| {
+                    Bytes::from(problem_json(kind, status, &detail, Some(&l.name)))
+                };
+                let n = &l.name;
+                Cached {
+                    policy_item: format!("{name};q={};w={}", l.quota, l.window.as_secs()),
+                    ratelimit_prefix: format!("{name};r="),
+                    limit: HeaderValue::from(l.quota),
+                    bodies: [
+                        body(QUOTA_EXCEEDED, StatusCode::TOO_MANY_REQUESTS, format!("the limit \"{n}\" is exhausted for now")),
+                        body(
+                            QUOTA_EXCEEDED,
+                            self.insufficient,
+                            format!("the request costs more than the limit \"{n}\" ever admits at once: retrying will not help"),
+                        ),
+                        body(
+                            REDUCED_CAPACITY,
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("the limit \"{n}\" tracks as many clients as it can hold: try again later"),
+                        ),
+                        body(
+                            QUOTA_EXCEEDED,
+                            StatusCode::TOO_MANY_REQUESTS,
+                            format!("the limit \"{n}\" would delay this request; it is configured to refuse instead"),
+                        ),
+                    ],
+                }
+            })
+            .collect();
+        let all: Vec<&str> = self.cache.iter().map(|c| c.policy_item.as_str()).collect();
+        self.policy_all = HeaderValue::try_from(all.join(", ")).ok();
+    }
 }
 
 /// The [`Layer`]: wraps a service in [`RateLimit`]. Cheap to clone (its configuration is
@@ -113,24 +187,15 @@ pub struct RateLimitLayer {
 impl RateLimitLayer {
     /// A layer enforcing `limits`, in order.
     pub fn new(limits: impl IntoIterator<Item = Limit>) -> RateLimitLayer {
-        RateLimitLayer {
-            config: Arc::new(Config {
-                limits: limits.into_iter().collect(),
-                headers: Headers::default(),
-                dry_run: false,
-                problem: true,
-                delays: Delays::default(),
-                insufficient: StatusCode::TOO_MANY_REQUESTS,
-                key_error: StatusCode::BAD_REQUEST,
-            }),
-        }
+        RateLimitLayer { config: Arc::new(Config::new(limits.into_iter().collect())) }
     }
 
     fn with(mut self, f: impl FnOnce(&mut Config)) -> RateLimitLayer {
-        f(Arc::make_mut(&mut self.config));
+        let c = Arc::make_mut(&mut self.config);
+        f(c);
+        c.render();
         self
     }
-
     /// Which header forms to write (default: IETF and `X-RateLimit-*`).
     pub fn headers(self, headers: Headers) -> RateLimitLayer {
         self.with(|c| c.headers = headers)
@@ -185,6 +250,10 @@ impl<S> Layer<S> for RateLimitLayer {
 }
 
 /// The [`Service`]: decides each request, then calls the inner service or answers for it.
+///
+/// Its response type is the inner service's: the layer builds its own answers (a refusal's
+/// problem details) in the inner body type, from [`Bytes`], which axum's `Body`,
+/// `http_body_util::Full<Bytes>` and `String` all convert from.
 #[derive(Clone)]
 pub struct RateLimit<S> {
     inner: S,
@@ -197,56 +266,74 @@ impl<S> fmt::Debug for RateLimit<S> {
     }
 }
 
-/// The response body: the inner service's, or the layer's own (a refusal's problem details).
-pub type Body<B> = Either<B, Full<Bytes>>;
-
 /// One limit's answer for a request.
-struct Answer<'a> {
-    limit: &'a Limit,
+struct Answer {
+    /// The limit's index in the configuration.
+    index: usize,
     decision: Decision,
-    /// The wait for one more unit once none is left (for `RateLimit`'s `t`), when admitted.
-    next: Option<Duration>,
 }
+
+/// The headers a response gets, rendered before the inner service runs.
+type Out = SmallVec<[(HeaderName, HeaderValue); 8]>;
 
 /// What the layer decided.
+#[expect(clippy::large_enum_variant, reason = "a value of one call's stack, moved once: boxing costs more")]
 enum Verdict {
     /// Call the inner service (after `delay`), then add `headers`.
-    Serve { headers: HeaderMap, delay: Duration },
+    Serve { headers: Out, delay: Duration },
     /// Answer with this response.
-    Refuse(Response<Full<Bytes>>),
+    Refuse(Response<Bytes>),
 }
+
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const LEGACY: [[HeaderName; 3]; 2] = [
+    [
+        HeaderName::from_static("ratelimit-limit"),
+        HeaderName::from_static("ratelimit-remaining"),
+        HeaderName::from_static("ratelimit-reset"),
+    ],
+    [
+        HeaderName::from_static("x-ratelimit-limit"),
+        HeaderName::from_static("x-ratelimit-remaining"),
+        HeaderName::from_static("x-ratelimit-reset"),
+    ],
+];
 
 impl Config {
     fn decide(&self, req: &Parts) -> Verdict {
-        let mut answers: Vec<Answer<'_>> = Vec::with_capacity(self.limits.len());
-        let mut receipts: Vec<(&Limit, Receipt)> = Vec::new();
-        let mut refused: Option<Answer<'_>> = None;
-        for limit in self.limits.iter().filter(|l| l.applies(req)) {
+        let mut answers: SmallVec<[Answer; 4]> = SmallVec::new();
+        let mut receipts: SmallVec<[(usize, Receipt); 4]> = SmallVec::new();
+        let mut refused: Option<Answer> = None;
+        for (index, limit) in self.limits.iter().enumerate() {
+            if !limit.applies(req) {
+                continue;
+            }
             let n = limit.cost_of(req);
             let (decision, receipt) = match limit.limit.charge(req, n) {
                 Ok(charged) => charged,
                 Err(e) => {
-                    refund(req, receipts);
+                    self.refund(req, receipts);
                     return Verdict::Refuse(self.key_error(&e));
                 }
             };
             if let Some(r) = receipt {
-                receipts.push((limit, r));
+                receipts.push((index, r));
             }
             let admitted = decision.is_allowed()
                 && !(decision.outcome() == Outcome::Delayed && self.delays == Delays::Refuse);
             if !admitted {
-                refused = Some(Answer { limit, decision, next: None });
+                refused = Some(Answer { index, decision });
                 break;
             }
-            answers.push(Answer { limit, decision, next: None });
+            answers.push(Answer { index, decision });
         }
         if let Some(refused) = refused {
+            let headers = self.headers(req, &refused, None, &answers, Some(&refused));
             if !self.dry_run {
-                refund(req, receipts);
-                return Verdict::Refuse(self.refusal(req, &refused, &answers));
+                self.refund(req, receipts);
+                return Verdict::Refuse(self.refusal(&refused, headers));
             }
-            let headers = self.headers(req, &refused, &answers, Some(&refused));
             return Verdict::Serve { headers, delay: Duration::ZERO };
         }
         let delay = if self.dry_run {
@@ -254,161 +341,159 @@ impl Config {
         } else {
             answers.iter().map(|a| a.decision.delay()).max().unwrap_or_default()
         };
-        let headers = match closest(&answers) {
-            Some(i) => {
-                let mut described =
-                    Answer { limit: answers[i].limit, decision: answers[i].decision, next: None };
-                if described.decision.remaining() == 0 && self.headers.ietf {
-                    described.next = described.limit.limit.peek(req, 1).ok().and_then(|d| d.retry_after());
-                }
-                self.headers(req, &described, &answers, None)
+        let headers = match closest(&answers).filter(|_| self.headers != Headers::NONE) {
+            Some(a) => {
+                // None left: `t` says when the next unit comes.
+                let next = (a.decision.remaining() == 0 && self.headers.ietf)
+                    .then(|| self.limits[a.index].limit.peek(req, 1).ok().and_then(|d| d.retry_after()))
+                    .flatten();
+                self.headers(req, a, next, &answers, None)
             }
-            None => HeaderMap::new(),
+            None => Out::new(),
         };
         Verdict::Serve { headers, delay }
     }
 
-    /// The headers describing `described` (and listing every limit answered), for a response.
+    fn refund(&self, req: &Parts, receipts: SmallVec<[(usize, Receipt); 4]>) {
+        for (index, r) in receipts.into_iter().rev() {
+            self.limits[index].limit.refund(req, r);
+        }
+    }
+
+    /// The headers describing `described` (`next`: the wait for one more unit, once none is
+    /// left) and listing every limit answered.
     fn headers(
         &self,
         req: &Parts,
-        described: &Answer<'_>,
-        answers: &[Answer<'_>],
-        refused: Option<&Answer<'_>>,
-    ) -> HeaderMap {
-        let mut h = HeaderMap::new();
+        described: &Answer,
+        next: Option<Duration>,
+        answers: &[Answer],
+        refused: Option<&Answer>,
+    ) -> Out {
+        let mut h = Out::new();
+        if self.headers == Headers::NONE {
+            return h;
+        }
         let d = &described.decision;
-        let remaining = d.remaining();
-        let reset = ceil_seconds(d.reset_after());
-        // Seconds until more quota is available: the refusal's wait, or the next unit's once
-        // none is left; none while units remain.
+        let remaining = HeaderValue::from(d.remaining());
+        let cached = &self.cache[described.index];
+        // Seconds until more quota is available: the refusal's wait (or delay), or the next
+        // unit's once none is left; none while units remain.
         let t = match d.outcome() {
-            Outcome::Allowed | Outcome::Untracked => described.next.map(ceil_seconds),
+            Outcome::Allowed | Outcome::Untracked => next.map(ceil_seconds),
             Outcome::Delayed => Some(ceil_seconds(d.delay())),
             _ => d.retry_after().map(ceil_seconds),
         };
+        // A keyed token bucket key's tier, when it has one.
+        let tiered = |a: &Answer| self.limits[a.index].quota_for(req);
+        let described_quota = tiered(described);
         if self.headers.ietf {
-            let mut policy = String::new();
-            for a in answers.iter().chain(refused) {
-                if !policy.is_empty() {
-                    policy.push_str(", ");
+            let all = answers.iter().chain(refused);
+            let every = answers.len() + usize::from(refused.is_some()) == self.limits.len();
+            let as_configured = |a: &Answer| tiered(a).is_none();
+            let policy = match &self.policy_all {
+                Some(p) if every && all.clone().all(as_configured) => p.clone(),
+                _ => {
+                    let mut v = String::new();
+                    for a in all {
+                        if !v.is_empty() {
+                            v.push_str(", ");
+                        }
+                        match tiered(a) {
+                            None => v.push_str(&self.cache[a.index].policy_item),
+                            Some((q, w)) => v.push_str(&format!(
+                                "{};q={q};w={}",
+                                sf_string(&self.limits[a.index].name),
+                                w.as_secs()
+                            )),
+                        }
+                    }
+                    HeaderValue::try_from(v).unwrap_or_else(|_| HeaderValue::from_static(""))
                 }
-                let (q, w) = a.limit.quota_for(req);
-                policy.push_str(&format!("{};q={q};w={}", sf_string(&a.limit.name), w.as_secs()));
-            }
-            let mut rl = format!("{};r={remaining}", sf_string(&described.limit.name));
+            };
+            let mut rl = String::with_capacity(cached.ratelimit_prefix.len() + 16);
+            rl.push_str(&cached.ratelimit_prefix);
+            rl.push_str(remaining.to_str().unwrap_or("0"));
             if let Some(t) = t {
-                rl.push_str(&format!(";t={t}"));
+                use std::fmt::Write;
+                let _ = write!(rl, ";t={t}");
             }
-            insert(&mut h, "ratelimit-policy", policy);
-            insert(&mut h, "ratelimit", rl);
+            h.push((RATELIMIT_POLICY, policy));
+            if let Ok(v) = HeaderValue::try_from(rl) {
+                h.push((RATELIMIT, v));
+            }
         }
-        for (on, prefix) in [(self.headers.draft03, "ratelimit"), (self.headers.x_ratelimit, "x-ratelimit")] {
+        if !self.headers.draft03 && !self.headers.x_ratelimit {
+            return h;
+        }
+        let limit = match described_quota {
+            None => cached.limit.clone(),
+            Some((q, _)) => HeaderValue::from(q),
+        };
+        let reset = HeaderValue::from(ceil_seconds(d.reset_after()));
+        for (on, names) in [(self.headers.draft03, &LEGACY[0]), (self.headers.x_ratelimit, &LEGACY[1])] {
             if on {
-                insert(&mut h, &format!("{prefix}-limit"), described.limit.quota_for(req).0.to_string());
-                insert(&mut h, &format!("{prefix}-remaining"), remaining.to_string());
-                insert(&mut h, &format!("{prefix}-reset"), reset.to_string());
+                h.push((names[0].clone(), limit.clone()));
+                h.push((names[1].clone(), remaining.clone()));
+                h.push((names[2].clone(), reset.clone()));
             }
         }
         h
     }
 
-    /// The answer to a refused request.
-    fn refusal(&self, req: &Parts, refused: &Answer<'_>, answers: &[Answer<'_>]) -> Response<Full<Bytes>> {
+    /// The answer to a refused request, with its headers.
+    fn refusal(&self, refused: &Answer, headers: Out) -> Response<Bytes> {
         let d = &refused.decision;
-        let name = &refused.limit.name;
-        let (status, problem, detail, retry) = match d.outcome() {
-            Outcome::Insufficient => (
-                self.insufficient,
-                QUOTA_EXCEEDED,
-                format!("the request costs more than the limit \"{name}\" ever admits at once: retrying will not help"),
-                None,
-            ),
-            Outcome::TableFull => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                REDUCED_CAPACITY,
-                format!("the limit \"{name}\" tracks as many clients as it can hold: try again later"),
-                None,
-            ),
-            Outcome::Delayed => (
-                StatusCode::TOO_MANY_REQUESTS,
-                QUOTA_EXCEEDED,
-                format!("the limit \"{name}\" would delay this request; it is configured to refuse instead"),
-                Some(d.delay()),
-            ),
-            _ => (
-                StatusCode::TOO_MANY_REQUESTS,
-                QUOTA_EXCEEDED,
-                format!("the limit \"{name}\" is exhausted for now"),
-                d.retry_after(),
-            ),
+        let (status, body, retry) = match d.outcome() {
+            Outcome::Insufficient => (self.insufficient, 1, None),
+            Outcome::TableFull => (StatusCode::SERVICE_UNAVAILABLE, 2, None),
+            Outcome::Delayed => (StatusCode::TOO_MANY_REQUESTS, 3, Some(d.delay())),
+            _ => (StatusCode::TOO_MANY_REQUESTS, 0, d.retry_after()),
         };
-        let mut builder = Response::builder().status(status);
-        if let Some(h) = builder.headers_mut() {
-            h.extend(self.headers(req, refused, answers, Some(refused)));
-            if let Some(wait) = retry {
-                h.insert(RETRY_AFTER, HeaderValue::from(ceil_seconds(wait)));
-            }
+        let body = if self.problem { self.cache[refused.index].bodies[body].clone() } else { Bytes::new() };
+        let mut r = Response::new(body);
+        *r.status_mut() = status;
+        let h = r.headers_mut();
+        for (name, value) in headers {
+            h.insert(name, value);
         }
-        let body = if self.problem {
-            if let Some(h) = builder.headers_mut() {
-                h.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-            }
-            Bytes::from(problem_json(problem, status, &detail, Some(name)))
-        } else {
-            Bytes::new()
-        };
-        builder.body(Full::new(body)).unwrap_or_else(|_| plain(status))
+        if let Some(wait) = retry {
+            h.insert(RETRY_AFTER, HeaderValue::from(ceil_seconds(wait)));
+        }
+        if self.problem {
+            h.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        }
+        r
     }
 
     /// The answer to a request a keyed limit found no key in.
-    fn key_error(&self, e: &KeyError) -> Response<Full<Bytes>> {
+    fn key_error(&self, e: &KeyError) -> Response<Bytes> {
         let status = self.key_error;
-        let mut builder = Response::builder().status(status);
         let body = if self.problem {
-            if let Some(h) = builder.headers_mut() {
-                h.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-            }
             Bytes::from(problem_json("about:blank", status, &e.to_string(), None))
         } else {
             Bytes::new()
         };
-        builder.body(Full::new(body)).unwrap_or_else(|_| plain(status))
+        let mut r = Response::new(body);
+        *r.status_mut() = status;
+        if self.problem {
+            r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        }
+        r
     }
 }
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 const REDUCED_CAPACITY: &str = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
 
-fn plain(status: StatusCode) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::new()));
-    *r.status_mut() = status;
-    r
-}
-
-fn refund(req: &Parts, receipts: Vec<(&Limit, Receipt)>) {
-    for (limit, r) in receipts.into_iter().rev() {
-        limit.limit.refund(req, r);
-    }
-}
-
 /// The answer closest to refusing: the fewest units left; of equals, the longest until full.
-fn closest(answers: &[Answer<'_>]) -> Option<usize> {
-    (0..answers.len()).min_by_key(|&i| {
-        let d = &answers[i].decision;
-        (d.remaining(), std::cmp::Reverse(d.reset_after()))
-    })
+fn closest(answers: &[Answer]) -> Option<&Answer> {
+    answers.iter().min_by_key(|a| (a.decision.remaining(), std::cmp::Reverse(a.decision.reset_after())))
 }
 
 /// Whole seconds, rounded up: a client that waits this long is never early.
 fn ceil_seconds(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
-
-fn insert(h: &mut HeaderMap, name: &str, value: String) {
-    if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
-        h.insert(name, value);
-    }
 }
 
 /// `s` as an RFC 9651 sf-string: quoted, `"` and `\` escaped, and any character outside
@@ -468,11 +553,11 @@ pin_project_lite::pin_project! {
     #[project = Projected]
     enum State<F, B, E> {
         // The inner service's response, with the headers to add.
-        Inner { #[pin] future: F, headers: Option<HeaderMap> },
+        Inner { #[pin] future: F, headers: Out },
         // The inner service after a delay.
-        Delayed { future: BoxFuture<Result<Response<B>, E>>, headers: Option<HeaderMap> },
+        Delayed { future: BoxFuture<Result<Response<B>, E>>, headers: Out },
         // The layer's own answer, until polled.
-        Ready { response: Option<Response<Full<Bytes>>> },
+        Ready { response: Option<Response<Bytes>> },
     }
 }
 
@@ -496,33 +581,36 @@ impl<F, B, E> fmt::Debug for ResponseFuture<F, B, E> {
     }
 }
 
-fn with_headers<B>(mut r: Response<B>, headers: Option<HeaderMap>) -> Response<Body<B>> {
-    if let Some(h) = headers {
-        r.headers_mut().extend(h);
+fn with_headers<B>(mut r: Response<B>, headers: Out) -> Response<B> {
+    let h = r.headers_mut();
+    h.reserve(headers.len());
+    for (name, value) in headers {
+        h.insert(name, value);
     }
-    r.map(Either::Left)
+    r
 }
 
 impl<F, B, E> Future for ResponseFuture<F, B, E>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    B: From<Bytes>,
 {
-    type Output = Result<Response<Body<B>>, E>;
+    type Output = Result<Response<B>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
             Projected::Inner { future, headers } => match future.poll(cx) {
-                Poll::Ready(Ok(r)) => Poll::Ready(Ok(with_headers(r, headers.take()))),
+                Poll::Ready(Ok(r)) => Poll::Ready(Ok(with_headers(r, std::mem::take(headers)))),
                 Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
                 Poll::Pending => Poll::Pending,
             },
             Projected::Delayed { future, headers } => match future.as_mut().poll(cx) {
-                Poll::Ready(Ok(r)) => Poll::Ready(Ok(with_headers(r, headers.take()))),
+                Poll::Ready(Ok(r)) => Poll::Ready(Ok(with_headers(r, std::mem::take(headers)))),
                 Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
                 Poll::Pending => Poll::Pending,
             },
             Projected::Ready { response } => match response.take() {
-                Some(r) => Poll::Ready(Ok(r.map(Either::Right))),
+                Some(r) => Poll::Ready(Ok(r.map(B::from))),
                 None => Poll::Pending, // polled after completion
             },
         }
@@ -534,8 +622,9 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     ReqBody: Send + 'static,
+    ResBody: From<Bytes>,
 {
-    type Response = Response<Body<ResBody>>;
+    type Response = Response<ResBody>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future, ResBody, S::Error>;
 
@@ -549,7 +638,6 @@ where
             Verdict::Refuse(response) => ResponseFuture { state: State::Ready { response: Some(response) } },
             Verdict::Serve { headers, delay } => {
                 let req = Request::from_parts(parts, body);
-                let headers = (!headers.is_empty()).then_some(headers);
                 if delay.is_zero() {
                     return ResponseFuture { state: State::Inner { future: self.inner.call(req), headers } };
                 }

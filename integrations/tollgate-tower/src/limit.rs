@@ -246,12 +246,13 @@ impl Limit {
         self.when.as_ref().map_or(true, |p| p(req))
     }
 
-    /// `(q, w)` for `req`: as described, or the key's own configuration (its tier).
-    pub(crate) fn quota_for(&self, req: &Parts) -> (u64, Duration) {
+    /// `(q, w)` for `req` when not the limit's own: a keyed token bucket key's tier (unless
+    /// [`describe`](Limit::describe) fixed it).
+    pub(crate) fn quota_for(&self, req: &Parts) -> Option<(u64, Duration)> {
         if self.described {
-            return (self.quota, self.window);
+            return None;
         }
-        self.limit.describe(req).unwrap_or((self.quota, self.window))
+        self.limit.describe(req).filter(|&qw| qw != (self.quota, self.window))
     }
 
     pub(crate) fn cost_of(&self, req: &Parts) -> u64 {

@@ -1,0 +1,230 @@
+//! The `http` benchmark: an axum hello-world on 127.0.0.1 driven by `wrk` (2 threads, 64
+//! connections), with no limiter, with tollgate's layer and with tower-governor, on the same
+//! per-IP quota, in one run: requests per second and latency p50 / p99.
+//!
+//! ```sh
+//! cargo run --release -p tollgate-tower --features axum --example http_bench            # 10 s per cell
+//! cargo run --release -p tollgate-tower --features axum --example http_bench -- --seconds 2 --rounds 1
+//! ```
+//!
+//! Needs `wrk` on the PATH (Debian: `apt-get install wrk`). Every cell runs `--rounds` times
+//! (default 2), the rounds interleaved so that the machine's drift touches every subject alike;
+//! the table gives the median of the rounds and their spread. Loads: `allow` (a quota never
+//! reached: every request is served and charged) and `deny` (one per hour, spent: every request
+//! is answered 429 by the limiter). The limiters write their rate-limit headers on every
+//! response (tollgate's default IETF and `X-RateLimit-*`; tower-governor's `use_headers`), so
+//! two floors run beside them: no limiter, and no limiter writing the same five headers as
+//! constants (what the headers' bytes alone cost); and tollgate once without headers.
+
+#![allow(missing_docs)]
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use tollgate::{KeyedLimiter, Rate, TokenBucket};
+use tollgate_tower::{Headers, Limit, PeerIp, RateLimitLayer};
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::GovernorLayer;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Subject {
+    None,
+    /// No limiter, but the same five headers tollgate writes, constant: the floor of any
+    /// limiter that writes them (their bytes cost the server and the client).
+    NoneWithHeaders,
+    Tollgate,
+    /// `X-RateLimit-*` only: about the header set tower-governor's `use_headers` writes.
+    TollgateXOnly,
+    TollgateNoHeaders,
+    TowerGovernor,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Load {
+    Allow,
+    Deny,
+}
+
+fn app(subject: Subject, load: Load) -> Router {
+    let router = Router::new().route("/", get(|| async { "hello" }));
+    match subject {
+        Subject::None => router,
+        Subject::NoneWithHeaders => {
+            router.layer(tower::util::MapResponseLayer::new(|mut r: axum::response::Response| {
+                let h = r.headers_mut();
+                for (name, value) in [
+                    ("ratelimit-policy", "\"per-ip\";q=4294967295;w=5"),
+                    ("ratelimit", "\"per-ip\";r=4294967294"),
+                    ("x-ratelimit-limit", "4294967295"),
+                    ("x-ratelimit-remaining", "4294967294"),
+                    ("x-ratelimit-reset", "1"),
+                ] {
+                    h.insert(name, http::HeaderValue::from_static(value));
+                }
+                r
+            }))
+        }
+        Subject::Tollgate | Subject::TollgateXOnly | Subject::TollgateNoHeaders => {
+            let q = match load {
+                Load::Allow => TokenBucket::new(Rate::per_second(1_000_000_000), TokenBucket::MAX_BURST),
+                Load::Deny => TokenBucket::per_hour(1),
+            }
+            .expect("a valid quota");
+            let per_ip = Arc::new(KeyedLimiter::new(q, 100_000).expect("a valid table"));
+            let layer = RateLimitLayer::new([Limit::keyed("per-ip", per_ip, PeerIp::<64>)]);
+            let headers = match subject {
+                Subject::Tollgate => Headers::default(),
+                Subject::TollgateXOnly => Headers { x_ratelimit: true, ..Headers::NONE },
+                _ => Headers::NONE,
+            };
+            router.layer(layer.headers(headers))
+        }
+        Subject::TowerGovernor => {
+            let mut b = GovernorConfigBuilder::default();
+            match load {
+                Load::Allow => b.per_nanosecond(1).burst_size(u32::MAX),
+                Load::Deny => b.period(Duration::from_secs(3600)).burst_size(1),
+            };
+            let config = Arc::new(b.use_headers().finish().expect("a valid quota"));
+            router.layer(GovernorLayer { config })
+        }
+    }
+}
+
+/// Serves `subject` on a fresh runtime of 2 worker threads; returns its address and a handle
+/// that stops it when dropped.
+fn serve(subject: Subject, load: Load) -> (SocketAddr, tokio::runtime::Runtime) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("a port");
+    let addr = listener.local_addr().expect("an address");
+    let service = app(subject, load).into_make_service_with_connect_info::<SocketAddr>();
+    rt.spawn(async move { axum::serve(listener, service).await });
+    (addr, rt)
+}
+
+struct Run {
+    rps: f64,
+    p50_us: f64,
+    p99_us: f64,
+    non_2xx: u64,
+}
+
+fn micros(s: &str) -> Option<f64> {
+    let (n, unit) = s.find(|c: char| c.is_ascii_alphabetic()).map(|i| s.split_at(i))?;
+    let n: f64 = n.parse().ok()?;
+    Some(match unit {
+        "us" => n,
+        "ms" => n * 1e3,
+        "s" => n * 1e6,
+        _ => return None,
+    })
+}
+
+fn wrk(addr: SocketAddr, seconds: u64) -> Run {
+    let out = Command::new("wrk")
+        .args(["-t2", "-c64", &format!("-d{seconds}s"), "--latency", &format!("http://{addr}/")])
+        .output()
+        .expect("wrk on the PATH (apt-get install wrk)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut run = Run { rps: 0.0, p50_us: 0.0, p99_us: 0.0, non_2xx: 0 };
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["Requests/sec:", n] => run.rps = n.parse().unwrap_or(0.0),
+            ["50%", v] => run.p50_us = micros(v).unwrap_or(0.0),
+            ["99%", v] => run.p99_us = micros(v).unwrap_or(0.0),
+            ["Non-2xx", "or", "3xx", "responses:", n] => run.non_2xx = n.parse().unwrap_or(0),
+            _ => {}
+        }
+    }
+    assert!(run.rps > 0.0, "wrk printed no rate:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    run
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str, default: u64| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (seconds, rounds) = (arg("--seconds", 10), arg("--rounds", 2).max(1));
+    let cells = [
+        (Subject::None, Load::Allow),
+        (Subject::NoneWithHeaders, Load::Allow),
+        (Subject::Tollgate, Load::Allow),
+        (Subject::TollgateXOnly, Load::Allow),
+        (Subject::TollgateNoHeaders, Load::Allow),
+        (Subject::TowerGovernor, Load::Allow),
+        (Subject::Tollgate, Load::Deny),
+        (Subject::TollgateXOnly, Load::Deny),
+        (Subject::TowerGovernor, Load::Deny),
+    ];
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    eprintln!("http: {} cells × {rounds} rounds × {seconds} s, wrk -t2 -c64, on {cpu}", cells.len());
+    let mut runs: Vec<Vec<Run>> = cells.iter().map(|_| Vec::new()).collect();
+    for round in 0..rounds {
+        for (i, &(subject, load)) in cells.iter().enumerate() {
+            let (addr, rt) = serve(subject, load);
+            let r = wrk(addr, seconds);
+            eprintln!("  round {round}: {subject:?} {load:?}: {:.0} req/s", r.rps);
+            drop(rt);
+            runs[i].push(r);
+        }
+    }
+    let base = median(runs[0].iter().map(|r| r.rps).collect());
+    println!("CPU: {cpu}; wrk -t2 -c64 -d{seconds}s, median of {rounds} interleaved rounds\n");
+    println!("| subject | load | requests/s (spread) | vs no limiter | p50 µs | p99 µs | non-2xx |");
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    for (i, &(subject, load)) in cells.iter().enumerate() {
+        let rps: Vec<f64> = runs[i].iter().map(|r| r.rps).collect();
+        let (lo, hi) = rps.iter().fold((f64::MAX, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        let name = match subject {
+            Subject::None => "no limiter",
+            Subject::NoneWithHeaders => "no limiter, tollgate's headers as constants",
+            Subject::Tollgate => "tollgate-tower",
+            Subject::TollgateXOnly => "tollgate-tower, X-RateLimit-* only",
+            Subject::TollgateNoHeaders => "tollgate-tower, Headers::NONE",
+            Subject::TowerGovernor => "tower-governor 0.7",
+        };
+        let load = match load {
+            Load::Allow => "allow",
+            Load::Deny => "deny",
+        };
+        println!(
+            "| {name} | {load} | {:.0} ({lo:.0}–{hi:.0}) | {:+.1}% | {:.0} | {:.0} | {} |",
+            median(rps.clone()),
+            (median(rps) / base - 1.0) * 100.0,
+            median(runs[i].iter().map(|r| r.p50_us).collect()),
+            median(runs[i].iter().map(|r| r.p99_us).collect()),
+            runs[i].iter().map(|r| r.non_2xx).sum::<u64>(),
+        );
+    }
+}
