@@ -33,6 +33,11 @@ mod forwarded;
 mod key;
 mod limit;
 
+/// The guide: answers, headers, keys and client IPs behind proxies, per-route limits, cost.
+pub mod guide {
+    #![doc = include_str!("../../../docs/guide/http.md")]
+}
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
