@@ -8,10 +8,11 @@ mod common;
 use std::time::Duration;
 
 use common::model::{is_exact, refill_bound, Answer, Model, ModelReservation};
+use common::strategies::{exact_quota, quota};
 use proptest::prelude::*;
 use tollgate::{
-    Admit, ConfigError, ManualClock, Nanos, Outcome, ParseError, Queued, QueuedLimiter, Rate, Receipt,
-    TokenBucket, UpdateError,
+    Admit, ConfigError, ManualClock, Nanos, Outcome, ParseError, Queued, QueuedLimiter, Receipt, TokenBucket,
+    UpdateError,
 };
 
 #[derive(Clone, Debug)]
@@ -52,22 +53,6 @@ fn queued(bucket: impl Strategy<Value = TokenBucket>) -> impl Strategy<Value = (
             (Queued::new(q, Duration::from_nanos(v)), u128::from(v) * u128::from(q.units_per_nano()))
         };
         Some((queued.ok()?, u64::try_from(units).ok()?))
-    })
-}
-
-fn quota() -> impl Strategy<Value = TokenBucket> {
-    let tokens = prop_oneof![1u64..=100, 1u64..=1 << 30];
-    let period = prop_oneof![Just(1_000_000_000u64), Just(60_000_000_000), 1u64..=1 << 20, 1u64..=1 << 40];
-    let burst = prop_oneof![1u64..=4, 1u64..=1000];
-    (tokens, period, burst).prop_filter_map("outside the supported ranges", |(t, p, b)| {
-        TokenBucket::new(Rate::per(t, Duration::from_nanos(p)), b).ok()
-    })
-}
-
-fn exact_quota() -> impl Strategy<Value = TokenBucket> {
-    let per_token = prop_oneof![1u64..=1_000, 1u64..=10_000_000_000];
-    (1u64..=100, per_token, 1u64..=8).prop_filter_map("outside the supported ranges", |(t, p, b)| {
-        TokenBucket::new(Rate::per(t, Duration::from_nanos(t * p)), b).ok()
     })
 }
 

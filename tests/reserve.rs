@@ -9,9 +9,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::model::{is_exact, refill_bound, Answer, Model, ModelRefusal, ModelReservation};
+use common::strategies::{exact_quota, quota};
 use proptest::prelude::*;
 use tollgate::{
-    Admit, Cancelled, Clock, Decision, KeyedLimiter, Limiter, ManualClock, Nanos, Rate, Receipt, Reservation,
+    Admit, Cancelled, Clock, Decision, KeyedLimiter, Limiter, ManualClock, Nanos, Receipt, Reservation,
     ReserveError, TokenBucket, TscClock, WhenFull,
 };
 
@@ -47,24 +48,6 @@ fn ops(burst: u64, forward_only: bool, keys: u64) -> impl Strategy<Value = Vec<(
         1 => any::<usize>().prop_map(Op::Refund),
     ];
     prop::collection::vec((0..keys, op), 1..80)
-}
-
-fn quota() -> impl Strategy<Value = TokenBucket> {
-    let tokens = prop_oneof![1u64..=100, 1u64..=1 << 30];
-    let period = prop_oneof![Just(1_000_000_000u64), Just(60_000_000_000), 1u64..=1 << 20, 1u64..=1 << 40];
-    let burst = prop_oneof![1u64..=4, 1u64..=1000];
-    (tokens, period, burst).prop_filter_map("outside the supported ranges", |(t, p, b)| {
-        TokenBucket::new(Rate::per(t, Duration::from_nanos(p)), b).ok()
-    })
-}
-
-/// Quotas whose rate is exact in units (a whole number of ns per token), where the bound at
-/// the configured rate is the engine's own.
-fn exact_quota() -> impl Strategy<Value = TokenBucket> {
-    let per_token = prop_oneof![1u64..=1_000, 1u64..=10_000_000_000];
-    (1u64..=100, per_token, 1u64..=8).prop_filter_map("outside the supported ranges", |(t, p, b)| {
-        TokenBucket::new(Rate::per(t, Duration::from_nanos(t * p)), b).ok()
-    })
 }
 
 /// One admission, for the bound: `n` tokens used at `at` ns on `key`.

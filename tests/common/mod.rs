@@ -2,4 +2,5 @@ pub mod keyed_models;
 pub mod log_model;
 pub mod model;
 pub mod nginx_model;
+pub mod strategies;
 pub mod window_model;

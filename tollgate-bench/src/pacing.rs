@@ -81,13 +81,19 @@ fn threaded(
             })
         })
         .collect();
+    let (h, sent) = join_threads(handles);
+    row(method, threads, rate, seconds, sent, &h)
+}
+
+/// Sums the threads' histograms and counts.
+fn join_threads(handles: Vec<std::thread::JoinHandle<(Histogram<u64>, u64)>>) -> (Histogram<u64>, u64) {
     let (mut h, mut sent) = (histogram(), 0);
     for t in handles {
         let (th, n) = t.join().expect("a pacing thread");
         h.add(th).expect("same bounds");
         sent += n;
     }
-    row(method, threads, rate, seconds, sent, &h)
+    (h, sent)
 }
 
 fn spin_then_sleep(p: &Pacer<TscClock>) -> (Nanos, Nanos) {
@@ -211,12 +217,7 @@ fn floor_spin(threads: usize, rate: u64, seconds: f64) -> PacingRow {
             })
         })
         .collect();
-    let (mut h, mut sent) = (histogram(), 0);
-    for t in handles {
-        let (th, n) = t.join().expect("a pacing thread");
-        h.add(th).expect("same bounds");
-        sent += n;
-    }
+    let (h, sent) = join_threads(handles);
     row("floor: each thread spins on the TSC to its own slots", threads, rate, seconds, sent, &h)
 }
 
