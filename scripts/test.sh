@@ -3,12 +3,12 @@
 # conformance, conservation, allocation, doc tests, benches in test mode), the loom models, and
 # a bounded fuzz run from the committed seed corpus. Installs cargo-fuzz if it is missing.
 #
-#     bash scripts/test.sh            # everything (about 10 minutes on 2 cores)
+#     bash scripts/test.sh            # everything (about 30 minutes on 2 cores)
 #     FUZZ_SECONDS=10 bash scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
+FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
 step() { printf '\n==> %s\n' "$*"; }
 
 step "rustfmt"
