@@ -5,7 +5,7 @@
 //! `RateLimit-Limit/Remaining/Reset` and the de-facto `X-RateLimit-*`, on every response.
 //!
 //! ```
-//! use std::sync::Arc;
+//! use std::sync::{Arc, OnceLock};
 //! use tollgate::{KeyedLimiter, NginxLimiter, TokenBucket};
 //! use tollgate_tower::{ClientIp, HeaderKey, Limit, RateLimitLayer};
 //!
@@ -41,14 +41,14 @@ pub mod guide {
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
-use http::{Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response, StatusCode};
 use smallvec::SmallVec;
 use tollgate::{Decision, Outcome, Receipt};
 use tower::{Layer, Service};
@@ -278,32 +278,62 @@ struct Answer {
     decision: Decision,
 }
 
-/// The headers a response gets, rendered before the inner service runs.
-type Out = SmallVec<[(HeaderName, HeaderValue); 8]>;
+/// The headers a response gets, rendered before the inner service runs: the values only (the
+/// names are statics), so that the future carrying them stays small.
+#[derive(Default)]
+struct Out {
+    policy: Option<HeaderValue>,
+    ratelimit: Option<HeaderValue>,
+    /// `limit`, `remaining`, `reset`, for the forms in `legacy_forms`.
+    legacy: Option<[HeaderValue; 3]>,
+    /// draft-03's names, `X-RateLimit-*`'s names.
+    legacy_forms: [bool; 2],
+}
+
+impl Out {
+    /// Inserts the headers into `h`.
+    fn write(self, h: &mut HeaderMap) {
+        static LEGACY: [[HeaderName; 3]; 2] = [
+            [
+                HeaderName::from_static("ratelimit-limit"),
+                HeaderName::from_static("ratelimit-remaining"),
+                HeaderName::from_static("ratelimit-reset"),
+            ],
+            [
+                HeaderName::from_static("x-ratelimit-limit"),
+                HeaderName::from_static("x-ratelimit-remaining"),
+                HeaderName::from_static("x-ratelimit-reset"),
+            ],
+        ];
+        static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+        static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+        let forms = self.legacy_forms.iter().filter(|&&on| on).count();
+        h.reserve(2 + 3 * forms);
+        if let Some(v) = self.policy {
+            h.insert(RATELIMIT_POLICY.clone(), v);
+        }
+        if let Some(v) = self.ratelimit {
+            h.insert(RATELIMIT.clone(), v);
+        }
+        if let Some(values) = self.legacy {
+            for (names, on) in LEGACY.iter().zip(self.legacy_forms) {
+                if on {
+                    for (name, value) in names.iter().zip(&values) {
+                        h.insert(name.clone(), value.clone());
+                    }
+                }
+            }
+        }
+    }
+}
 
 /// What the layer decided.
-#[expect(clippy::large_enum_variant, reason = "a value of one call's stack, moved once: boxing costs more")]
 enum Verdict {
     /// Call the inner service (after `delay`), then add `headers`.
     Serve { headers: Out, delay: Duration },
     /// Answer with this response.
     Refuse(Response<Bytes>),
 }
-
-const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-const LEGACY: [[HeaderName; 3]; 2] = [
-    [
-        HeaderName::from_static("ratelimit-limit"),
-        HeaderName::from_static("ratelimit-remaining"),
-        HeaderName::from_static("ratelimit-reset"),
-    ],
-    [
-        HeaderName::from_static("x-ratelimit-limit"),
-        HeaderName::from_static("x-ratelimit-remaining"),
-        HeaderName::from_static("x-ratelimit-reset"),
-    ],
-];
 
 impl Config {
     fn decide(&self, req: &Parts) -> Verdict {
@@ -354,7 +384,7 @@ impl Config {
                     .flatten();
                 self.headers(req, a, next, &answers, None)
             }
-            None => Out::new(),
+            None => Out::default(),
         };
         Verdict::Serve { headers, delay }
     }
@@ -375,12 +405,12 @@ impl Config {
         answers: &[Answer],
         refused: Option<&Answer>,
     ) -> Out {
-        let mut h = Out::new();
+        let mut h = Out::default();
         if self.headers == Headers::NONE {
             return h;
         }
         let d = &described.decision;
-        let remaining = HeaderValue::from(d.remaining());
+        let remaining = number(d.remaining());
         let cached = &self.cache[described.index];
         // Seconds until more quota is available: the refusal's wait (or delay), or the next
         // unit's once none is left; none while units remain.
@@ -423,26 +453,19 @@ impl Config {
                 use std::fmt::Write;
                 let _ = write!(rl, ";t={t}");
             }
-            h.push((RATELIMIT_POLICY, policy));
-            if let Ok(v) = HeaderValue::try_from(rl) {
-                h.push((RATELIMIT, v));
-            }
+            h.policy = Some(policy);
+            h.ratelimit = HeaderValue::try_from(rl).ok();
         }
         if !self.headers.draft03 && !self.headers.x_ratelimit {
             return h;
         }
         let limit = match described_quota {
             None => cached.limit.clone(),
-            Some((q, _)) => HeaderValue::from(q),
+            Some((q, _)) => number(q),
         };
-        let reset = HeaderValue::from(ceil_seconds(d.reset_after()));
-        for (on, names) in [(self.headers.draft03, &LEGACY[0]), (self.headers.x_ratelimit, &LEGACY[1])] {
-            if on {
-                h.push((names[0].clone(), limit.clone()));
-                h.push((names[1].clone(), remaining.clone()));
-                h.push((names[2].clone(), reset.clone()));
-            }
-        }
+        let reset = number(ceil_seconds(d.reset_after()));
+        h.legacy = Some([limit, remaining, reset]);
+        h.legacy_forms = [self.headers.draft03, self.headers.x_ratelimit];
         h
     }
 
@@ -459,11 +482,9 @@ impl Config {
         let mut r = Response::new(body);
         *r.status_mut() = status;
         let h = r.headers_mut();
-        for (name, value) in headers {
-            h.insert(name, value);
-        }
+        headers.write(h);
         if let Some(wait) = retry {
-            h.insert(RETRY_AFTER, HeaderValue::from(ceil_seconds(wait)));
+            h.insert(RETRY_AFTER, number(ceil_seconds(wait)));
         }
         if self.problem {
             h.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
@@ -494,6 +515,17 @@ const REDUCED_CAPACITY: &str = "https://iana.org/assignments/http-problem-types#
 /// The answer closest to refusing: the fewest units left; of equals, the longest until full.
 fn closest(answers: &[Answer]) -> Option<&Answer> {
     answers.iter().min_by_key(|a| (a.decision.remaining(), std::cmp::Reverse(a.decision.reset_after())))
+}
+
+/// `n` as a header value. The common ones (remaining counts and waits in seconds below 1,024)
+/// come from a table made once, so that a response's headers allocate nothing for them.
+fn number(n: u64) -> HeaderValue {
+    static SMALL: OnceLock<Vec<HeaderValue>> = OnceLock::new();
+    let small = SMALL.get_or_init(|| (0..1024u64).map(HeaderValue::from).collect());
+    match usize::try_from(n).ok().and_then(|i| small.get(i)) {
+        Some(v) => v.clone(),
+        None => HeaderValue::from(n),
+    }
 }
 
 /// Whole seconds, rounded up: a client that waits this long is never early.
@@ -587,11 +619,7 @@ impl<F, B, E> fmt::Debug for ResponseFuture<F, B, E> {
 }
 
 fn with_headers<B>(mut r: Response<B>, headers: Out) -> Response<B> {
-    let h = r.headers_mut();
-    h.reserve(headers.len());
-    for (name, value) in headers {
-        h.insert(name, value);
-    }
+    headers.write(r.headers_mut());
     r
 }
 
