@@ -50,12 +50,13 @@ use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
 use http::{HeaderMap, Request, Response, StatusCode};
 use smallvec::SmallVec;
-use tollgate::{Decision, Outcome, Receipt};
+use tollgate::{Decision, Outcome};
 use tower::{Layer, Service};
 
 pub use key::{
     BadNetwork, ClientIp, ForwardedHeader, HeaderKey, KeyError, KeyExtractor, PathKey, PeerAddr, PeerIp,
 };
+use limit::Taken;
 pub use limit::{HeaderQuota, Limit};
 
 /// Which header forms the layer writes. Several may be on at once.
@@ -338,7 +339,7 @@ enum Verdict {
 impl Config {
     fn decide(&self, req: &Parts) -> Verdict {
         let mut answers: SmallVec<[Answer; 4]> = SmallVec::new();
-        let mut receipts: SmallVec<[(usize, Receipt); 4]> = SmallVec::new();
+        let mut receipts: SmallVec<[(usize, Taken); 4]> = SmallVec::new();
         let mut refused: Option<Answer> = None;
         for (index, limit) in self.limits.iter().enumerate() {
             if !limit.applies(req) {
@@ -389,7 +390,7 @@ impl Config {
         Verdict::Serve { headers, delay }
     }
 
-    fn refund(&self, req: &Parts, receipts: SmallVec<[(usize, Receipt); 4]>) {
+    fn refund(&self, req: &Parts, receipts: SmallVec<[(usize, Taken); 4]>) {
         for (index, r) in receipts.into_iter().rev() {
             self.limits[index].limit.refund(req, r);
         }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::request::Parts;
 use tollgate::{
     Admit, Algorithm, Clock, Decision, Direct, FixedWindow, Keyed, KeyedAlgorithm, Nginx, Queued, Receipt,
-    SlidingLog, SlidingWindow, TokenBucket,
+    Reservation, ReserveError, SlidingLog, SlidingWindow, TokenBucket,
 };
 
 use crate::key::{KeyError, KeyExtractor};
@@ -89,12 +89,20 @@ macro_rules! windowed {
 }
 windowed!(FixedWindow, SlidingWindow, SlidingLog);
 
+/// What a charge took, for its refund if a later limit refuses the request.
+pub(crate) enum Taken {
+    /// A `check_all` receipt.
+    Receipt(Receipt),
+    /// A reservation (a waiting keyed bucket), cancelled.
+    Reservation(Reservation),
+}
+
 /// What the layer needs of a limit, object-safe so that a layer holds any mix.
 pub(crate) trait HttpLimit: Send + Sync {
     /// Takes `n` units for the request.
-    fn charge(&self, req: &Parts, n: u64) -> Result<(Decision, Option<Receipt>), KeyError>;
+    fn charge(&self, req: &Parts, n: u64) -> Result<(Decision, Option<Taken>), KeyError>;
     /// Gives back a charge of this request's.
-    fn refund(&self, req: &Parts, receipt: Receipt);
+    fn refund(&self, req: &Parts, taken: Taken);
     /// What `n` more units would get, taking nothing.
     fn peek(&self, req: &Parts, n: u64) -> Result<Decision, KeyError>;
     /// `(q, w)` for this request when not the limit's own (a keyed token bucket's tier).
@@ -111,11 +119,14 @@ where
     A: Algorithm + Send + Sync + 'static,
     C: Clock + Send + Sync + 'static,
 {
-    fn charge(&self, _: &Parts, n: u64) -> Result<(Decision, Option<Receipt>), KeyError> {
-        Ok(Admit::charge(&*self.0, n))
+    fn charge(&self, _: &Parts, n: u64) -> Result<(Decision, Option<Taken>), KeyError> {
+        let (d, r) = Admit::charge(&*self.0, n);
+        Ok((d, r.map(Taken::Receipt)))
     }
-    fn refund(&self, _: &Parts, receipt: Receipt) {
-        Admit::refund(&*self.0, receipt);
+    fn refund(&self, _: &Parts, taken: Taken) {
+        if let Taken::Receipt(r) = taken {
+            Admit::refund(&*self.0, r);
+        }
     }
     fn peek(&self, _: &Parts, n: u64) -> Result<Decision, KeyError> {
         Ok(self.0.peek_n(n))
@@ -134,13 +145,14 @@ where
     C: Clock + Send + Sync + 'static,
     Keyed<A, E::Key, C>: Send + Sync,
 {
-    fn charge(&self, req: &Parts, n: u64) -> Result<(Decision, Option<Receipt>), KeyError> {
+    fn charge(&self, req: &Parts, n: u64) -> Result<(Decision, Option<Taken>), KeyError> {
         let key = self.key.extract(req)?;
-        Ok(Admit::charge(&self.limiter.limit(&key), n))
+        let (d, r) = Admit::charge(&self.limiter.limit(&key), n);
+        Ok((d, r.map(Taken::Receipt)))
     }
-    fn refund(&self, req: &Parts, receipt: Receipt) {
-        if let Ok(key) = self.key.extract(req) {
-            Admit::refund(&self.limiter.limit(&key), receipt);
+    fn refund(&self, req: &Parts, taken: Taken) {
+        if let (Ok(key), Taken::Receipt(r)) = (self.key.extract(req), taken) {
+            Admit::refund(&self.limiter.limit(&key), r);
         }
     }
     fn peek(&self, req: &Parts, n: u64) -> Result<Decision, KeyError> {
@@ -150,6 +162,53 @@ where
     fn describe(&self, req: &Parts) -> Option<(u64, Duration)> {
         let key = self.key.extract(req).ok()?;
         A::for_key(&self.limiter, &key).map(|q| (q.quota(), q.window()))
+    }
+}
+
+/// A token bucket per key whose requests over the limit wait in line (a reservation each, up to
+/// `max_wait`) instead of being refused.
+struct KeyedWaiting<E: KeyExtractor, C: Clock> {
+    limiter: Arc<Keyed<TokenBucket, E::Key, C>>,
+    key: E,
+    max_wait: Duration,
+}
+
+impl<E, C> HttpLimit for KeyedWaiting<E, C>
+where
+    E: KeyExtractor,
+    C: Clock + Send + Sync + 'static,
+    Keyed<TokenBucket, E::Key, C>: Send + Sync,
+{
+    fn charge(&self, req: &Parts, n: u64) -> Result<(Decision, Option<Taken>), KeyError> {
+        let key = self.key.extract(req)?;
+        let reserved = self.limiter.reserve_n_within(&key, n, self.max_wait);
+        // The key's state after the reservation (or the refusal), for the headers.
+        let state = self.limiter.peek_n(&key, 0);
+        let left = u32::try_from(state.remaining()).unwrap_or(u32::MAX);
+        let reset = state.reset_after();
+        Ok(match reserved {
+            Ok(r) if r.delay().is_zero() => (Decision::allowed(left, reset), Some(Taken::Reservation(r))),
+            Ok(r) => (Decision::delayed(0, r.delay(), reset), Some(Taken::Reservation(r))),
+            // Retry once the wait fits the line.
+            Err(ReserveError::TooLate { wait, max_wait }) => {
+                (Decision::denied(left, wait.saturating_sub(max_wait), reset), None)
+            }
+            Err(ReserveError::Insufficient { .. }) => (Decision::insufficient(left, reset), None),
+            Err(_) => (Decision::table_full(), None),
+        })
+    }
+    fn refund(&self, req: &Parts, taken: Taken) {
+        if let (Ok(key), Taken::Reservation(r)) = (self.key.extract(req), taken) {
+            let _ = self.limiter.cancel(&key, r);
+        }
+    }
+    fn peek(&self, req: &Parts, n: u64) -> Result<Decision, KeyError> {
+        let key = self.key.extract(req)?;
+        Ok(self.limiter.peek_n(&key, n))
+    }
+    fn describe(&self, req: &Parts) -> Option<(u64, Duration)> {
+        let key = self.key.extract(req).ok()?;
+        TokenBucket::for_key(&self.limiter, &key).map(|q| (q.quota(), q.window()))
     }
 }
 
@@ -208,6 +267,27 @@ impl Limit {
     {
         let config = limiter.policy();
         Limit::new(name, Arc::new(KeyedHttpLimit { limiter, key }), config.quota(), config.window())
+    }
+
+    /// A token bucket per key whose requests over the limit wait in line instead of being
+    /// refused: each request reserves its tokens ([`Keyed::reserve_n_within`]), and one due
+    /// later is `Delayed` (the layer waits, then serves it: [`Delays`](crate::Delays)); one
+    /// that would wait more than `max_wait` (or a fill time) is refused at once, with
+    /// `Retry-After` the time until the line has room. A request refused by a later limit gives
+    /// its reservation back ([`Keyed::cancel`]).
+    pub fn keyed_waiting<E, C>(
+        name: &str,
+        limiter: Arc<Keyed<TokenBucket, E::Key, C>>,
+        key: E,
+        max_wait: Duration,
+    ) -> Limit
+    where
+        E: KeyExtractor,
+        C: Clock + Send + Sync + 'static,
+        Keyed<TokenBucket, E::Key, C>: Send + Sync,
+    {
+        let config = limiter.policy();
+        Limit::new(name, Arc::new(KeyedWaiting { limiter, key, max_wait }), config.quota(), config.window())
     }
 
     fn new(name: &str, limit: Arc<dyn HttpLimit>, quota: u64, window: Duration) -> Limit {

@@ -347,3 +347,45 @@ async fn a_keys_tier_is_described() {
     let r = get(&c, addr, "/", &[("x-api-key", "someone")]).await;
     assert_eq!(r.header("ratelimit-policy"), Some(r#""per-key";q=10;w=1"#));
 }
+
+/// A keyed bucket that waits instead of refusing: a request over the limit reserves its token
+/// and is served when it is due; one that would wait longer than allowed is refused at once,
+/// with `Retry-After` the time until the line has room; a refused one gives its reservation back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_bucket_can_wait_instead_of_refusing() {
+    let clock = ManualClock::new();
+    let waiting = bucket("10/s burst=1", &clock); // a token per 100 ms
+    let limit =
+        Limit::keyed_waiting("per-ip", Arc::clone(&waiting), PeerIp::<64>, Duration::from_millis(150));
+    let (addr, c) = (serve(RateLimitLayer::new([limit])).await, client());
+    assert_eq!(get(&c, addr, "/", &[]).await.status, StatusCode::OK);
+    let start = Instant::now();
+    let r = get(&c, addr, "/", &[]).await; // due in 100 ms: waited for, then served
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(start.elapsed() >= Duration::from_millis(90), "served after {:?}", start.elapsed());
+    assert_eq!(r.header("ratelimit"), Some(r#""per-ip";r=0;t=1"#));
+    // The line now ends at 100 ms (on the frozen clock): the next is due at 200 ms, past the
+    // 150 ms allowed, so it is refused at once; retrying in 50 ms would fit (1 s, rounded up).
+    let r = get(&c, addr, "/", &[]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    let peer = tollgate::IpPrefix::new("127.0.0.1".parse().unwrap());
+    assert_eq!(
+        waiting.peek(&peer).retry_after(),
+        Some(Duration::from_millis(200)),
+        "the refusal took nothing"
+    );
+
+    // Refused by a later limit: the reservation goes back.
+    let clock = ManualClock::new();
+    let waiting = bucket("10/s burst=1", &clock);
+    let closed = Arc::new(Limiter::with_clock("1/h".parse::<TokenBucket>().unwrap(), clock.clone()));
+    assert!(closed.check().is_allowed());
+    let layer = RateLimitLayer::new([
+        Limit::keyed_waiting("per-ip", Arc::clone(&waiting), PeerIp::<64>, Duration::from_secs(1)),
+        Limit::direct("closed", closed),
+    ]);
+    let (addr, c) = (serve(layer).await, client());
+    assert_eq!(get(&c, addr, "/", &[]).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(waiting.peek(&peer).remaining(), 1, "the waiting bucket's token came back");
+}
