@@ -21,6 +21,19 @@ where
     builder.check(f);
 }
 
+/// [`model`] with a preemption bound of at most `bound`, for a model whose failures need no
+/// more preemptions than that and which would take several minutes at the default bound (its
+/// doc comment says which mutations it was checked against, at this bound).
+#[cfg(tollgate_loom)]
+pub fn model_bounded<F>(bound: usize, f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(builder.preemption_bound.map_or(bound, |b| b.min(bound)));
+    builder.check(f);
+}
+
 /// The end of a race for one slot: `old` decided on a key whose slot `new`'s insert needed.
 /// Exactly one of them got the slot and the other found the table full: returns (winner,
 /// loser), and panics on anything else.

@@ -8,7 +8,7 @@
 
 use loom::sync::Arc;
 use loom::thread;
-use loom_tests::{model, slot_winner};
+use loom_tests::{model, model_bounded, slot_winner};
 use tollgate::{KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Outcome, Rate, Tier, TokenBucket};
 
 type Table = KeyedLimiter<u64, ManualClock>;
@@ -292,5 +292,169 @@ fn two_new_keys_of_one_home_commit_with_a_kept_claim() {
             assert_eq!(l.check_at(&k, Nanos::ZERO).outcome(), Outcome::Allowed, "no room for key {k}");
         }
         assert_eq!(l.len(), 4);
+    });
+}
+
+/// Keys `(a, b, others)` for the helper models: `b` in `a`'s home group when `same_home`, in
+/// the other one when not, and three more keys distinct from both.
+fn helper_keys(same_home: bool) -> (u64, u64, [u64; 3]) {
+    let place = ahash::RandomState::with_seeds(1, 2, 3, 4);
+    let home = |k: u64| place.hash_one(k) & 1;
+    let a = 1;
+    let b = (2..).find(|&k| (home(k) == home(a)) == same_home).unwrap();
+    let mut others = (2..).filter(|&k| k != b);
+    (a, b, [others.next().unwrap(), others.next().unwrap(), others.next().unwrap()])
+}
+
+/// Issue 13: `help`'s header re-check, and the version bump of the *evicted* key's home. A
+/// thread deciding on key `a` misses it in its probes (its commit is not live yet), reads the
+/// header naming that commit, and stalls; `a` goes live, fills, and is evicted by a new key
+/// `b`, whose claim takes `a`'s slot. The stalled thread then reads the slot: CLAIMED again,
+/// but `b`'s uncommitted claim, not `a`'s commit. The eviction bumped `a`'s home, so the
+/// helper's re-check of the header fails and it starts over; without the re-check (or with the
+/// bump made on the evictor's home instead), it makes `b`'s claim live with `a`'s key words
+/// still in it, `a` is admitted on that slot, and `b` then takes the slot too: one slot, two
+/// keys admitted, `a`'s charge lost. Run with `b` in `a`'s home and in the other home (an
+/// eviction bumping another home during an insert there).
+///
+/// One token per 1,000 ns, burst 1; the table holds 4 keys. Three keys took their token at
+/// 9,900 ns, so at 10,000 ns only `a` (charged at 0) can be full. Exactly one of `a` (at
+/// 10,000 ns) and `b` gets the slot, the other finds the table full.
+#[test]
+fn a_helper_with_a_stale_header_never_makes_a_claim_live() {
+    for same_home in [true, false] {
+        helper_with_a_stale_header(same_home);
+    }
+}
+
+fn helper_with_a_stale_header(same_home: bool) {
+    let (a, b, others) = helper_keys(same_home);
+    // Both mutations fail at 2 preemptions, in a few seconds; a bound of 3 takes 7 minutes.
+    model_bounded(2, move || {
+        const T: u64 = 10_000;
+        let l = table(1_000, 1);
+        for k in others {
+            assert!(l.check_at(&k, Nanos::new(T - 100)).is_allowed());
+        }
+        let inserter = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || {
+                let first = l.check_at(&a, Nanos::ZERO).outcome();
+                (first, l.check_at(&b, Nanos::new(T)).outcome())
+            })
+        };
+        let later = spawn_check(&l, a, T);
+        let ((first, new), again) = (inserter.join().unwrap(), later.join().unwrap());
+        // `a` at 0 is its first decision, or comes after its insert at T (a bucket from the
+        // future: denied), or races that insert for the last vacant slot and loses it (the
+        // other claim is not committed yet, so there is nothing to find: `TableFull`).
+        assert_ne!(first, Outcome::Untracked, "a at 0");
+        let level = |k: u64| l.peek_n_at(&k, Nanos::new(T), 0).remaining();
+        let (winner, loser) = slot_winner((a, again), (b, new));
+        assert_eq!((level(winner), level(loser)), (0, 1), "a at T: {again:?}, b: {new:?}");
+        for k in others {
+            assert_eq!(level(k), 0, "key {k} was disturbed");
+        }
+    });
+}
+
+/// Issue 13: the denial re-check of `decide_on`, for two-word keys. A reader of key `x` reads
+/// a slot's word, then its two key words while an eviction moves the slot to another key: the
+/// key read can be torn, one word of the evicted key and one of the new one, and equal to `x`,
+/// a key the table has never seen. A denial has no CAS to fail, so without the Acquire fence
+/// and the second load of the word, `x` would be refused on the evicted key's empty bucket. With
+/// them, the reader sees the slot moved on and finds `x` absent.
+///
+/// One token per 1,000 ns, burst 1; the table holds 4 keys, each of which is empty at 0 ns.
+/// `k` (charged at 0) is evicted for `k2` at 10,000 ns; `x` is made of one word of each. At
+/// 0 ns, `x` is new and the table full: `TableFull`, never `Denied`. Run with both mixes.
+#[test]
+fn a_torn_two_word_key_is_never_denied() {
+    let (k, k2) = (1u128 << 64 | 1, 2u128 << 64 | 2);
+    for x in [1u128 << 64 | 2, 2u128 << 64 | 1] {
+        torn_key(k, k2, x);
+    }
+}
+
+fn torn_key(k: u128, k2: u128, x: u128) {
+    model(move || {
+        const T: u64 = 10_000;
+        let q = TokenBucket::new(Rate::per(1, std::time::Duration::from_nanos(1_000)), 1).unwrap();
+        let l: Arc<KeyedLimiter<u128, ManualClock>> = Arc::new(
+            KeyedBuilder::new(q)
+                .capacity(3)
+                .shards(1)
+                .seeds([1, 2, 3, 4, 5, 6, 7, 8])
+                .build_with_clock(ManualClock::new())
+                .unwrap(),
+        );
+        assert!(l.check_at(&k, Nanos::ZERO).is_allowed());
+        for other in 3..6u128 {
+            assert!(l.check_at(&(other << 64 | other), Nanos::new(T - 100)).is_allowed());
+        }
+        let evictor = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.check_at(&k2, Nanos::new(T)).outcome())
+        };
+        let reader = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.check_at(&x, Nanos::ZERO).outcome())
+        };
+        assert_eq!(reader.join().unwrap(), Outcome::TableFull);
+        assert_eq!(evictor.join().unwrap(), Outcome::Allowed);
+    });
+}
+
+/// Issue 13: tier changes and overrides racing eviction and decisions. A key's stamp is kept
+/// when its quota changes, so a stamp may only be evicted when it is full under every quota the
+/// key could be decided by later: the table's `max_fill`, fixed at construction (a tier may not
+/// grow past it). Default tier: one token per 100 ns, burst 1; tier "slow": burst 100. Key 7
+/// took its token at `T` − 1 µs: full in the default tier, about 10 tokens in "slow". A writer moves
+/// it to "slow" (an override, or the default tier's quota replaced by "slow"'s) and asks for
+/// 50 tokens, while a sweep runs: the sweep never evicts the key, and the 50 are refused. An
+/// eviction line taken from the default tier's current fill fails this: the sweep evicts the
+/// key, and it comes back fresh with 100 tokens.
+#[test]
+fn tier_changes_racing_a_sweep_keep_the_stamp() {
+    for by_override in [true, false] {
+        tier_change_racing_a_sweep(by_override);
+    }
+}
+
+fn tier_change_racing_a_sweep(by_override: bool) {
+    model(move || {
+        const T: u64 = 1_000_000;
+        let per =
+            |burst| TokenBucket::new(Rate::per(1, std::time::Duration::from_nanos(100)), burst).unwrap();
+        let l: Arc<Table> = Arc::new(
+            KeyedBuilder::new(per(1))
+                .tier("slow", per(100))
+                .capacity(3)
+                .shards(1)
+                .seeds([1, 2, 3, 4, 5, 6, 7, 8])
+                .build_with_clock(ManualClock::new())
+                .unwrap(),
+        );
+        assert!(l.check_at(&7, Nanos::new(T - 1_000)).is_allowed());
+        l.clock().set(Nanos::new(T));
+        let writer = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || {
+                if by_override {
+                    l.set_override(&7, l.tier("slow").unwrap()).unwrap();
+                } else {
+                    l.set_tier_quota(Tier::DEFAULT, per(100)).unwrap();
+                }
+                l.check_n_at(&7, Nanos::new(T), 50).outcome()
+            })
+        };
+        let sweeper = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.sweep())
+        };
+        assert_eq!(sweeper.join().unwrap(), 0, "a key was evicted that is not full in every tier");
+        assert_eq!(writer.join().unwrap(), Outcome::Denied);
+        let left = l.peek_n_at(&7, Nanos::new(T), 0).remaining();
+        assert!(left <= 10, "key 7 has {left}");
     });
 }
