@@ -29,6 +29,9 @@ step "workspace tests (ci profile: optimized, with overflow checks and debug ass
 cargo test --workspace --all-targets --profile ci
 cargo test --workspace --doc --profile ci
 
+step "the soak, for 5 seconds (scripts/soak.sh runs it for minutes, with ASan and the long fuzz)"
+SOAK_SECONDS=5 cargo test --profile ci --test soak -- --ignored
+
 step "the serde feature: configurations deserialize from their strings"
 cargo test -p tollgate --features serde --profile ci --test surface
 

@@ -1,3 +1,4 @@
+pub mod bounds;
 pub mod keyed_models;
 pub mod log_model;
 pub mod model;
