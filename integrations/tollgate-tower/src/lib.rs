@@ -420,22 +420,26 @@ impl Config {
             Outcome::Delayed => Some(ceil_seconds(d.delay())),
             _ => d.retry_after().map(ceil_seconds),
         };
-        // A keyed token bucket key's tier, when it has one.
+        // A keyed token bucket key's tier, when it has one: looked up once per answer (it
+        // extracts the key again and reads its override).
         let tiered = |a: &Answer| self.limits[a.index].quota_for(req);
-        let described_quota = tiered(described);
+        let mut described_quota = None;
         if self.headers.ietf {
-            let all = answers.iter().chain(refused);
-            let every = answers.len() + usize::from(refused.is_some()) == self.limits.len();
-            let as_configured = |a: &Answer| tiered(a).is_none();
+            let all: SmallVec<[_; 4]> = answers.iter().chain(refused).map(|a| (a, tiered(a))).collect();
+            described_quota = match all.iter().find(|(a, _)| a.index == described.index) {
+                Some(&(_, q)) => q,
+                None => tiered(described),
+            };
+            let every = all.len() == self.limits.len();
             let policy = match &self.policy_all {
-                Some(p) if every && all.clone().all(as_configured) => p.clone(),
+                Some(p) if every && all.iter().all(|(_, q)| q.is_none()) => p.clone(),
                 _ => {
                     let mut v = String::new();
-                    for a in all {
+                    for &(a, q) in &all {
                         if !v.is_empty() {
                             v.push_str(", ");
                         }
-                        match tiered(a) {
+                        match q {
                             None => v.push_str(&self.cache[a.index].policy_item),
                             Some((q, w)) => v.push_str(&format!(
                                 "{};q={q};w={}",
@@ -459,6 +463,9 @@ impl Config {
         }
         if !self.headers.draft03 && !self.headers.x_ratelimit {
             return h;
+        }
+        if !self.headers.ietf {
+            described_quota = tiered(described);
         }
         let limit = match described_quota {
             None => cached.limit.clone(),
