@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
+FUZZ_SECONDS="${FUZZ_SECONDS:-20}"
 step() { printf '\n==> %s\n' "$*"; }
 
 step "rustfmt"
@@ -41,6 +41,23 @@ cargo test -p tollgate --features tokio --profile ci --test until_ready
 step "the HTTP layer with axum: its tests and the example, serving real requests on 127.0.0.1"
 cargo test -p tollgate-tower --features axum --profile ci
 cargo run -q --profile ci -p tollgate-tower --features axum --example axum -- --addr 127.0.0.1:0 --requests 4
+
+step "the C ABI from a real C program: every function and error path, under valgrind"
+scratch="$(mktemp -d)"
+PROFILE=ci bash integrations/tollgate-ffi/install.sh "$scratch/prefix" >/dev/null
+export PKG_CONFIG_PATH="$scratch/prefix/lib/pkgconfig"
+# The shared library, found through pkg-config, under valgrind's memcheck.
+cc -std=c11 -Wall -Wextra -Werror -pthread integrations/tollgate-ffi/tests/c/test.c \
+    $(pkg-config --cflags --libs tollgate) -o "$scratch/test"
+LD_LIBRARY_PATH="$scratch/prefix/lib" valgrind -q --error-exitcode=1 --leak-check=full \
+    --errors-for-leak-kinds=definite "$scratch/test"
+# The static library.
+cc -std=c11 -Wall -Wextra -Werror -pthread integrations/tollgate-ffi/tests/c/test.c \
+    $(pkg-config --cflags tollgate) "$scratch/prefix/lib/libtollgate_ffi.a" \
+    $(pkg-config --libs-only-l --static tollgate | sed 's/-ltollgate_ffi//') -o "$scratch/test-static"
+"$scratch/test-static"
+rm -rf "$scratch"
+unset PKG_CONFIG_PATH
 
 step "examples run"
 for example in demo keyed several_limits algorithms; do
