@@ -98,13 +98,13 @@ fn threads_with_skewed_clocks_never_over_admit() {
     });
     let span = time.load(Relaxed) - MS;
     let bound = u128::from(q.burst()) + refill_bound(&q, span + 2 * MS);
-    // Not much less than a synchronized clock would admit either: the thread behind is refused
-    // once the one ahead has spent, and the one ahead gets the rate over the true span.
-    let synchronized = u128::from(q.burst()) + refill_bound(&q, span);
+    // No lower bound here: when the thread ahead runs alone for a while, the one behind then
+    // waits out the 2 ms between their clocks, which is `rate · 2 ms` tokens (200) against a
+    // run of well under a millisecond. The refusal bound is the proptest's, above.
     for (name, a) in ["direct", "keyed"].iter().zip(&admitted) {
         let got = u128::from(a.load(Relaxed));
         assert!(got <= bound, "{name}: {got} admitted over {span} ns, bound {bound}");
-        assert!(got * 10 >= synchronized * 9, "{name}: only {got}, {synchronized} with synchronized clocks");
+        assert!(got >= u128::from(q.burst()), "{name}: only {got}");
     }
 }
 
