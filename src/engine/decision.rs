@@ -154,8 +154,14 @@ impl Decision {
         (self.missing, self.until_full)
     }
 
+    /// `units` in whole nanoseconds, rounded up. Most quotas keep one unit per nanosecond
+    /// (`m = 1`): those skip the division, which costs more than the rest of a field read.
+    #[inline]
     fn nanos_ceil(&self, units: u64) -> Nanos {
-        Nanos::new(units.div_ceil(u64::from(self.units_per_nano())))
+        match self.units_per_nano() {
+            1 => Nanos::new(units),
+            m => Nanos::new(units.div_ceil(u64::from(m))),
+        }
     }
 
     #[inline]
