@@ -7,13 +7,17 @@
 # PROFILE=ci picks another cargo profile (the test suite's); the default is release.
 set -euo pipefail
 prefix="${1:?usage: install.sh PREFIX}"
+mkdir -p "$prefix"
+prefix="$(cd "$prefix" && pwd)"   # absolute, for the .pc file
 profile="${PROFILE:-release}"
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here/../.."
 cargo build -q --profile "$profile" -p tollgate-ffi
 target="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
 mkdir -p "$prefix/lib/pkgconfig" "$prefix/include"
-cp "$target/$profile/libtollgate_ffi.so" "$target/$profile/libtollgate_ffi.a" "$prefix/lib/"
+out="$profile"
+[[ "$profile" == dev ]] && out=debug
+cp "$target/$out/libtollgate_ffi.so" "$target/$out/libtollgate_ffi.a" "$prefix/lib/"
 cp "$here/include/tollgate.h" "$prefix/include/"
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$here/Cargo.toml" | head -1)"
 cat >"$prefix/lib/pkgconfig/tollgate.pc" <<PC

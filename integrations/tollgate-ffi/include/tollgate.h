@@ -1,18 +1,26 @@
 /*
- * tollgate's C ABI: exact, lock-free rate limiters for C programs.
+ * tollgate's C ABI: exact rate limiters for C programs.
  *
  * Errors: every function returns a tollgate_status, TOLLGATE_OK (0) on success. On any other
  * status, tollgate_last_error() names what was wrong with the input (a message owned by the
- * library, valid until this thread's next call). Null pointers, zero or overflowing
- * parameters, configurations that do not parse, text that is not UTF-8, and a handle freed
- * twice (while its address was not reused) are errors, never a crash; no Rust panic crosses
- * this boundary (TOLLGATE_ERROR_PANIC).
+ * library, valid until this thread's next call; a successful call leaves it). Null pointers,
+ * misaligned arrays, zero or overflowing parameters, unknown algorithm codes, configurations
+ * that do not parse, and text that is not UTF-8 are errors, never undefined behaviour; no Rust
+ * panic crosses this boundary (TOLLGATE_ERROR_PANIC). The free functions also catch a handle
+ * freed twice or through another type's free, as a safety net only: allocators soon give a
+ * freed address to the next handle, and only free checks.
  *
- * Threads: every handle may be used from any number of threads at once, without a lock.
- * Freeing a handle while another thread uses it, or using it after it is freed, is undefined.
+ * Threads: every handle may be used from any number of threads at once, with no lock of
+ * yours: the token bucket, nginx and the windows are lock-free; the sliding log takes a short
+ * internal lock per decision. Freeing a handle while another thread uses it, or using it
+ * after it is freed, is undefined. A batch's output array must not overlap its inputs.
+ * State is per process: after fork(), each process has its own copy of every limit.
  *
- * Time: a limiter reads the CPU's time-stamp counter, in nanoseconds since its creation; the
- * _at functions take the caller's time on that scale instead.
+ * Time: a limiter reads the CPU's time-stamp counter (the first limiter of a process may take
+ * some 200 ms to calibrate it; without a usable one, the OS monotonic clock); the _at
+ * functions take the caller's time instead, in nanoseconds since the handle's creation.
+ *
+ * Enums are C enums of int size: do not build with -fshort-enums.
  *
  * Link: pkg-config --cflags --libs tollgate (see integrations/tollgate-ffi/install.sh).
  */
@@ -28,7 +36,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-// nginx's `nodelay`, as [`tollgate_params::delay`].
+// nginx's `nodelay`, as `tollgate_params.delay`.
 #define TOLLGATE_NODELAY UINT64_MAX
 
 // What a call did: `TOLLGATE_OK` (0), or why it did nothing.
@@ -48,21 +56,6 @@ typedef enum tollgate_status {
   TOLLGATE_ERROR_PANIC = 5,
 } tollgate_status;
 
-// An algorithm, for [`tollgate_params`].
-typedef enum tollgate_algorithm {
-  // A token bucket: `rate` tokens per `period_ns`, `burst` at most.
-  TOLLGATE_TOKEN_BUCKET = 0,
-  // nginx's `limit_req`: `rate` requests per `period_ns` (one second or one minute), `burst`,
-  // and `delay` (`TOLLGATE_NODELAY` for `nodelay`; 0 for nginx's default).
-  TOLLGATE_NGINX = 1,
-  // A fixed window: `rate` requests per window of `period_ns`.
-  TOLLGATE_FIXED_WINDOW = 2,
-  // A sliding-window counter: `rate` requests per window of `period_ns`.
-  TOLLGATE_SLIDING_WINDOW = 3,
-  // A sliding log (exact): `rate` requests in any window of `period_ns`.
-  TOLLGATE_SLIDING_LOG = 4,
-} tollgate_algorithm;
-
 // What a decision was.
 typedef enum tollgate_outcome {
   // Served now: `remaining` units are left.
@@ -79,6 +72,21 @@ typedef enum tollgate_outcome {
   TOLLGATE_UNTRACKED = 5,
 } tollgate_outcome;
 
+// An algorithm, for `tollgate_params.algorithm`.
+typedef enum tollgate_algorithm {
+  // A token bucket: `rate` tokens per `period_ns`, `burst` at most.
+  TOLLGATE_TOKEN_BUCKET = 0,
+  // nginx's `limit_req`: `rate` requests per `period_ns` (one second or one minute), `burst`,
+  // and `delay` (`TOLLGATE_NODELAY` for `nodelay`; 0 for nginx's default).
+  TOLLGATE_NGINX = 1,
+  // A fixed window: `rate` requests per window of `period_ns`.
+  TOLLGATE_FIXED_WINDOW = 2,
+  // A sliding-window counter: `rate` requests per window of `period_ns`.
+  TOLLGATE_SLIDING_WINDOW = 3,
+  // A sliding log (exact): `rate` requests in any window of `period_ns`.
+  TOLLGATE_SLIDING_LOG = 4,
+} tollgate_algorithm;
+
 // A table of limits keyed by `uint64_t`, one per key, of fixed capacity.
 typedef struct tollgate_keyed tollgate_keyed;
 
@@ -91,8 +99,9 @@ typedef struct tollgate_limiter tollgate_limiter;
 
 // A limit from plain numbers. Fields an algorithm does not use must be 0.
 typedef struct tollgate_params {
-  // Which algorithm.
-  enum tollgate_algorithm algorithm;
+  // Which algorithm: a `tollgate_algorithm` value. A plain integer, so that a value this
+  // library does not know is an error rather than undefined behaviour.
+  uint32_t algorithm;
   // Tokens (bucket), requests (nginx) or the limit (windows) per `period_ns`.
   uint64_t rate;
   // The period of `rate`, in nanoseconds: a window's length for the windows; one second or
@@ -110,11 +119,13 @@ typedef struct tollgate_decision {
   // What the decision was.
   enum tollgate_outcome outcome;
   // 1 when the request may be served now (`TOLLGATE_ALLOWED` or `TOLLGATE_UNTRACKED`), else 0.
+  // A `TOLLGATE_DELAYED` request has 0 here but its units are taken: serve it after
+  // `delay_ns`, do not refuse it.
   uint8_t allowed;
   // Units left after this decision.
   uint64_t remaining;
-  // When refused, nanoseconds until a retry can pass; `UINT64_MAX` when none ever will
-  // (`TOLLGATE_INSUFFICIENT`); 0 otherwise.
+  // When refused, nanoseconds until a retry can pass; `UINT64_MAX` when waiting does not
+  // help (`TOLLGATE_INSUFFICIENT`, `TOLLGATE_TABLE_FULL`); 0 otherwise.
   uint64_t retry_after_ns;
   // Nanoseconds until the limit is whole again.
   uint64_t reset_ns;
@@ -126,12 +137,15 @@ typedef struct tollgate_decision {
 extern "C" {
 #endif // __cplusplus
 
-// The message of the last error on this thread: what was wrong with the input. Never null;
-// empty before any error. Valid until the next call into this library on this thread.
+// The message of this thread's last error: what was wrong with the input (or, for
+// `TOLLGATE_ERROR_PANIC`, where tollgate failed). Never null; empty before any error; a
+// successful call leaves it as it was. Valid until this thread's next call into the library,
+// and not after the thread exits.
 const char *tollgate_last_error(void);
 
-// A short name for a status ("TOLLGATE_ERROR_NULL", ...), static. Never null.
-const char *tollgate_status_name(enum tollgate_status status);
+// A short name for a status ("TOLLGATE_ERROR_NULL", ...), static; "TOLLGATE_UNKNOWN_STATUS"
+// for a value this library does not know. Never null.
+const char *tollgate_status_name(int32_t status);
 
 // Makes a direct limiter from plain numbers. `*out` is the new handle, to free with
 // `tollgate_limiter_free`.

@@ -1,50 +1,66 @@
 //! The exported functions, per handle type, and the registry of live handles that turns a
-//! double free into an error.
+//! double free, or a free through the wrong type's function, into an error.
 
-use std::collections::HashSet;
+use std::any::TypeId;
+use std::collections::HashMap;
 use std::ffi::c_char;
 use std::sync::OnceLock;
 
 use super::*;
 
-/// Addresses of the handles made and not yet freed. Only constructors and `free` touch it
-/// (a decision never does), so a second `free` of a handle is an error instead of a double
-/// free, unless the allocator has given its address to a new handle meanwhile.
-fn live() -> std::sync::MutexGuard<'static, HashSet<usize>> {
-    static LIVE: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
-    LIVE.get_or_init(|| Mutex::new(HashSet::new())).lock().unwrap_or_else(PoisonError::into_inner)
+/// The handles made and not yet freed, by address, with their type. Only constructors and
+/// `free` touch it (a decision never does), so a second `free` of a handle, or a `free` of the
+/// wrong type, is an error instead of undefined behaviour, unless the allocator has given the
+/// address to a new handle of that type meanwhile (allocators reuse freed addresses soon:
+/// this is a safety net, not a licence to free twice).
+fn live() -> std::sync::MutexGuard<'static, HashMap<usize, TypeId>> {
+    static LIVE: OnceLock<Mutex<HashMap<usize, TypeId>>> = OnceLock::new();
+    LIVE.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Boxes `value` as a new live handle and writes it to `out`.
 ///
 /// # Safety
 /// `out` is null or valid for a write of a pointer.
-unsafe fn make<T>(value: T, out: *mut *mut T) -> Result<(), Error> {
-    if out.is_null() {
-        return Err(Error::null("out"));
-    }
+unsafe fn make<T: 'static>(value: T, out: *mut *mut T) -> Result<(), Error> {
+    let out = out_ptr(out, 1, "out")?;
     let p = Box::into_raw(Box::new(value));
-    live().insert(p as usize);
-    // SAFETY: non-null, and valid for writes by the caller's contract.
+    live().insert(p as usize, TypeId::of::<T>());
+    // SAFETY: non-null and aligned (checked), valid for writes by the caller's contract.
     unsafe { out.write(p) };
     Ok(())
 }
 
-/// Frees a live handle.
+/// Frees a live handle of type `T`.
 ///
 /// # Safety
-/// `p` is null, or a pointer this library returned (freed or not).
-unsafe fn free<T>(p: *mut T, what: &str) -> Result<(), Error> {
+/// `p` is null, or a pointer this library returned (freed or not), not in use elsewhere.
+unsafe fn free<T: 'static>(p: *mut T, what: &str) -> Result<(), Error> {
     if p.is_null() {
         return Err(Error::null(what));
     }
-    if !live().remove(&(p as usize)) {
-        return Err(Error(
-            tollgate_status::TOLLGATE_ERROR_HANDLE,
-            format!("{what} {p:p} is not a live handle: freed already, or not made by tollgate"),
-        ));
+    {
+        let mut live = live();
+        match live.get(&(p as usize)) {
+            Some(&t) if t == TypeId::of::<T>() => {
+                live.remove(&(p as usize));
+            }
+            Some(_) => {
+                return Err(Error(
+                    tollgate_status::TOLLGATE_ERROR_HANDLE,
+                    format!("{what} {p:p} is a live handle of another type: free it with its own function"),
+                ))
+            }
+            None => {
+                return Err(Error(
+                    tollgate_status::TOLLGATE_ERROR_HANDLE,
+                    format!("{what} {p:p} is not a live handle: freed already, or not made by tollgate"),
+                ))
+            }
+        }
     }
-    // SAFETY: made by `make` (a Box) and removed from the registry just now, so freed once.
+    // SAFETY: made by `make::<T>` (a `Box<T>`: the registry recorded its type) and removed
+    // from the registry just now, under its lock, so freed once.
     drop(unsafe { Box::from_raw(p) });
     Ok(())
 }
@@ -55,38 +71,65 @@ unsafe fn free<T>(p: *mut T, what: &str) -> Result<(), Error> {
 /// `p` is null or a live handle.
 #[inline(always)]
 unsafe fn get<'a, T>(p: *const T, what: &str) -> Result<&'a T, Error> {
-    // SAFETY: a live handle is a valid, shared (thread-safe) value.
+    // SAFETY: a live handle is a valid value, `Send + Sync` (asserted in lib.rs), so shared
+    // references to it from any thread are sound.
     unsafe { p.as_ref() }.ok_or_else(|| Error::null(what))
+}
+
+/// Checks an array argument of `len` elements: null only when empty, aligned for `T`, and
+/// small enough to be one object.
+#[inline(always)]
+fn check_array<T>(p: *const T, len: usize, what: &str) -> Result<(), Error> {
+    if len == 0 {
+        return Ok(());
+    }
+    if p.is_null() {
+        return Err(Error::null(what));
+    }
+    if !p.is_aligned() {
+        return Err(Error::invalid(format!(
+            "{what} {p:p} is not aligned to {} bytes",
+            std::mem::align_of::<T>()
+        )));
+    }
+    match len.checked_mul(std::mem::size_of::<T>()) {
+        Some(bytes) if isize::try_from(bytes).is_ok() => Ok(()),
+        _ => Err(Error::invalid(format!("{what}: {len} elements are more than memory holds"))),
+    }
 }
 
 /// `len` elements at `p`, which may be null when `len` is 0.
 ///
 /// # Safety
-/// `p` is null or valid for reads of `len` elements.
+/// `p` is null or valid for reads of `len` elements, not written while the slice lives.
 unsafe fn slice<'a, T>(p: *const T, len: usize, what: &str) -> Result<&'a [T], Error> {
+    check_array(p, len, what)?;
     if len == 0 {
         return Ok(&[]);
     }
-    if p.is_null() {
-        return Err(Error::null(what));
-    }
-    // SAFETY: non-null, and valid for `len` reads by the caller's contract.
+    // SAFETY: non-null, aligned and at most isize::MAX bytes (checked); valid for `len`
+    // reads by the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts(p, len) })
 }
 
-/// As [`slice`], for writes.
+/// An out-pointer for `len` elements, checked as [`check_array`] does (null only when `len`
+/// is 0). Written element by element with `write`: its memory may be uninitialised, so no
+/// reference to it is made.
+#[inline(always)]
+fn out_ptr<T>(p: *mut T, len: usize, what: &str) -> Result<*mut T, Error> {
+    check_array(p.cast_const(), len, what).map(|()| p)
+}
+
+/// Writes a decision through an out-pointer.
 ///
 /// # Safety
-/// `p` is null or valid for writes of `len` elements.
-unsafe fn slice_mut<'a, T>(p: *mut T, len: usize, what: &str) -> Result<&'a mut [T], Error> {
-    if len == 0 {
-        return Ok(&mut []);
-    }
-    if p.is_null() {
-        return Err(Error::null(what));
-    }
-    // SAFETY: non-null, and valid for `len` writes by the caller's contract.
-    Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
+/// `out` is null or valid for a write.
+#[inline(always)]
+unsafe fn put_decision(out: *mut tollgate_decision, d: &Decision) -> Result<(), Error> {
+    let out = out_ptr(out, 1, "out")?;
+    // SAFETY: non-null and aligned (checked), valid for a write by the caller's contract.
+    unsafe { out.write(tollgate_decision::from(d)) };
+    Ok(())
 }
 
 // ---- Direct limiters --------------------------------------------------------------------
@@ -102,7 +145,7 @@ pub unsafe extern "C" fn tollgate_limiter_new(
     out: *mut *mut tollgate_limiter,
 ) -> tollgate_status {
     // SAFETY: the caller's contract, passed on.
-    guard(|| unsafe { make(tollgate_limiter(Direct::new(Config::from_params(params)?)), out) })
+    guard(|| unsafe { make(Direct::handle(Config::from_params(params)?), out) })
 }
 
 /// Makes a direct limiter from its configuration string, as tollgate parses it:
@@ -118,7 +161,7 @@ pub unsafe extern "C" fn tollgate_limiter_parse(
     out: *mut *mut tollgate_limiter,
 ) -> tollgate_status {
     // SAFETY: the caller's contract, passed on.
-    guard(|| unsafe { make(tollgate_limiter(Direct::new(Config::parse(algorithm, config)?)), out) })
+    guard(|| unsafe { make(Direct::handle(Config::parse(algorithm, config)?), out) })
 }
 
 /// Takes one unit now.
@@ -149,7 +192,7 @@ pub unsafe extern "C" fn tollgate_limiter_check_n(
         let l = unsafe { get(limiter, "limiter")? };
         let d = each!(&l.0, l => l.check_n(n));
         // SAFETY: as above.
-        unsafe { put(out, tollgate_decision::from(&d), "out") }
+        unsafe { put_decision(out, &d) }
     })
 }
 
@@ -167,9 +210,9 @@ pub unsafe extern "C" fn tollgate_limiter_check_n_at(
     guard(|| {
         // SAFETY: the caller's contract, passed on.
         let l = unsafe { get(limiter, "limiter")? };
-        let d = each!(&l.0, l => l.check_n_at(Nanos::new(now_ns), n));
+        let d = each!(&l.0, d => d.check_n_at(l.1.at(now_ns), n));
         // SAFETY: as above.
-        unsafe { put(out, tollgate_decision::from(&d), "out") }
+        unsafe { put_decision(out, &d) }
     })
 }
 
@@ -188,7 +231,7 @@ pub unsafe extern "C" fn tollgate_limiter_peek_n(
         let l = unsafe { get(limiter, "limiter")? };
         let d = each!(&l.0, l => l.peek_n(n));
         // SAFETY: as above.
-        unsafe { put(out, tollgate_decision::from(&d), "out") }
+        unsafe { put_decision(out, &d) }
     })
 }
 
@@ -207,12 +250,15 @@ pub unsafe extern "C" fn tollgate_limiter_check_batch(
 ) -> tollgate_status {
     guard(|| {
         // SAFETY: the caller's contract, passed on.
-        let (l, out) = unsafe { (get(limiter, "limiter")?, slice_mut(out, len, "out")?) };
+        let (l, out) = unsafe { (get(limiter, "limiter")?, out_ptr(out, len, "out")?) };
         // SAFETY: as above.
         let costs = if costs.is_null() { None } else { Some(unsafe { slice(costs, len, "costs")? }) };
-        for (i, o) in out.iter_mut().enumerate() {
+        for i in 0..len {
             let n = costs.map_or(1, |c| c[i]);
-            *o = tollgate_decision::from(&each!(&l.0, l => l.check_n(n)));
+            let d = tollgate_decision::from(&each!(&l.0, l => l.check_n(n)));
+            // SAFETY: `out` is valid for `len` writes (checked non-null and aligned when
+            // `len > 0`; the caller's contract for the rest).
+            unsafe { out.add(i).write(d) };
         }
         Ok(())
     })
@@ -242,7 +288,12 @@ pub unsafe extern "C" fn tollgate_keyed_new(
     out: *mut *mut tollgate_keyed,
 ) -> tollgate_status {
     // SAFETY: the caller's contract, passed on.
-    guard(|| unsafe { make(tollgate_keyed(Table::new(Config::from_params(params)?, capacity)?), out) })
+    guard(|| unsafe {
+        {
+            let (t, origin) = Table::with_origin(Config::from_params(params)?, capacity)?;
+            make(tollgate_keyed(t, origin), out)
+        }
+    })
 }
 
 /// Makes a table keyed by `uint64_t` from a configuration string (see
@@ -258,7 +309,12 @@ pub unsafe extern "C" fn tollgate_keyed_parse(
     out: *mut *mut tollgate_keyed,
 ) -> tollgate_status {
     // SAFETY: the caller's contract, passed on.
-    guard(|| unsafe { make(tollgate_keyed(Table::new(Config::parse(algorithm, config)?, capacity)?), out) })
+    guard(|| unsafe {
+        {
+            let (t, origin) = Table::with_origin(Config::parse(algorithm, config)?, capacity)?;
+            make(tollgate_keyed(t, origin), out)
+        }
+    })
 }
 
 /// Takes one unit from `key`'s limit now.
@@ -291,7 +347,7 @@ pub unsafe extern "C" fn tollgate_keyed_check_n(
         let t = unsafe { get(table, "table")? };
         let d = each_table!(&t.0, t => t.check_n(&key, n));
         // SAFETY: as above.
-        unsafe { put(out, tollgate_decision::from(&d), "out") }
+        unsafe { put_decision(out, &d) }
     })
 }
 
@@ -310,9 +366,9 @@ pub unsafe extern "C" fn tollgate_keyed_check_n_at(
     guard(|| {
         // SAFETY: the caller's contract, passed on.
         let t = unsafe { get(table, "table")? };
-        let d = each_table!(&t.0, t => t.check_n_at(&key, Nanos::new(now_ns), n));
+        let d = each_table!(&t.0, k => k.check_n_at(&key, t.1.at(now_ns), n));
         // SAFETY: as above.
-        unsafe { put(out, tollgate_decision::from(&d), "out") }
+        unsafe { put_decision(out, &d) }
     })
 }
 
@@ -332,7 +388,7 @@ pub unsafe extern "C" fn tollgate_keyed_peek_n(
         let t = unsafe { get(table, "table")? };
         let d = each_table!(&t.0, t => t.peek_n(&key, n));
         // SAFETY: as above.
-        unsafe { put(out, tollgate_decision::from(&d), "out") }
+        unsafe { put_decision(out, &d) }
     })
 }
 
@@ -355,7 +411,7 @@ pub unsafe extern "C" fn tollgate_keyed_check_batch(
     guard(|| {
         // SAFETY: the caller's contract, passed on.
         let (t, keys, out) =
-            unsafe { (get(table, "table")?, slice(keys, len, "keys")?, slice_mut(out, len, "out")?) };
+            unsafe { (get(table, "table")?, slice(keys, len, "keys")?, out_ptr(out, len, "out")?) };
         // SAFETY: as above.
         let costs = if costs.is_null() { None } else { Some(unsafe { slice(costs, len, "costs")? }) };
         let mut items = [(0u64, 0u64); CHUNK];
@@ -365,9 +421,14 @@ pub unsafe extern "C" fn tollgate_keyed_check_batch(
             for (i, item) in items[..m].iter_mut().enumerate() {
                 *item = (keys[start + i], costs.map_or(1, |c| c[start + i]));
             }
-            each_table!(&t.0, t => t.check_batch(&items[..m], &mut decisions[..m]));
-            for (o, d) in out[start..start + m].iter_mut().zip(&decisions[..m]) {
-                *o = tollgate_decision::from(d);
+            let done = each_table!(&t.0, t => t.check_batch(&items[..m], &mut decisions[..m]));
+            // The batch path decides them all; any it left are decided one by one.
+            for (i, &(key, n)) in items[..m].iter().enumerate().skip(done) {
+                decisions[i] = each_table!(&t.0, t => t.check_n(&key, n));
+            }
+            for (i, d) in decisions[..m].iter().enumerate() {
+                // SAFETY: `out` is valid for `len` writes, as in `tollgate_limiter_check_batch`.
+                unsafe { out.add(start + i).write(tollgate_decision::from(d)) };
             }
         }
         Ok(())
@@ -383,8 +444,10 @@ pub unsafe extern "C" fn tollgate_keyed_len(table: *const tollgate_keyed, out: *
     guard(|| {
         // SAFETY: the caller's contract, passed on.
         let t = unsafe { get(table, "table")? };
-        // SAFETY: as above.
-        unsafe { put(out, each_table!(&t.0, t => t.len()), "out") }
+        let out = out_ptr(out, 1, "out")?;
+        // SAFETY: non-null and aligned (checked), valid for a write by the caller's contract.
+        unsafe { out.write(each_table!(&t.0, t => t.len())) };
+        Ok(())
     })
 }
 
@@ -411,7 +474,12 @@ pub unsafe extern "C" fn tollgate_keyed_bytes_new(
     out: *mut *mut tollgate_keyed_bytes,
 ) -> tollgate_status {
     // SAFETY: the caller's contract, passed on.
-    guard(|| unsafe { make(tollgate_keyed_bytes(Table::new(Config::from_params(params)?, capacity)?), out) })
+    guard(|| unsafe {
+        {
+            let (t, origin) = Table::with_origin(Config::from_params(params)?, capacity)?;
+            make(tollgate_keyed_bytes(t, origin), out)
+        }
+    })
 }
 
 /// Makes a table keyed by byte strings from a configuration string (see
@@ -428,7 +496,12 @@ pub unsafe extern "C" fn tollgate_keyed_bytes_parse(
 ) -> tollgate_status {
     guard(|| {
         // SAFETY: the caller's contract, passed on.
-        unsafe { make(tollgate_keyed_bytes(Table::new(Config::parse(algorithm, config)?, capacity)?), out) }
+        unsafe {
+            {
+                let (t, origin) = Table::with_origin(Config::parse(algorithm, config)?, capacity)?;
+                make(tollgate_keyed_bytes(t, origin), out)
+            }
+        }
     })
 }
 
@@ -451,7 +524,7 @@ pub unsafe extern "C" fn tollgate_keyed_bytes_check_n(
         let (t, key) = unsafe { (get(table, "table")?, slice(key, key_len, "key")?) };
         let d = each_table!(&t.0, t => t.check_n(key, n));
         // SAFETY: as above.
-        unsafe { put(out, tollgate_decision::from(&d), "out") }
+        unsafe { put_decision(out, &d) }
     })
 }
 
@@ -471,9 +544,9 @@ pub unsafe extern "C" fn tollgate_keyed_bytes_check_n_at(
     guard(|| {
         // SAFETY: the caller's contract, passed on.
         let (t, key) = unsafe { (get(table, "table")?, slice(key, key_len, "key")?) };
-        let d = each_table!(&t.0, t => t.check_n_at(key, Nanos::new(now_ns), n));
+        let d = each_table!(&t.0, k => k.check_n_at(key, t.1.at(now_ns), n));
         // SAFETY: as above.
-        unsafe { put(out, tollgate_decision::from(&d), "out") }
+        unsafe { put_decision(out, &d) }
     })
 }
 
@@ -494,7 +567,7 @@ pub unsafe extern "C" fn tollgate_keyed_bytes_peek_n(
         let (t, key) = unsafe { (get(table, "table")?, slice(key, key_len, "key")?) };
         let d = each_table!(&t.0, t => t.peek_n(key, n));
         // SAFETY: as above.
-        unsafe { put(out, tollgate_decision::from(&d), "out") }
+        unsafe { put_decision(out, &d) }
     })
 }
 
@@ -520,16 +593,22 @@ pub unsafe extern "C" fn tollgate_keyed_bytes_check_batch(
                 get(table, "table")?,
                 slice(keys, len, "keys")?,
                 slice(lens, len, "lens")?,
-                slice_mut(out, len, "out")?,
+                out_ptr(out, len, "out")?,
             )
         };
         // SAFETY: as above.
         let costs = if costs.is_null() { None } else { Some(unsafe { slice(costs, len, "costs")? }) };
-        for (i, o) in out.iter_mut().enumerate() {
-            // SAFETY: as above.
+        // Every key checked before any is decided: an error takes nothing.
+        for (i, (&k, &l)) in keys.iter().zip(lens).enumerate() {
+            check_array(k, l, &format!("keys[{i}]"))?;
+        }
+        for i in 0..len {
+            // SAFETY: checked above; valid for `lens[i]` reads by the caller's contract.
             let key = unsafe { slice(keys[i], lens[i], "keys[i]")? };
             let n = costs.map_or(1, |c| c[i]);
-            *o = tollgate_decision::from(&each_table!(&t.0, t => t.check_n(key, n)));
+            let d = tollgate_decision::from(&each_table!(&t.0, t => t.check_n(key, n)));
+            // SAFETY: `out` is valid for `len` writes, as in `tollgate_limiter_check_batch`.
+            unsafe { out.add(i).write(d) };
         }
         Ok(())
     })

@@ -6,14 +6,15 @@
 //!
 //! - Every function returns a [`tollgate_status`]; `TOLLGATE_OK` is 0. On any other status,
 //!   [`tollgate_last_error`] gives a message that names what was wrong with the input.
-//! - Null pointers, zero or overflowing parameters, configurations that do not parse, text that
-//!   is not UTF-8, and a handle freed twice (while its address was not reused) are errors,
-//!   never a crash. No panic crosses the boundary: every entry point catches one and returns
-//!   `TOLLGATE_ERROR_PANIC`.
-//! - Handles are thread-safe: one handle may be used from any number of threads at once,
-//!   without a lock. A handle must not be used after it is freed.
-//! - Time: each limiter reads the CPU's time-stamp counter (nanoseconds since its creation);
-//!   the `_at` functions take the caller's instead, in nanoseconds since the limiter's creation.
+//! - Null pointers, misaligned arrays, zero or overflowing parameters, unknown algorithm
+//!   codes, configurations that do not parse, text that is not UTF-8, and a handle freed
+//!   twice or through the wrong type's `free` (while its address was not reused) are errors,
+//!   never undefined behaviour. No panic crosses the boundary: every entry point catches one
+//!   and returns `TOLLGATE_ERROR_PANIC`.
+//! - Handles are thread-safe: one handle may be used from any number of threads at once. A
+//!   handle must not be used after it is freed (only `free` itself checks).
+//! - Time: each limiter reads the CPU's time-stamp counter; the `_at` functions take the
+//!   caller's time instead, in nanoseconds since the handle's creation.
 
 #![allow(non_camel_case_types)]
 
@@ -73,11 +74,13 @@ pub struct tollgate_decision {
     /// What the decision was.
     pub outcome: tollgate_outcome,
     /// 1 when the request may be served now (`TOLLGATE_ALLOWED` or `TOLLGATE_UNTRACKED`), else 0.
+    /// A `TOLLGATE_DELAYED` request has 0 here but its units are taken: serve it after
+    /// `delay_ns`, do not refuse it.
     pub allowed: u8,
     /// Units left after this decision.
     pub remaining: u64,
-    /// When refused, nanoseconds until a retry can pass; `UINT64_MAX` when none ever will
-    /// (`TOLLGATE_INSUFFICIENT`); 0 otherwise.
+    /// When refused, nanoseconds until a retry can pass; `UINT64_MAX` when waiting does not
+    /// help (`TOLLGATE_INSUFFICIENT`, `TOLLGATE_TABLE_FULL`); 0 otherwise.
     pub retry_after_ns: u64,
     /// Nanoseconds until the limit is whole again.
     pub reset_ns: u64,
@@ -108,7 +111,7 @@ impl tollgate_decision {
     }
 }
 
-/// An algorithm, for [`tollgate_params`].
+/// An algorithm, for `tollgate_params.algorithm`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum tollgate_algorithm {
@@ -125,15 +128,16 @@ pub enum tollgate_algorithm {
     TOLLGATE_SLIDING_LOG = 4,
 }
 
-/// nginx's `nodelay`, as [`tollgate_params::delay`].
+/// nginx's `nodelay`, as `tollgate_params.delay`.
 pub const TOLLGATE_NODELAY: u64 = u64::MAX;
 
 /// A limit from plain numbers. Fields an algorithm does not use must be 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct tollgate_params {
-    /// Which algorithm.
-    pub algorithm: tollgate_algorithm,
+    /// Which algorithm: a `tollgate_algorithm` value. A plain integer, so that a value this
+    /// library does not know is an error rather than undefined behaviour.
+    pub algorithm: u32,
     /// Tokens (bucket), requests (nginx) or the limit (windows) per `period_ns`.
     pub rate: u64,
     /// The period of `rate`, in nanoseconds: a window's length for the windows; one second or
@@ -165,8 +169,10 @@ thread_local! {
 }
 
 fn set_last_error(message: &str) {
-    LAST_ERROR.with(|m| {
-        let mut m = m.borrow_mut();
+    // `try_with`: during the thread's teardown (an `atexit` handler calling in) the buffer may
+    // be gone; the message is then lost, and nothing panics.
+    let _ = LAST_ERROR.try_with(|m| {
+        let Ok(mut m) = m.try_borrow_mut() else { return };
         m.clear();
         // A message never holds a NUL of its own (it would cut the C string short).
         m.extend(message.bytes().map(|b| if b == 0 { b'?' } else { b }));
@@ -196,23 +202,32 @@ fn guard(f: impl FnOnce() -> Result<(), Error>) -> tollgate_status {
     }
 }
 
-/// The message of the last error on this thread: what was wrong with the input. Never null;
-/// empty before any error. Valid until the next call into this library on this thread.
+/// The message of this thread's last error: what was wrong with the input (or, for
+/// `TOLLGATE_ERROR_PANIC`, where tollgate failed). Never null; empty before any error; a
+/// successful call leaves it as it was. Valid until this thread's next call into the library,
+/// and not after the thread exits.
 #[no_mangle]
 pub extern "C" fn tollgate_last_error() -> *const c_char {
-    LAST_ERROR.with(|m| m.borrow().as_ptr().cast())
+    static GONE: &[u8] = b"(the thread's error message is gone: the thread is exiting)\0";
+    // SAFETY: no borrow of the buffer is live while this runs (borrows last only inside
+    // `set_last_error`, which does not call out), and the bytes stay put until the next call.
+    LAST_ERROR
+        .try_with(|m| unsafe { (*m.as_ptr()).as_ptr().cast::<c_char>() })
+        .unwrap_or(GONE.as_ptr().cast())
 }
 
-/// A short name for a status ("TOLLGATE_ERROR_NULL", ...), static. Never null.
+/// A short name for a status ("TOLLGATE_ERROR_NULL", ...), static; "TOLLGATE_UNKNOWN_STATUS"
+/// for a value this library does not know. Never null.
 #[no_mangle]
-pub extern "C" fn tollgate_status_name(status: tollgate_status) -> *const c_char {
+pub extern "C" fn tollgate_status_name(status: i32) -> *const c_char {
     let name: &'static [u8] = match status {
-        tollgate_status::TOLLGATE_OK => b"TOLLGATE_OK\0",
-        tollgate_status::TOLLGATE_ERROR_NULL => b"TOLLGATE_ERROR_NULL\0",
-        tollgate_status::TOLLGATE_ERROR_INVALID => b"TOLLGATE_ERROR_INVALID\0",
-        tollgate_status::TOLLGATE_ERROR_UTF8 => b"TOLLGATE_ERROR_UTF8\0",
-        tollgate_status::TOLLGATE_ERROR_HANDLE => b"TOLLGATE_ERROR_HANDLE\0",
-        tollgate_status::TOLLGATE_ERROR_PANIC => b"TOLLGATE_ERROR_PANIC\0",
+        0 => b"TOLLGATE_OK\0",
+        1 => b"TOLLGATE_ERROR_NULL\0",
+        2 => b"TOLLGATE_ERROR_INVALID\0",
+        3 => b"TOLLGATE_ERROR_UTF8\0",
+        4 => b"TOLLGATE_ERROR_HANDLE\0",
+        5 => b"TOLLGATE_ERROR_PANIC\0",
+        _ => b"TOLLGATE_UNKNOWN_STATUS\0",
     };
     name.as_ptr().cast()
 }
@@ -235,20 +250,6 @@ unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, Error> {
     })
 }
 
-/// Writes `value` through an out-pointer.
-///
-/// # Safety
-/// `out` is null or valid for a write of `T`.
-#[inline(always)]
-unsafe fn put<T>(out: *mut T, value: T, what: &str) -> Result<(), Error> {
-    if out.is_null() {
-        return Err(Error::null(what));
-    }
-    // SAFETY: non-null, and valid for writes by the caller's contract.
-    unsafe { out.write(value) };
-    Ok(())
-}
-
 /// One configuration of any algorithm.
 enum Config {
     Bucket(TokenBucket),
@@ -265,20 +266,29 @@ impl Config {
         if p.is_null() {
             return Err(Error::null("params"));
         }
-        // SAFETY: non-null, and valid for reads by the caller's contract.
-        let p = unsafe { p.read() };
+        // SAFETY: non-null, and valid for reads by the caller's contract (unaligned is fine).
+        let p = unsafe { p.read_unaligned() };
         let period = Duration::from_nanos(p.period_ns);
+        let algorithm = match p.algorithm {
+            0 => tollgate_algorithm::TOLLGATE_TOKEN_BUCKET,
+            1 => tollgate_algorithm::TOLLGATE_NGINX,
+            2 => tollgate_algorithm::TOLLGATE_FIXED_WINDOW,
+            3 => tollgate_algorithm::TOLLGATE_SLIDING_WINDOW,
+            4 => tollgate_algorithm::TOLLGATE_SLIDING_LOG,
+            other => {
+                return Err(Error::invalid(format!(
+                    "algorithm is {other}, not a tollgate_algorithm (0 to 4)"
+                )))
+            }
+        };
         let unused = |field: &str, value: u64| {
             if value == 0 {
                 Ok(())
             } else {
-                Err(Error::invalid(format!(
-                    "{field} is {value}, but {:?} does not use it: pass 0",
-                    p.algorithm
-                )))
+                Err(Error::invalid(format!("{field} is {value}, but {algorithm:?} does not use it: pass 0")))
             }
         };
-        Ok(match p.algorithm {
+        Ok(match algorithm {
             tollgate_algorithm::TOLLGATE_TOKEN_BUCKET => {
                 unused("delay", p.delay)?;
                 Config::Bucket(TokenBucket::new(Rate::per(p.rate, period), p.burst).map_err(Error::invalid)?)
@@ -336,7 +346,19 @@ impl Config {
 }
 
 /// A direct limiter: one limit, shared by every caller.
-pub struct tollgate_limiter(Direct);
+pub struct tollgate_limiter(Direct, Origin);
+
+/// The limiter's clock reading at its creation: the `_at` functions' 0.
+#[derive(Clone, Copy)]
+struct Origin(Nanos);
+
+impl Origin {
+    /// `now_ns` after creation, on the limiter's clock.
+    #[inline(always)]
+    fn at(self, now_ns: u64) -> Nanos {
+        Nanos::new(self.0.as_u64().saturating_add(now_ns))
+    }
+}
 
 enum Direct {
     Bucket(Limiter),
@@ -360,6 +382,12 @@ macro_rules! each {
 }
 
 impl Direct {
+    fn handle(c: Config) -> tollgate_limiter {
+        let d = Direct::new(c);
+        let origin = Origin(each!(&d, l => l.now()));
+        tollgate_limiter(d, origin)
+    }
+
     fn new(c: Config) -> Direct {
         match c {
             Config::Bucket(q) => Direct::Bucket(Limiter::new(q)),
@@ -372,11 +400,11 @@ impl Direct {
 }
 
 /// A table of limits keyed by `uint64_t`, one per key, of fixed capacity.
-pub struct tollgate_keyed(Table<u64>);
+pub struct tollgate_keyed(Table<u64>, Origin);
 
 /// A table of limits keyed by byte strings (pointer and length), one per key, of fixed
 /// capacity. Keys are told apart by a 64-bit keyed hash of their bytes.
-pub struct tollgate_keyed_bytes(Table<Vec<u8>>);
+pub struct tollgate_keyed_bytes(Table<Vec<u8>>, Origin);
 
 enum Table<K: tollgate::Key + Eq + 'static> {
     Bucket(KeyedLimiter<K>),
@@ -400,6 +428,13 @@ macro_rules! each_table {
 }
 
 impl<K: tollgate::Key + Eq + 'static> Table<K> {
+    /// The table and its origin.
+    fn with_origin(c: Config, capacity: usize) -> Result<(Table<K>, Origin), Error> {
+        let t = Table::new(c, capacity)?;
+        let origin = Origin(each_table!(&t, l => l.now()));
+        Ok((t, origin))
+    }
+
     fn new(c: Config, capacity: usize) -> Result<Table<K>, Error> {
         fn build<A: tollgate::KeyedAlgorithm, K: tollgate::Key + Eq>(
             q: A,
@@ -416,6 +451,16 @@ impl<K: tollgate::Key + Eq + 'static> Table<K> {
         })
     }
 }
+
+// What the header promises: handles shared across threads, and the structs' layout.
+const _: () = {
+    const fn shared<T: Send + Sync>() {}
+    shared::<tollgate_limiter>();
+    shared::<tollgate_keyed>();
+    shared::<tollgate_keyed_bytes>();
+    assert!(std::mem::size_of::<tollgate_decision>() == 40);
+    assert!(std::mem::size_of::<tollgate_params>() == 40);
+};
 
 // After the macros above, which it uses.
 mod handles;

@@ -19,8 +19,17 @@ fn the_header_declares_every_exported_function() {
     for f in &exported {
         assert!(header.contains(&format!("{f}(")), "include/tollgate.h does not declare {f}: run cbindgen");
     }
-    for line in header.lines().filter(|l| l.contains("tollgate_") && l.trim_end().ends_with('(')) {
-        let name = line.split_whitespace().last().unwrap().trim_start_matches('*').trim_end_matches('(');
+    // Every function the header declares (a line that opens an argument list after a name).
+    let declared: Vec<&str> = header
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//") && !l.trim_start().starts_with('*'))
+        .filter_map(|l| l.split('(').next().filter(|head| head.len() < l.len()))
+        .filter_map(|head| head.split_whitespace().last())
+        .map(|name| name.trim_start_matches('*'))
+        .filter(|name| name.starts_with("tollgate_"))
+        .collect();
+    assert_eq!(declared.len(), exported.len(), "{declared:?}");
+    for name in declared {
         assert!(exported.iter().any(|f| f == name), "include/tollgate.h declares {name}, which is gone");
     }
 }

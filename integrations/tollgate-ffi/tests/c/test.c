@@ -31,6 +31,10 @@ static int checks = 0;
 
 static const uint64_t SECOND = 1000000000ull;
 
+/* The layouts the library asserts on its side. */
+_Static_assert(sizeof(tollgate_decision) == 40, "tollgate_decision is 40 bytes");
+_Static_assert(sizeof(tollgate_params) == 40, "tollgate_params is 40 bytes");
+
 static void statuses(void) {
     CHECK(strcmp(tollgate_last_error(), "") == 0);
     CHECK(strcmp(tollgate_status_name(TOLLGATE_OK), "TOLLGATE_OK") == 0);
@@ -39,6 +43,8 @@ static void statuses(void) {
     CHECK(strcmp(tollgate_status_name(TOLLGATE_ERROR_UTF8), "TOLLGATE_ERROR_UTF8") == 0);
     CHECK(strcmp(tollgate_status_name(TOLLGATE_ERROR_HANDLE), "TOLLGATE_ERROR_HANDLE") == 0);
     CHECK(strcmp(tollgate_status_name(TOLLGATE_ERROR_PANIC), "TOLLGATE_ERROR_PANIC") == 0);
+    CHECK(strcmp(tollgate_status_name(42), "TOLLGATE_UNKNOWN_STATUS") == 0);
+    CHECK(strcmp(tollgate_status_name(-1), "TOLLGATE_UNKNOWN_STATUS") == 0);
 }
 
 /* Every algorithm from plain numbers and from its string; bad numbers and strings. */
@@ -86,6 +92,12 @@ static void constructors(void) {
     FAILS(tollgate_limiter_new(&window_burst, &l), TOLLGATE_ERROR_INVALID, "burst is 5");
     tollgate_params bucket_delay = {TOLLGATE_TOKEN_BUCKET, 10, SECOND, 5, 3};
     FAILS(tollgate_limiter_new(&bucket_delay, &l), TOLLGATE_ERROR_INVALID, "delay is 3");
+    tollgate_params fixed_burst = {TOLLGATE_FIXED_WINDOW, 10, SECOND, 1, 0};
+    FAILS(tollgate_limiter_new(&fixed_burst, &l), TOLLGATE_ERROR_INVALID, "burst is 1");
+    tollgate_params sliding_delay = {TOLLGATE_SLIDING_WINDOW, 10, SECOND, 0, 2};
+    FAILS(tollgate_limiter_new(&sliding_delay, &l), TOLLGATE_ERROR_INVALID, "delay is 2");
+    tollgate_params unknown = {99, 10, SECOND, 5, 0};
+    FAILS(tollgate_limiter_new(&unknown, &l), TOLLGATE_ERROR_INVALID, "algorithm is 99");
     /* Strings that are not configurations, or not UTF-8. */
     FAILS(tollgate_limiter_parse("leaky", "5/s", &l), TOLLGATE_ERROR_INVALID, "unknown algorithm");
     FAILS(tollgate_limiter_parse("token_bucket", "five per second", &l), TOLLGATE_ERROR_INVALID,
@@ -106,7 +118,12 @@ static void direct(void) {
     CHECK(d.allowed == 0 && d.outcome == TOLLGATE_DENIED);
     CHECK(d.retry_after_ns == SECOND / 5); /* one token, 200 ms */
     CHECK(d.reset_ns == SECOND);
-    OK(tollgate_limiter_check_n_at(l, 6, SECOND, &d));
+    /* The caller's time counts from the handle's creation: a second later, 5 tokens again. */
+    OK(tollgate_limiter_check_n_at(l, 5, SECOND, &d));
+    CHECK(d.allowed && d.remaining == 0);
+    OK(tollgate_limiter_check_n_at(l, 1, SECOND + SECOND / 5, &d));
+    CHECK(d.allowed);
+    OK(tollgate_limiter_check_n_at(l, 6, 2 * SECOND, &d));
     CHECK(d.outcome == TOLLGATE_INSUFFICIENT && d.retry_after_ns == UINT64_MAX);
     OK(tollgate_limiter_peek_n(l, 1, &d));
     OK(tollgate_limiter_check(l, &d));
@@ -123,10 +140,22 @@ static void direct(void) {
     FAILS(tollgate_limiter_check(l, NULL), TOLLGATE_ERROR_NULL, "out");
     FAILS(tollgate_limiter_check_n(NULL, 1, &d), TOLLGATE_ERROR_NULL, "limiter");
     FAILS(tollgate_limiter_check_n_at(l, 1, 0, NULL), TOLLGATE_ERROR_NULL, "out");
+    FAILS(tollgate_limiter_check_n_at(NULL, 1, 0, &d), TOLLGATE_ERROR_NULL, "limiter");
+    FAILS(tollgate_limiter_check_n(l, 1, NULL), TOLLGATE_ERROR_NULL, "out");
+    /* A misaligned array is an error, not undefined behaviour. */
+    uint64_t words[4] = {1, 1, 1, 1};
+    FAILS(tollgate_limiter_check_batch(l, (const uint64_t *)((const char *)words + 1), 2, out),
+          TOLLGATE_ERROR_INVALID, "not aligned");
     FAILS(tollgate_limiter_peek_n(NULL, 1, &d), TOLLGATE_ERROR_NULL, "limiter");
     FAILS(tollgate_limiter_peek_n(l, 1, NULL), TOLLGATE_ERROR_NULL, "out");
+    /* Freed through another type's function: refused, and the handle stays live. */
+    FAILS(tollgate_keyed_free((tollgate_keyed *)(void *)l), TOLLGATE_ERROR_HANDLE, "another type");
+    FAILS(tollgate_keyed_bytes_free((tollgate_keyed_bytes *)(void *)l), TOLLGATE_ERROR_HANDLE, "another type");
+    OK(tollgate_limiter_check(l, &d));
     OK(tollgate_limiter_free(l));
     FAILS(tollgate_limiter_free(l), TOLLGATE_ERROR_HANDLE, "not a live handle");
+    int on_stack;
+    FAILS(tollgate_limiter_free((tollgate_limiter *)(void *)&on_stack), TOLLGATE_ERROR_HANDLE, "not made by tollgate");
     FAILS(tollgate_limiter_free(NULL), TOLLGATE_ERROR_NULL, "limiter");
 
     /* nginx with a delay: past it, requests wait instead of being refused. */
@@ -158,6 +187,8 @@ static void keyed(void) {
     CHECK(d.outcome == TOLLGATE_DENIED && d.retry_after_ns == SECOND / 2);
     OK(tollgate_keyed_check_n_at(t, 8, 1, 0, &d));
     CHECK(d.allowed); /* another key, its own limit */
+    OK(tollgate_keyed_check_n_at(t, 7, 1, SECOND / 2, &d));
+    CHECK(d.allowed && d.remaining == 0); /* a token back after 500 ms of the table's time */
     OK(tollgate_keyed_check(t, 9, &d));
     OK(tollgate_keyed_check_n(t, 9, 1, &d));
     tollgate_decision peeked;
@@ -181,6 +212,11 @@ static void keyed(void) {
     FAILS(tollgate_keyed_check_batch(t, NULL, NULL, 3, out), TOLLGATE_ERROR_NULL, "keys");
     FAILS(tollgate_keyed_check_batch(NULL, keys, NULL, 3, out), TOLLGATE_ERROR_NULL, "table");
     FAILS(tollgate_keyed_check(NULL, 1, &d), TOLLGATE_ERROR_NULL, "table");
+    FAILS(tollgate_keyed_check(t, 1, NULL), TOLLGATE_ERROR_NULL, "out");
+    FAILS(tollgate_keyed_check_n(NULL, 1, 1, &d), TOLLGATE_ERROR_NULL, "table");
+    FAILS(tollgate_keyed_check_n_at(t, 1, 1, 0, NULL), TOLLGATE_ERROR_NULL, "out");
+    FAILS(tollgate_keyed_peek_n(NULL, 1, 1, &d), TOLLGATE_ERROR_NULL, "table");
+    FAILS(tollgate_keyed_check_batch(t, keys, NULL, 3, NULL), TOLLGATE_ERROR_NULL, "out");
     FAILS(tollgate_keyed_check_n(t, 1, 1, NULL), TOLLGATE_ERROR_NULL, "out");
     FAILS(tollgate_keyed_check_n_at(NULL, 1, 1, 0, &d), TOLLGATE_ERROR_NULL, "table");
     FAILS(tollgate_keyed_peek_n(t, 1, 1, NULL), TOLLGATE_ERROR_NULL, "out");
@@ -205,6 +241,14 @@ static void keyed(void) {
     FAILS(tollgate_keyed_new(&p, 64, NULL), TOLLGATE_ERROR_NULL, "out");
     FAILS(tollgate_keyed_parse("sliding_log", "0/s", 64, &t), TOLLGATE_ERROR_INVALID, "0/s");
     FAILS(tollgate_keyed_parse("sliding_log", "\xff", 64, &t), TOLLGATE_ERROR_UTF8, "not UTF-8");
+    FAILS(tollgate_keyed_parse("\xff", "5/s", 64, &t), TOLLGATE_ERROR_UTF8, "algorithm is not UTF-8");
+    FAILS(tollgate_keyed_parse(NULL, "5/s", 64, &t), TOLLGATE_ERROR_NULL, "algorithm");
+    FAILS(tollgate_keyed_parse("sliding_log", NULL, 64, &t), TOLLGATE_ERROR_NULL, "config");
+    FAILS(tollgate_keyed_parse("sliding_log", "5/s", 64, NULL), TOLLGATE_ERROR_NULL, "out");
+    FAILS(tollgate_keyed_parse("leaky", "5/s", 64, &t), TOLLGATE_ERROR_INVALID, "unknown algorithm");
+    FAILS(tollgate_keyed_parse("sliding_log", "5/s", 0, &t), TOLLGATE_ERROR_INVALID, "capacity");
+    tollgate_params bad = {TOLLGATE_TOKEN_BUCKET, 0, SECOND, 2, 0};
+    CHECK(tollgate_keyed_new(&bad, 64, &t) == TOLLGATE_ERROR_INVALID);
 }
 
 static void keyed_bytes(void) {
@@ -226,6 +270,8 @@ static void keyed_bytes(void) {
     CHECK(d.allowed);
     OK(tollgate_keyed_bytes_peek_n(t, (const uint8_t *)"carol", 5, 1, &d));
     CHECK(d.allowed);
+    OK(tollgate_keyed_bytes_check_n_at(t, (const uint8_t *)alice, 5, 1, SECOND, &d));
+    CHECK(d.allowed); /* a second of the table's time later, the window has moved on */
     const uint8_t *keys[3] = {(const uint8_t *)"x", (const uint8_t *)"y", (const uint8_t *)"x"};
     size_t lens[3] = {1, 1, 1};
     uint64_t costs[3] = {2, 1, 1};
@@ -236,13 +282,26 @@ static void keyed_bytes(void) {
     OK(tollgate_keyed_bytes_check_batch(t, NULL, NULL, NULL, 0, NULL));
     const uint8_t *null_key[1] = {NULL};
     size_t one[1] = {4};
-    FAILS(tollgate_keyed_bytes_check_batch(t, null_key, one, NULL, 1, out), TOLLGATE_ERROR_NULL, "keys[i]");
+    FAILS(tollgate_keyed_bytes_check_batch(t, null_key, one, NULL, 1, out), TOLLGATE_ERROR_NULL, "keys[0]");
+    /* An error in any key takes nothing from the keys before it. */
+    const uint8_t *fresh_then_null[2] = {(const uint8_t *)"zed", NULL};
+    size_t fresh_lens[2] = {3, 1};
+    FAILS(tollgate_keyed_bytes_check_batch(t, fresh_then_null, fresh_lens, NULL, 2, out), TOLLGATE_ERROR_NULL,
+          "keys[1]");
+    OK(tollgate_keyed_bytes_peek_n(t, (const uint8_t *)"zed", 3, 0, &d));
+    CHECK(d.remaining == 2);
+    FAILS(tollgate_keyed_bytes_check_batch(t, NULL, lens, NULL, 3, out), TOLLGATE_ERROR_NULL, "keys");
+    FAILS(tollgate_keyed_bytes_check_batch(t, keys, lens, NULL, 3, NULL), TOLLGATE_ERROR_NULL, "out");
     FAILS(tollgate_keyed_bytes_check_batch(t, keys, NULL, NULL, 3, out), TOLLGATE_ERROR_NULL, "lens");
     FAILS(tollgate_keyed_bytes_check_batch(NULL, keys, lens, NULL, 3, out), TOLLGATE_ERROR_NULL, "table");
     FAILS(tollgate_keyed_bytes_check_n(t, NULL, 3, 1, &d), TOLLGATE_ERROR_NULL, "key");
     FAILS(tollgate_keyed_bytes_check_n(NULL, NULL, 0, 1, &d), TOLLGATE_ERROR_NULL, "table");
     FAILS(tollgate_keyed_bytes_check_n(t, NULL, 0, 1, NULL), TOLLGATE_ERROR_NULL, "out");
     FAILS(tollgate_keyed_bytes_check_n_at(t, NULL, 1, 1, 0, &d), TOLLGATE_ERROR_NULL, "key");
+    FAILS(tollgate_keyed_bytes_check_n_at(NULL, NULL, 0, 1, 0, &d), TOLLGATE_ERROR_NULL, "table");
+    FAILS(tollgate_keyed_bytes_check_n_at(t, NULL, 0, 1, 0, NULL), TOLLGATE_ERROR_NULL, "out");
+    FAILS(tollgate_keyed_bytes_peek_n(t, NULL, 2, 1, &d), TOLLGATE_ERROR_NULL, "key");
+    FAILS(tollgate_keyed_bytes_peek_n(t, NULL, 0, 1, NULL), TOLLGATE_ERROR_NULL, "out");
     FAILS(tollgate_keyed_bytes_peek_n(NULL, NULL, 0, 1, &d), TOLLGATE_ERROR_NULL, "table");
     OK(tollgate_keyed_bytes_free(t));
     FAILS(tollgate_keyed_bytes_free(t), TOLLGATE_ERROR_HANDLE, "not a live handle");
@@ -253,6 +312,14 @@ static void keyed_bytes(void) {
     FAILS(tollgate_keyed_bytes_parse(NULL, "5/s", 64, &t), TOLLGATE_ERROR_NULL, "algorithm");
     FAILS(tollgate_keyed_bytes_new(NULL, 64, &t), TOLLGATE_ERROR_NULL, "params");
     FAILS(tollgate_keyed_bytes_new(&p, 0, &t), TOLLGATE_ERROR_INVALID, "capacity");
+    FAILS(tollgate_keyed_bytes_new(&p, 64, NULL), TOLLGATE_ERROR_NULL, "out");
+    tollgate_params bad = {TOLLGATE_SLIDING_LOG, 0, SECOND, 0, 0};
+    CHECK(tollgate_keyed_bytes_new(&bad, 64, &t) == TOLLGATE_ERROR_INVALID);
+    FAILS(tollgate_keyed_bytes_parse("nginx", NULL, 64, &t), TOLLGATE_ERROR_NULL, "config");
+    FAILS(tollgate_keyed_bytes_parse("nginx", "10r/s", 64, NULL), TOLLGATE_ERROR_NULL, "out");
+    FAILS(tollgate_keyed_bytes_parse("nginx", "ten", 64, &t), TOLLGATE_ERROR_INVALID, "ten");
+    FAILS(tollgate_keyed_bytes_parse("nginx", "\xc3", 64, &t), TOLLGATE_ERROR_UTF8, "not UTF-8");
+    FAILS(tollgate_keyed_bytes_parse("nginx", "10r/s", 0, &t), TOLLGATE_ERROR_INVALID, "capacity");
 }
 
 /* One handle, four threads, no lock: at a frozen instant exactly the burst is admitted. */
