@@ -49,7 +49,7 @@ export PKG_CONFIG_PATH="$scratch/prefix/lib/pkgconfig"
 # The shared library, found through pkg-config, under valgrind's memcheck.
 cc -std=c11 -Wall -Wextra -Werror -pthread integrations/tollgate-ffi/tests/c/test.c \
     $(pkg-config --cflags --libs tollgate) -o "$scratch/test"
-LD_LIBRARY_PATH="$scratch/prefix/lib" valgrind -q --error-exitcode=1 --leak-check=full \
+LD_LIBRARY_PATH="$scratch/prefix/lib" valgrind -q --error-exitcode=1 --leak-check=full --show-possibly-lost=no \
     --errors-for-leak-kinds=definite "$scratch/test"
 # The static library.
 cc -std=c11 -Wall -Wextra -Werror -pthread integrations/tollgate-ffi/tests/c/test.c \
