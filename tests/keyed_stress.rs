@@ -3,20 +3,16 @@
 
 #![allow(clippy::cast_possible_truncation, reason = "key indices below 2^16")]
 
+mod common;
+
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::rng::xorshift;
 use tollgate::{Clock, KeyedBuilder, KeyedLimiter, ManualClock, Outcome, Rate, TokenBucket, WhenFull};
 
 const THREADS: usize = 4;
-
-fn xorshift(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
 
 /// Frozen time, so no bucket refills and none is ever full again once touched: each of 4,096
 /// keys is hit from 4 threads in random orders (inserts of the same key race), and each admits

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use common::bounds::{Algo, Subject};
+use common::rng::xorshift;
 use tollgate::{ManualClock, Nanos, WhenFull};
 
 /// Keys of the keyed runs, and the most their table holds: keys come back after their state
@@ -33,14 +34,11 @@ fn hammer(l: &dyn Subject, keys: u64, run: Duration) -> (u64, Vec<u64>, u64) {
                     let mut made = 0u64;
                     while !stop.load(Relaxed) {
                         for _ in 0..1_024 {
-                            rng ^= rng << 13;
-                            rng ^= rng >> 7;
-                            rng ^= rng << 17;
+                            let r = xorshift(&mut rng);
                             // Up to 4 µs per decision: a key at 20/s sees many windows.
-                            let now = time.fetch_add(rng >> 62 << 10, Relaxed);
+                            let now = time.fetch_add(r >> 62 << 10, Relaxed);
                             // Half the traffic on 1/16 of the keys.
-                            let k =
-                                if rng & 1 == 0 { (rng >> 1) % keys.div_ceil(16) } else { (rng >> 1) % keys };
+                            let k = if r & 1 == 0 { (r >> 1) % keys.div_ceil(16) } else { (r >> 1) % keys };
                             if l.check_at(k, Nanos::new(now)).is_allowed() {
                                 admitted[usize::try_from(k).unwrap()].fetch_add(1, Relaxed);
                             }
