@@ -101,6 +101,36 @@ proptest! {
         }
     }
 
+    /// A word kept elsewhere (`decide_stored`, `peek_stored`: a Redis key's) decides exactly as
+    /// the limiter does, with the store doing what the limiter's CAS does: keep the next word.
+    #[test]
+    fn stored_words_decide_as_the_limiter(q in quota(), ops in ops(20)) {
+        let q = q.with_initial(q.burst()).unwrap(); // an absent word is a full bucket
+        let limiter = Limiter::with_clock(q, ManualClock::new());
+        let mut word = 0u64;
+        let mut now = 0u64;
+        for op in ops {
+            let clock = q.clock_units(Nanos::new(now));
+            let (got, want) = match op {
+                Op::Advance(by) => { now = now.saturating_add(by); continue }
+                Op::Back(by) => { now = now.saturating_sub(by); continue }
+                Op::Check | Op::CheckN(_) => {
+                    let n = if let Op::CheckN(n) = op { n } else { 1 };
+                    let (d, next) = q.decide_stored(word, clock, n).unwrap();
+                    prop_assert_eq!(next.is_some(), d.is_allowed() && n != 0 && n <= q.burst());
+                    word = next.unwrap_or(word);
+                    (d, limiter.check_n_at(Nanos::new(now), n))
+                }
+                Op::PeekN(n) => (q.peek_stored(word, clock, n).unwrap(), limiter.peek_n_at(Nanos::new(now), n)),
+            };
+            prop_assert_eq!(got, want, "at {} ns, quota {:?}", now, q);
+        }
+        // A clock below the fill is no bucket clock: refused, not misread.
+        let start = q.clock_offset_units();
+        prop_assert!(q.decide_stored(0, start - 1, 1).is_none() && q.peek_stored(0, start - 1, 1).is_none());
+        prop_assert!(q.decide_stored(u64::MAX, start, 1).is_some());
+    }
+
     /// For quotas whose rate is exact in units, the engine decides as the textbook bucket at the
     /// configured rate, with no rounding at all.
     #[test]

@@ -17,7 +17,8 @@
 use core::time::Duration;
 
 use crate::engine::config::WORDS;
-use crate::{ConfigError, Nanos};
+use crate::policies::bucket::{BucketWord, Verdict};
+use crate::{ConfigError, Decision, Nanos};
 
 /// The largest burst: `2^32 − 1` tokens.
 pub(crate) const MAX_BURST: u64 = u32::MAX as u64;
@@ -341,6 +342,74 @@ impl TokenBucket {
     /// How long after its creation a limiter with this quota keeps refilling (see the type docs).
     pub const fn lifetime(&self) -> Nanos {
         Nanos::new(self.max_elapsed)
+    }
+
+    // ---- a bucket whose word is kept elsewhere ----
+    //
+    // A bucket's whole state is one `u64`, its *stamp*: the instant it was (or will be) empty,
+    // on a clock that counts `1/m` ns units from `offset_units()` at its start. These three
+    // functions decide on such a word held outside the process (a Redis key, a database row):
+    // the store keeps the word and the clock's start, and does the compare-and-set; the
+    // decision is this engine's, bit for bit.
+
+    /// The bucket clock `elapsed` after its start: `offset_units() + elapsed·m` units,
+    /// saturating at the [lifetime](TokenBucket::lifetime). A stored word is compared with
+    /// this clock (see [`decide_stored`](TokenBucket::decide_stored)).
+    pub const fn clock_units(&self, elapsed: Nanos) -> u64 {
+        self.now_units(elapsed).now
+    }
+
+    /// Where a bucket's clock starts, in units: its fill time, or more with
+    /// [`with_max_fill_time`](TokenBucket::with_max_fill_time). A bucket holding `offset`
+    /// units of clock can take any quota of this unit whose fill is at most that.
+    pub const fn clock_offset_units(&self) -> u64 {
+        self.offset
+    }
+
+    /// Decides `n` tokens on a bucket whose stamp `word` is stored elsewhere, at the bucket
+    /// clock `now` ([`clock_units`](TokenBucket::clock_units)). Returns the decision and, when
+    /// tokens were taken, the word to store in its place (compare-and-set against `word`).
+    /// An absent bucket is a full one: the word `now − fill` (or anything below it).
+    ///
+    /// The decision is exactly [`Limiter::check_n`](crate::Limiter::check_n)'s at that
+    /// instant; `n = 0` and `n > burst` take nothing. `None` when `now` is below the fill
+    /// (`clock_units` never returns such a clock), rather than a wrong answer.
+    ///
+    /// ```
+    /// use tollgate::{Nanos, TokenBucket};
+    ///
+    /// let q = TokenBucket::per_second(2)?;
+    /// let now = q.clock_units(Nanos::new(0));
+    /// let full = 0; // any word at or below `now − fill` is a full bucket
+    /// let (first, word) = q.decide_stored(full, now, 2).unwrap();
+    /// assert!(first.is_allowed_now() && first.remaining() == 0);
+    /// let (second, none) = q.decide_stored(word.unwrap(), now, 1).unwrap();
+    /// assert_eq!(second.retry_after_nanos(), Some(Nanos::new(500_000_000)));
+    /// assert_eq!(none, None);
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn decide_stored(&self, word: u64, now: u64, n: u64) -> Option<(Decision, Option<u64>)> {
+        let at = self.stored_instant(now)?;
+        let word = BucketWord::from_raw(word);
+        if n.wrapping_sub(1) >= self.burst {
+            return Some((word.peek(self, at, n), None));
+        }
+        Some(match word.decide(self, at, n) {
+            Verdict::Take { next } => (next.taken(self, at), Some(next.raw())),
+            Verdict::Final(d) => (d, None),
+        })
+    }
+
+    /// What `n` tokens would get from the stored `word` at the bucket clock `now`, taking
+    /// nothing ([`Limiter::peek_n`](crate::Limiter::peek_n)'s answer). `None` as for
+    /// [`decide_stored`](TokenBucket::decide_stored).
+    pub fn peek_stored(&self, word: u64, now: u64, n: u64) -> Option<Decision> {
+        let at = self.stored_instant(now)?;
+        Some(BucketWord::from_raw(word).peek(self, at, n))
+    }
+
+    fn stored_instant(&self, now: u64) -> Option<At> {
+        Some(At { now, floor: now.checked_sub(self.fill_units)? })
     }
 
     /// This quota counted in `m` units per nanosecond, for a keyed table whose tiers share one
