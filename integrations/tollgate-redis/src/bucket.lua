@@ -1,0 +1,127 @@
+-- tollgate: one token bucket in one Redis string, decided on the server's clock.
+--
+-- The value is the engine's own state (tollgate's `TokenBucket::decide_stored`): the bucket's
+-- stamp, the instant it was (or will be) empty in 1/m ns units, and the clock the stamp is
+-- counted on: its start in server microseconds, its m, and its offset (the clock's reading at
+-- the start, at least the fill). 28 bytes, seven big-endian 32-bit limbs. Lua's numbers are
+-- doubles, exact below 2^53, so every 64-bit quantity here is a (hi, lo) pair of 32-bit limbs.
+--
+-- The script decides and writes; the client rebuilds the decision's fields (remaining, waits)
+-- from the stamp and the clock it returns, with the same engine function, and checks that both
+-- agree on the verdict.
+--
+-- KEYS[1]        the bucket
+-- ARGV[1]        '1' take, '0' peek
+-- ARGV[2], [3]   the cost n·t in units (hi, lo); at most the fill
+-- ARGV[4]        m, units per nanosecond
+-- ARGV[5], [6]   the clock's offset for a new bucket (hi, lo); at least the fill
+-- ARGV[7], [8]   the fill, burst·t (hi, lo)
+-- ARGV[9]        the last whole microsecond of the quota's lifetime (at most 2^53)
+-- ARGV[10], [11] the lifetime in units, lifetime_ns·m (hi, lo): the clock stops there
+-- ARGV[12]       '' to decide at the server's TIME; else the microseconds since the Unix epoch
+--                to decide at (replaying a schedule; never what a limiter sends). A replayed
+--                instant has no relation to the server's real time, so a key written at one
+--                gets no expiry.
+--
+-- Returns {taken (0/1), stamp hi, stamp lo, clock hi, clock lo}: the stamp as it was before the
+-- decision, and the bucket clock the decision was taken at.
+local P = 4294967296
+local key = KEYS[1]
+local take = ARGV[1] == '1'
+local ch, cl = tonumber(ARGV[2]), tonumber(ARGV[3])
+local m = tonumber(ARGV[4])
+local oh, ol = tonumber(ARGV[5]), tonumber(ARGV[6])
+local fh, fl = tonumber(ARGV[7]), tonumber(ARGV[8])
+local last_us = tonumber(ARGV[9])
+local lh, ll = tonumber(ARGV[10]), tonumber(ARGV[11])
+
+local now_us
+local replay = ARGV[12] ~= ''
+if not replay then
+  local t = redis.call('TIME')
+  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now_us = tonumber(ARGV[12])
+end
+
+local function lt(ah, al, bh, bl)
+  return ah < bh or (ah == bh and al < bl)
+end
+local function add(ah, al, bh, bl)
+  local h, l = ah + bh, al + bl
+  if l >= P then return h + 1, l - P end
+  return h, l
+end
+-- a − b, for a ≥ b
+local function sub(ah, al, bh, bl)
+  local h, l = ah - bh, al - bl
+  if l < 0 then return h - 1, l + P end
+  return h, l
+end
+local function store(origin, kh, kl, sh, sl, floor_h, floor_l)
+  -- The key lives until the bucket is full again: ceil(until_full / (m·10^6)) ms, plus 1 ms
+  -- for Redis's millisecond clock trailing TIME's microseconds, plus 1 ms for the doubles'
+  -- rounding. An early expiry would hand out a full bucket too soon; a late one costs nothing.
+  local oh1 = math.floor(origin / P)
+  local value = struct.pack('>I4I4I4I4I4I4I4', oh1, origin - oh1 * P, m, kh, kl, sh, sl)
+  if replay then
+    redis.call('SET', key, value)
+    return
+  end
+  local uh, ul = sub(sh, sl, floor_h, floor_l)
+  local ms = math.floor((uh * P + ul) / (m * 1000000)) + 2
+  redis.call('SET', key, value, 'PX', ms)
+end
+
+-- The stored clock and stamp, or a new full bucket on a clock starting now.
+local origin, kh, kl, sh, sl = now_us, oh, ol, sub(oh, ol, fh, fl)
+local restarted = false
+local raw = redis.call('GET', key)
+if raw then
+  if #raw ~= 28 then
+    return redis.error_reply('ERR tollgate: the value is ' .. #raw .. ' bytes, not a tollgate bucket of 28')
+  end
+  local o1, o2, km
+  o1, o2, km, kh, kl, sh, sl = struct.unpack('>I4I4I4I4I4I4I4', raw)
+  origin = o1 * P + o2
+  if km ~= m or lt(kh, kl, fh, fl) then
+    -- A clock of another unit, or one with too little room for this quota's fill: the bucket
+    -- restarts empty on this quota's clock (an error toward refusal, never a free burst).
+    origin, kh, kl, sh, sl = now_us, oh, ol, oh, ol
+    restarted = true
+  end
+end
+
+-- The bucket clock: offset + elapsed·m, elapsed in ns (whole µs here), stopped at the lifetime.
+local e = now_us - origin
+if e < 0 then e = 0 end
+local eh, el
+if e > last_us then
+  eh, el = lh, ll
+else
+  local k = 1000 * m
+  local e1 = math.floor(e / P)
+  local lo = (e - e1 * P) * k
+  local c = math.floor(lo / P)
+  eh, el = e1 * k + c, lo - c * P
+end
+local nh, nl = add(kh, kl, eh, el)
+if nh >= P then nh, nl = P - 1, P - 1 end
+local floor_h, floor_l = sub(nh, nl, fh, fl)
+
+local taken = 0
+if take then
+  -- base = max(stamp, floor); take when base + cost ≤ now, tested as base ≤ now − cost.
+  local bh, bl = sh, sl
+  if lt(bh, bl, floor_h, floor_l) then bh, bl = floor_h, floor_l end
+  local lim_h, lim_l = sub(nh, nl, ch, cl)
+  if not lt(lim_h, lim_l, bh, bl) then
+    local xh, xl = add(bh, bl, ch, cl)
+    store(origin, kh, kl, xh, xl, floor_h, floor_l)
+    taken = 1
+  end
+end
+if restarted and taken == 0 then
+  store(origin, kh, kl, sh, sl, floor_h, floor_l)
+end
+return {taken, sh, sl, nh, nl}

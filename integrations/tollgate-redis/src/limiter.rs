@@ -1,0 +1,451 @@
+//! The round-trip limiter: every decision is one script call on the server's clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Script, ScriptInvocation};
+use tollgate::{ConfigError, Decision, KeyedLimiter, TokenBucket};
+
+use crate::error::{redact, Error};
+use crate::failure::{Breaker, Counters, Gate, OnFailure, Stats};
+
+const BUCKET_LUA: &str = include_str!("bucket.lua");
+
+/// The most microseconds the script's doubles hold exactly. The server's TIME (about 2^50.6 µs
+/// since 1970) and so every elapsed time stay below it; a lifetime beyond it is never reached.
+pub(crate) const MAX_MICROS: u64 = 1 << 53;
+
+/// Where the limiter's buckets live.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl core::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Conn::Single(_) => "Conn::Single",
+            Conn::Cluster(_) => "Conn::Cluster",
+        })
+    }
+}
+
+impl Conn {
+    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> redis::RedisResult<Vec<i64>> {
+        match self.clone() {
+            Conn::Single(mut c) => invocation.invoke_async(&mut c).await,
+            Conn::Cluster(mut c) => invocation.invoke_async(&mut c).await,
+        }
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        match self.clone() {
+            Conn::Single(mut c) => cmd.query_async(&mut c).await,
+            Conn::Cluster(mut c) => cmd.query_async(&mut c).await,
+        }
+    }
+}
+
+/// A token bucket per key, kept in Redis (standalone or Cluster) and shared by every process
+/// that uses the same prefix and quota. Each decision is one `EVALSHA` round trip that decides
+/// on the **server's clock**; the bucket's state is the engine's own 64-bit word, so a decision
+/// equals what a local [`Limiter`](tollgate::Limiter) would answer at the same instant, field
+/// for field (`remaining`, `retry_after`, `reset_after`).
+///
+/// Cheap to clone (an `Arc`); concurrent calls share one multiplexed connection per server and
+/// are pipelined on it. Build one with [`RedisLimiter::builder`].
+#[derive(Clone, Debug)]
+pub struct RedisLimiter {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    conn: Conn,
+    quota: TokenBucket,
+    prefix: Vec<u8>,
+    script: Script,
+    /// The quota's arguments after the cost: m, offset, fill, the last microsecond, the lifetime.
+    args: [String; 8],
+    timeout: Duration,
+    on_failure: OnFailure,
+    fallback: Option<KeyedLimiter<Vec<u8>>>,
+    breaker: Breaker,
+    counters: Counters,
+}
+
+/// Builds a [`RedisLimiter`]: where Redis is, the key prefix, the timeout, the failure policy.
+#[derive(Debug)]
+pub struct Builder {
+    quota: TokenBucket,
+    urls: Vec<String>,
+    cluster: bool,
+    prefix: Vec<u8>,
+    timeout: Duration,
+    on_failure: OnFailure,
+    breaker_threshold: u32,
+    breaker_cooldown: Duration,
+    fallback_capacity: usize,
+}
+
+impl Builder {
+    /// One Redis server (`redis://[user:password@]host:port[/db]`, or `rediss://` without TLS
+    /// support compiled in: refused). Default `redis://127.0.0.1:6379`.
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.urls = vec![url.into()];
+        self.cluster = false;
+        self
+    }
+
+    /// A Redis Cluster, from one or more of its nodes' URLs. Keys are spread over the masters
+    /// by their hash slot (a `{tag}` in a key pins it, as everywhere in Cluster); `MOVED` and
+    /// `ASK` redirections are followed.
+    pub fn cluster<I, S>(mut self, nodes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.urls = nodes.into_iter().map(Into::into).collect();
+        self.cluster = true;
+        self
+    }
+
+    /// Prepended to every key (default `tollgate:`). Limiters that share a prefix share their
+    /// buckets, so give each limit its own.
+    pub fn prefix(mut self, prefix: impl Into<Vec<u8>>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long a call waits for Redis, connecting included (default 100 ms). Beyond it the
+    /// call fails with [`Error::Timeout`] and the failure policy decides.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// What a decision is when Redis cannot make it (default [`OnFailure::Error`]).
+    pub fn on_failure(mut self, policy: OnFailure) -> Self {
+        self.on_failure = policy;
+        self
+    }
+
+    /// The breaker: open after `failures` consecutive transient failures, probe once per
+    /// `cooldown` (defaults 3 and 250 ms, so decisions return to Redis within about a quarter
+    /// of a second of its return).
+    pub fn breaker(mut self, failures: u32, cooldown: Duration) -> Self {
+        self.breaker_threshold = failures;
+        self.breaker_cooldown = cooldown;
+        self
+    }
+
+    /// Keys the local fallback ([`OnFailure::Local`]) can hold (default 65,536).
+    pub fn fallback_capacity(mut self, keys: usize) -> Self {
+        self.fallback_capacity = keys;
+        self
+    }
+
+    /// Connects (within the timeout) and returns the limiter. Fails on a bad URL, a quota that
+    /// cannot live in Redis, and a server that refuses the connection or the credentials: a
+    /// misconfiguration shows at startup, not at the first request.
+    pub async fn connect(self) -> Result<RedisLimiter, Error> {
+        let quota = self.quota;
+        if quota.initial() < quota.burst() {
+            return Err(Error::Config(ConfigError::KeyedInitialBelowBurst {
+                initial: quota.initial(),
+                burst: quota.burst(),
+            }));
+        }
+        let bad_url =
+            |url: &str, e: redis::RedisError| Error::Url { url: redact(url), reason: e.to_string() };
+        let timeout = self.timeout;
+        let conn = if self.cluster {
+            let mut nodes = Vec::new();
+            for url in &self.urls {
+                nodes.push(
+                    redis::IntoConnectionInfo::into_connection_info(url.as_str())
+                        .map_err(|e| bad_url(url, e))?,
+                );
+            }
+            let client = ClusterClientBuilder::new(nodes)
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .build()
+                .map_err(Error::Redis)?;
+            let conn = tokio::time::timeout(timeout, client.get_async_connection())
+                .await
+                .map_err(|_| Error::Timeout { after: timeout })??;
+            Conn::Cluster(conn)
+        } else {
+            let url = self.urls.first().map_or("redis://127.0.0.1:6379", String::as_str);
+            let client = redis::Client::open(url).map_err(|e| bad_url(url, e))?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(timeout))
+                // Reconnect quickly and give up quickly: the breaker paces further attempts.
+                .set_number_of_retries(1)
+                .set_min_delay(Duration::from_millis(10))
+                .set_max_delay(Duration::from_millis(50));
+            let conn = tokio::time::timeout(timeout, ConnectionManager::new_with_config(client, config))
+                .await
+                .map_err(|_| Error::Timeout { after: timeout })??;
+            Conn::Single(conn)
+        };
+        let fallback = match &self.on_failure {
+            OnFailure::Local(q) => {
+                Some(KeyedLimiter::<Vec<u8>>::builder(*q).capacity(self.fallback_capacity).build()?)
+            }
+            _ => None,
+        };
+        let words = |x: u64| [(x >> 32).to_string(), (x & 0xffff_ffff).to_string()];
+        let [oh, ol] = words(quota.clock_offset_units());
+        let [fh, fl] = words(fill_units(&quota));
+        let lifetime = quota.lifetime().as_u64();
+        let m = quota.units_per_nano();
+        let [lh, ll] = words(lifetime.saturating_mul(m));
+        let args = [m.to_string(), oh, ol, fh, fl, (lifetime / 1000).min(MAX_MICROS).to_string(), lh, ll];
+        Ok(RedisLimiter {
+            inner: Arc::new(Inner {
+                conn,
+                quota,
+                prefix: self.prefix,
+                script: Script::new(BUCKET_LUA),
+                args,
+                timeout,
+                on_failure: self.on_failure,
+                fallback,
+                breaker: Breaker::new(self.breaker_threshold, self.breaker_cooldown),
+                counters: Counters::default(),
+            }),
+        })
+    }
+}
+
+/// The quota's fill (burst·t) in units.
+fn fill_units(q: &TokenBucket) -> u64 {
+    q.burst() * q.units_per_token()
+}
+
+impl RedisLimiter {
+    /// A builder for a limiter of `quota` per key. The quota must start full
+    /// (`initial == burst`): an idle key expires from Redis once its bucket is full again, and
+    /// comes back full.
+    pub fn builder(quota: TokenBucket) -> Builder {
+        Builder {
+            quota,
+            urls: Vec::new(),
+            cluster: false,
+            prefix: b"tollgate:".to_vec(),
+            timeout: Duration::from_millis(100),
+            on_failure: OnFailure::Error,
+            breaker_threshold: 3,
+            breaker_cooldown: Duration::from_millis(250),
+            fallback_capacity: 1 << 16,
+        }
+    }
+
+    /// The quota every key gets.
+    pub fn quota(&self) -> &TokenBucket {
+        &self.inner.quota
+    }
+
+    /// What the limiter did so far, by path and by cause.
+    pub fn stats(&self) -> Stats {
+        self.inner.counters.snapshot()
+    }
+
+    /// One token for `key`: [`check_n`](RedisLimiter::check_n) with `n = 1`.
+    pub async fn check(&self, key: impl AsRef<[u8]>) -> Result<Decision, Error> {
+        self.check_n(key, 1).await
+    }
+
+    /// `n` tokens for `key`, decided by Redis on its clock, as a local
+    /// [`Limiter::check_n`](tollgate::Limiter::check_n) would decide at that instant:
+    /// `n = 0` and `n > burst` take nothing (the latter is `Insufficient`).
+    ///
+    /// On a transient failure the [`OnFailure`] policy answers; `Err` under
+    /// [`OnFailure::Error`], and for failures no policy can paper over (a key holding
+    /// something else, a corrupt value).
+    pub async fn check_n(&self, key: impl AsRef<[u8]>, n: u64) -> Result<Decision, Error> {
+        self.decide(key.as_ref(), n, true, None).await
+    }
+
+    /// What `n` tokens for `key` would get now, taking nothing.
+    pub async fn peek_n(&self, key: impl AsRef<[u8]>, n: u64) -> Result<Decision, Error> {
+        self.decide(key.as_ref(), n, false, None).await
+    }
+
+    /// [`check_n`](RedisLimiter::check_n) as if the server's clock read `micros` (microseconds
+    /// since the Unix epoch): for replaying a recorded schedule and for tests that compare
+    /// Redis with the local engine instant by instant. Limiters deciding live requests use
+    /// the server's clock, never a client's.
+    pub async fn check_n_at_server_time(
+        &self,
+        key: impl AsRef<[u8]>,
+        n: u64,
+        micros: u64,
+    ) -> Result<Decision, Error> {
+        self.decide(key.as_ref(), n, true, Some(micros)).await
+    }
+
+    /// [`peek_n`](RedisLimiter::peek_n) as if the server's clock read `micros`.
+    pub async fn peek_n_at_server_time(
+        &self,
+        key: impl AsRef<[u8]>,
+        n: u64,
+        micros: u64,
+    ) -> Result<Decision, Error> {
+        self.decide(key.as_ref(), n, false, Some(micros)).await
+    }
+
+    /// The server's clock (`TIME`), in microseconds since the Unix epoch. On a Cluster, the
+    /// clock of whichever node answers: Redis does not synchronize its nodes' clocks, and each
+    /// key is decided on the clock of the master that holds it.
+    pub async fn server_time(&self) -> Result<u64, Error> {
+        let (secs, micros): (u64, u64) = self.call(self.inner.conn.query(&redis::cmd("TIME"))).await?;
+        Ok(secs * 1_000_000 + micros)
+    }
+
+    /// Runs `f` under the breaker and the timeout, counting what happened.
+    async fn call<T>(
+        &self,
+        f: impl core::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, Error> {
+        let inner = &*self.inner;
+        if let Gate::Open { retry_in } = inner.breaker.enter() {
+            Counters::bump(&inner.counters.short_circuited);
+            return Err(Error::BreakerOpen { retry_in });
+        }
+        let result = match tokio::time::timeout(inner.timeout, f).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                Counters::bump(if e.is_timeout() {
+                    &inner.counters.timeouts
+                } else {
+                    &inner.counters.errors
+                });
+                Err(Error::Redis(e))
+            }
+            Err(_) => {
+                Counters::bump(&inner.counters.timeouts);
+                Err(Error::Timeout { after: inner.timeout })
+            }
+        };
+        match &result {
+            Ok(_) => inner.breaker.success(),
+            Err(e) if e.is_transient() => {
+                if inner.breaker.failure() {
+                    Counters::bump(&inner.counters.breaker_trips);
+                }
+            }
+            // A server that answers (even with an error about one key) is up.
+            Err(_) => inner.breaker.success(),
+        }
+        result
+    }
+
+    async fn decide(&self, key: &[u8], n: u64, take: bool, at: Option<u64>) -> Result<Decision, Error> {
+        let inner = &*self.inner;
+        if let Some(micros) = at.filter(|&m| m > MAX_MICROS) {
+            return Err(Error::TimeOutOfRange { micros });
+        }
+        let q = &inner.quota;
+        let mut full = Vec::with_capacity(inner.prefix.len() + key.len());
+        full.extend_from_slice(&inner.prefix);
+        full.extend_from_slice(key);
+        // `n = 0` and `n > burst` take nothing: a peek, as the local limiter does.
+        let takes = take && n.wrapping_sub(1) < q.burst();
+        let cost = if takes { n * q.units_per_token() } else { 0 };
+        let mut invocation = inner.script.key(full.as_slice());
+        invocation.arg(if takes { "1" } else { "0" }).arg(cost >> 32).arg(cost & 0xffff_ffff);
+        for a in &inner.args {
+            invocation.arg(a.as_str());
+        }
+        match at {
+            Some(micros) => invocation.arg(micros),
+            None => invocation.arg(""),
+        };
+        let reply = match self.call(inner.conn.invoke(&invocation)).await {
+            Ok(reply) => reply,
+            Err(e) => return self.on_failure(key, n, take, e),
+        };
+        let decision = self.read_reply(&full, &reply, n, takes)?;
+        Counters::bump(&inner.counters.redis);
+        Ok(decision)
+    }
+
+    /// The decision from the script's reply: the engine's own, from the stamp and the clock
+    /// the script decided on, checked against the script's verdict.
+    fn read_reply(&self, full: &[u8], reply: &[i64], n: u64, takes: bool) -> Result<Decision, Error> {
+        let q = &self.inner.quota;
+        let corrupt =
+            |reason: String| Error::Corrupt { key: String::from_utf8_lossy(full).into_owned(), reason };
+        let limb = |i: usize| -> Result<u64, Error> {
+            let v = *reply
+                .get(i)
+                .ok_or_else(|| corrupt(format!("the script replied {} integers, not 5", reply.len())))?;
+            u64::try_from(v)
+                .ok()
+                .filter(|v| *v <= u64::from(u32::MAX))
+                .ok_or_else(|| corrupt(format!("the script replied {v} where a 32-bit limb belongs")))
+        };
+        if reply.len() != 5 {
+            return Err(corrupt(format!("the script replied {} integers, not 5", reply.len())));
+        }
+        let taken = limb(0)?;
+        let stamp = limb(1)? << 32 | limb(2)?;
+        let now = limb(3)? << 32 | limb(4)?;
+        let decided = if takes {
+            q.decide_stored(stamp, now, n)
+        } else {
+            q.peek_stored(stamp, now, n).map(|d| (d, None))
+        };
+        let Some((decision, next)) = decided else {
+            return Err(corrupt(format!("the bucket clock {now} is below the fill")));
+        };
+        if next.is_some() != (taken == 1) {
+            return Err(corrupt(format!(
+                "the script {} the tokens but the engine {} (stamp {stamp}, clock {now})",
+                if taken == 1 { "took" } else { "did not take" },
+                if next.is_some() { "would take them" } else { "would not" },
+            )));
+        }
+        Ok(decision)
+    }
+
+    /// A transient failure, answered by the policy; any other failure is returned.
+    fn on_failure(&self, key: &[u8], n: u64, take: bool, e: Error) -> Result<Decision, Error> {
+        let inner = &*self.inner;
+        let c = &inner.counters;
+        if !e.is_transient() {
+            Counters::bump(&c.failed_error);
+            return Err(e);
+        }
+        match (&inner.on_failure, &inner.fallback) {
+            (OnFailure::Local(_), Some(local)) => {
+                Counters::bump(&c.local);
+                Ok(if take { local.check_n(key, n) } else { local.peek_n(key, n) })
+            }
+            (OnFailure::Error | OnFailure::Local(_), _) => {
+                Counters::bump(&c.failed_error);
+                Err(e)
+            }
+            (OnFailure::Deny, _) => {
+                Counters::bump(&c.failed_deny);
+                let retry = match inner.breaker.remaining() {
+                    Duration::ZERO => inner.timeout,
+                    r => r,
+                };
+                Ok(Decision::denied(0, retry, inner.quota.fill_time().into()))
+            }
+            (OnFailure::Allow, _) => {
+                Counters::bump(&c.failed_allow);
+                Ok(Decision::untracked())
+            }
+        }
+    }
+}
