@@ -40,3 +40,5 @@ mod limiter;
 pub use error::Error;
 pub use failure::{share, OnFailure, Stats};
 pub use limiter::{Builder, RedisLimiter};
+/// The client this crate is built on, for matching on [`Error::Redis`]'s kinds and codes.
+pub use redis;

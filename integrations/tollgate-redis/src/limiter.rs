@@ -195,6 +195,11 @@ impl Builder {
                 .map_err(|_| Error::Timeout { after: timeout })??;
             Conn::Single(conn)
         };
+        // A server that wants credentials it did not get answers a connection with NOAUTH
+        // only at the first command: ask one now, so that it shows at startup.
+        tokio::time::timeout(timeout, conn.query::<String>(&redis::cmd("PING")))
+            .await
+            .map_err(|_| Error::Timeout { after: timeout })??;
         let fallback = match &self.on_failure {
             OnFailure::Local(q) => {
                 Some(KeyedLimiter::<Vec<u8>>::builder(*q).capacity(self.fallback_capacity).build()?)

@@ -167,3 +167,202 @@ fn redis_decides_as_the_local_engine() {
         }
     });
 }
+
+/// The quota the parallel clients share: 1,000/s, burst 20.
+fn shared_quota() -> TokenBucket {
+    TokenBucket::new(Rate::per_second(1000), 20).unwrap()
+}
+
+/// Hammers `key` on `url` for `seconds`; the number admitted.
+async fn hammer(url: String, seconds: f64) -> u64 {
+    let l = RedisLimiter::builder(shared_quota())
+        .url(url)
+        .prefix("par:")
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let end = std::time::Instant::now() + Duration::from_secs_f64(seconds);
+    let mut admitted = 0;
+    while std::time::Instant::now() < end {
+        admitted += u64::from(l.check("shared").await.unwrap().is_allowed());
+    }
+    admitted
+}
+
+/// The child process of `many_clients_share_one_limit`: does nothing unless started by it.
+#[test]
+#[ignore = "a child process of many_clients_share_one_limit"]
+fn hammer_child() {
+    let Ok(url) = std::env::var("TOLLGATE_REDIS_HAMMER_URL") else { return };
+    let admitted = rt().block_on(hammer(url, 2.0));
+    println!("admitted={admitted}");
+}
+
+/// Four instances as tasks and two as processes, each with its own connection, hammer one key
+/// for two seconds. Over the run, on the server's clock, the total admitted is at most
+/// `burst + floor(rate·t)`, and (every client always asking) not far below it.
+#[test]
+fn many_clients_share_one_limit() {
+    let server = Server::start(&[]);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let probe = runtime.block_on(limiter(&server, shared_quota(), "par:"));
+    let start = runtime.block_on(probe.server_time()).unwrap();
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "hammer_child", "--ignored", "--nocapture", "--test-threads", "1"])
+                .env("TOLLGATE_REDIS_HAMMER_URL", server.url())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let tasks: Vec<_> = (0..4).map(|_| runtime.spawn(hammer(server.url(), 2.0))).collect();
+    let mut admitted: u64 = runtime.block_on(async {
+        let mut sum = 0;
+        for t in tasks {
+            sum += t.await.unwrap();
+        }
+        sum
+    });
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        // libtest prints the count on its own "test hammer_child ... " line.
+        let count = text.split("admitted=").nth(1).expect("the child's count");
+        admitted +=
+            count.chars().take_while(char::is_ascii_digit).collect::<String>().parse::<u64>().unwrap();
+    }
+    let end = runtime.block_on(probe.server_time()).unwrap();
+    let bound = 20 + (end - start) * 1000 / 1_000_000;
+    assert!(
+        admitted <= bound,
+        "{admitted} admitted over {} µs: more than burst + rate·t = {bound}",
+        end - start
+    );
+    assert!(admitted * 10 >= bound * 8, "{admitted} admitted over {} µs: far below {bound}", end - start);
+}
+
+/// Keys are bytes: NUL, invalid UTF-8, CRLF, braces (a Cluster hash tag), spaces, empty.
+#[test]
+fn keys_with_odd_bytes_are_separate_buckets() {
+    let server = Server::start(&[]);
+    rt().block_on(async {
+        let l = limiter(&server, TokenBucket::new(Rate::per_minute(1), 1).unwrap(), "odd:").await;
+        let keys: [&[u8]; 7] = [b"", b"\0", b"\xff\xfe", b"a\r\nb", b"{tag}x", b"with space", b"\0\0"];
+        for k in keys {
+            assert!(l.check(k).await.unwrap().is_allowed_now(), "{k:?}");
+        }
+        for k in keys {
+            assert!(!l.check(k).await.unwrap().is_allowed(), "{k:?} kept its own bucket");
+        }
+        assert_eq!(server.cli(&["DBSIZE"]).unwrap().trim(), "7");
+    });
+}
+
+/// `SCRIPT FLUSH` mid-run (a restart, a failover, an operator): the next call reloads the
+/// script (`NOSCRIPT` → load → retry) and the bucket's state is untouched.
+#[test]
+fn a_flushed_script_is_reloaded() {
+    let server = Server::start(&[]);
+    rt().block_on(async {
+        let l = limiter(&server, TokenBucket::new(Rate::per_minute(1), 3).unwrap(), "flush:").await;
+        assert_eq!(l.check("k").await.unwrap().remaining(), 2);
+        assert_eq!(server.cli(&["SCRIPT", "FLUSH"]).unwrap().trim(), "OK");
+        assert_eq!(l.check("k").await.unwrap().remaining(), 1);
+        assert_eq!(server.cli(&["SCRIPT", "FLUSH"]).unwrap().trim(), "OK");
+        assert_eq!(l.peek_n("k", 1).await.unwrap().remaining(), 1);
+        assert_eq!(l.stats().failed_error, 0);
+    });
+}
+
+/// What a key holds when it is not a bucket: typed errors naming the key, whatever the failure
+/// policy (no policy fixes data), and the connection goes on working.
+#[test]
+fn a_key_that_is_not_a_bucket_is_a_typed_error() {
+    let server = Server::start(&[]);
+    rt().block_on(async {
+        let l = RedisLimiter::builder(TokenBucket::per_second(5).unwrap())
+            .url(server.url())
+            .prefix("bad:")
+            .on_failure(tollgate_redis::OnFailure::Allow)
+            .connect()
+            .await
+            .unwrap();
+        server.cli(&["HSET", "bad:hash", "tokens", "5"]).unwrap();
+        server.cli(&["SET", "bad:short", "garbage"]).unwrap();
+        match l.check("hash").await {
+            Err(Error::Redis(e)) => assert_eq!(e.code(), Some("WRONGTYPE"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        match l.check("short").await {
+            Err(e @ Error::Redis(_)) => {
+                assert!(e.to_string().contains("7 bytes, not a tollgate bucket"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(l.check("fine").await.unwrap().is_allowed_now());
+        let s = l.stats();
+        assert_eq!((s.failed_error, s.failed_allow, s.redis), (2, 0, 1));
+    });
+}
+
+/// A quota of another unit on the same keys: the bucket restarts empty on the new quota's
+/// clock (never a free burst); one of the same unit keeps the empty instant, as `set_policy`.
+#[test]
+fn a_changed_quota_never_mints_tokens() {
+    let server = Server::start(&[]);
+    rt().block_on(async {
+        let slow = limiter(&server, TokenBucket::new(Rate::per_minute(1), 5).unwrap(), "q:").await;
+        assert!(slow.check("k").await.unwrap().is_allowed_now());
+        // 7 per 3 s counts in 1/7 ns units (m = 7): another clock.
+        let other_unit = TokenBucket::new(Rate::per(7, Duration::from_secs(3)), 5).unwrap();
+        assert_ne!(other_unit.units_per_nano(), slow.quota().units_per_nano());
+        let l = limiter(&server, other_unit, "q:").await;
+        assert_eq!(l.peek_n("k", 1).await.unwrap().remaining(), 0, "restarted empty");
+        assert!(!l.check("k").await.unwrap().is_allowed());
+        // Same unit (m = 1), faster rate: the empty instant keeps its meaning. Drained by the
+        // slow quota, the bucket is empty for the fast one too, and refills at its rate.
+        let fast = limiter(&server, TokenBucket::new(Rate::per_second(1), 5).unwrap(), "q:").await;
+        assert!(slow.check_n("j", 5).await.unwrap().is_allowed_now());
+        let d = fast.peek_n("j", 1).await.unwrap();
+        assert_eq!(d.remaining(), 0);
+        assert!(d.retry_after().unwrap() <= Duration::from_secs(1), "{d:?}");
+    });
+}
+
+/// Bad connection strings and credentials fail at `connect`, typed, without the password.
+#[test]
+fn bad_urls_and_credentials_fail_at_connect() {
+    let server = Server::start(&["--requirepass", "s3cret"]);
+    rt().block_on(async {
+        let q = TokenBucket::per_second(5).unwrap();
+        for url in ["not a url", "http://127.0.0.1:6379", "redis://127.0.0.1:99999", "redis://:hunter2@[::1"]
+        {
+            match RedisLimiter::builder(q).url(url).connect().await {
+                Err(e @ Error::Url { .. }) => assert!(!e.to_string().contains("hunter2"), "{e}"),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        let wrong = format!("redis://:wrong@127.0.0.1:{}", server.port);
+        match RedisLimiter::builder(q).url(&wrong).timeout(Duration::from_secs(2)).connect().await {
+            Err(Error::Redis(e)) => {
+                assert_eq!(e.kind(), tollgate_redis::redis::ErrorKind::AuthenticationFailed, "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let none = server.url();
+        match RedisLimiter::builder(q).url(&none).timeout(Duration::from_secs(2)).connect().await {
+            Err(Error::Redis(e)) => assert_eq!(e.code(), Some("NOAUTH"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        let right = format!("redis://:s3cret@127.0.0.1:{}", server.port);
+        let l = RedisLimiter::builder(q).url(&right).connect().await.unwrap();
+        assert!(l.check("k").await.unwrap().is_allowed_now());
+        // A quota that does not start full cannot live in Redis.
+        let half = q.with_initial(2).unwrap();
+        assert!(matches!(RedisLimiter::builder(half).url(&right).connect().await, Err(Error::Config(_))));
+    });
+}
