@@ -35,10 +35,12 @@
 
 mod error;
 mod failure;
+mod leased;
 mod limiter;
 
 pub use error::Error;
 pub use failure::{share, OnFailure, Stats};
+pub use leased::{LeaseStats, LeasedLimiter};
 pub use limiter::{Builder, RedisLimiter};
 /// The client this crate is built on, for matching on [`Error::Redis`]'s kinds and codes.
 pub use redis;

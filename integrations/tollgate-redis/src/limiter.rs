@@ -18,6 +18,22 @@ const BUCKET_LUA: &str = include_str!("bucket.lua");
 /// since 1970) and so every elapsed time stay below it; a lifetime beyond it is never reached.
 pub(crate) const MAX_MICROS: u64 = 1 << 53;
 
+/// A decision, made by Redis (with the stamp and the bucket clock it was made on, from which
+/// the engine answers any other cost at that instant) or by the failure policy.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Answer {
+    Redis { decision: Decision, stamp: u64, now: u64 },
+    Policy(Decision),
+}
+
+impl Answer {
+    pub(crate) fn decision(self) -> Decision {
+        match self {
+            Answer::Redis { decision, .. } | Answer::Policy(decision) => decision,
+        }
+    }
+}
+
 /// Where the limiter's buckets live.
 #[derive(Clone)]
 enum Conn {
@@ -354,6 +370,20 @@ impl RedisLimiter {
     }
 
     async fn decide(&self, key: &[u8], n: u64, take: bool, at: Option<u64>) -> Result<Decision, Error> {
+        Ok(self.decide_raw(key, n, take, at, n).await?.decision())
+    }
+
+    /// A decision, and where Redis made it, the state it was made on. When Redis cannot
+    /// decide, the failure policy answers for `policy_n` tokens (a lease asks Redis for more
+    /// than the request that needs it).
+    pub(crate) async fn decide_raw(
+        &self,
+        key: &[u8],
+        n: u64,
+        take: bool,
+        at: Option<u64>,
+        policy_n: u64,
+    ) -> Result<Answer, Error> {
         let inner = &*self.inner;
         if let Some(micros) = at.filter(|&m| m > MAX_MICROS) {
             return Err(Error::TimeOutOfRange { micros });
@@ -376,16 +406,22 @@ impl RedisLimiter {
         };
         let reply = match self.call(inner.conn.invoke(&invocation)).await {
             Ok(reply) => reply,
-            Err(e) => return self.on_failure(key, n, take, e),
+            Err(e) => return self.on_failure(key, policy_n, take, e).map(Answer::Policy),
         };
-        let decision = self.read_reply(&full, &reply, n, takes)?;
+        let (decision, stamp, now) = self.read_reply(&full, &reply, n, takes)?;
         Counters::bump(&inner.counters.redis);
-        Ok(decision)
+        Ok(Answer::Redis { decision, stamp, now })
     }
 
     /// The decision from the script's reply: the engine's own, from the stamp and the clock
     /// the script decided on, checked against the script's verdict.
-    fn read_reply(&self, full: &[u8], reply: &[i64], n: u64, takes: bool) -> Result<Decision, Error> {
+    fn read_reply(
+        &self,
+        full: &[u8],
+        reply: &[i64],
+        n: u64,
+        takes: bool,
+    ) -> Result<(Decision, u64, u64), Error> {
         let q = &self.inner.quota;
         let corrupt =
             |reason: String| Error::Corrupt { key: String::from_utf8_lossy(full).into_owned(), reason };
@@ -419,7 +455,7 @@ impl RedisLimiter {
                 if next.is_some() { "would take them" } else { "would not" },
             )));
         }
-        Ok(decision)
+        Ok((decision, stamp, now))
     }
 
     /// A transient failure, answered by the policy; any other failure is returned.

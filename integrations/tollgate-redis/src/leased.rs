@@ -1,0 +1,306 @@
+//! Leased mode: tokens taken from the shared bucket in batches, spent locally.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tollgate::Decision;
+
+use crate::limiter::{Answer, RedisLimiter};
+use crate::Error;
+
+/// A [`RedisLimiter`] that takes tokens from the shared bucket in batches (*leases*), one
+/// round trip per batch, and spends them locally: most decisions cost an atomic operation
+/// instead of a round trip.
+///
+/// # Guarantees
+///
+/// - **Never over-admits against the shared bucket**: every token spent was taken from Redis,
+///   by the same exact script as round-trip mode, before it was spent. Over a run that starts
+///   with a full bucket, the fleet admits at most `burst + floor(rate·t)` on the server's clock.
+/// - A lease lives for the lease TTL (default 50 ms) from when it was granted; unspent tokens
+///   then lapse (counted as *stranded*). So tokens spent in any window `[a, b]` were taken
+///   from Redis within `[a − ttl, b]`: at most `burst + rate·(b − a + ttl)`.
+/// - The cost is **stranded tokens**: taken from Redis but never spent. At any instant they are
+///   at most the sum of the outstanding leases, at most `instances × keys in use × max_lease`;
+///   under steady demand they are much less (see BENCHMARKS.md).
+///
+/// # Lease size
+///
+/// Adapts per key to the local demand: a lease spent before it lapses doubles the next one (up
+/// to `max_lease`, default a tenth of the burst), a lease that lapses with tokens left halves
+/// it (down to 1). When Redis has fewer tokens than asked, the lease takes what there is; when
+/// it has fewer than the request needs, the request is refused with the shared bucket's exact
+/// retry-after.
+#[derive(Debug)]
+pub struct LeasedLimiter {
+    redis: RedisLimiter,
+    leases: Mutex<HashMap<Vec<u8>, Arc<Lease>>>,
+    ttl: Duration,
+    max_lease: u64,
+    max_keys: usize,
+    start: Instant,
+    counters: LeaseCounters,
+}
+
+#[derive(Debug, Default)]
+struct LeaseCounters {
+    local: AtomicU64,
+    leases: AtomicU64,
+    leased_tokens: AtomicU64,
+    stranded_tokens: AtomicU64,
+    unleased: AtomicU64,
+    unleased_tokens: AtomicU64,
+}
+
+/// What a [`LeasedLimiter`] did; [`RedisLimiter::stats`] (through
+/// [`LeasedLimiter::redis`]) counts its round trips and failures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseStats {
+    /// Decisions served from a lease, without a round trip.
+    pub local: u64,
+    /// Leases granted by Redis.
+    pub leases: u64,
+    /// Tokens those leases took from the shared bucket.
+    pub leased_tokens: u64,
+    /// Tokens that lapsed unspent (taken from Redis, never admitted).
+    pub stranded_tokens: u64,
+    /// Tokens in leases still outstanding: they may yet be spent, or strand.
+    pub outstanding_tokens: u64,
+    /// Decisions made by a plain round trip: the lease table was full, or other instances
+    /// kept taking the shared bucket's last tokens first.
+    pub unleased: u64,
+    /// Tokens those decisions admitted. Every token admitted is accounted for:
+    /// `admitted = leased_tokens − stranded_tokens − outstanding_tokens + unleased_tokens`.
+    pub unleased_tokens: u64,
+}
+
+/// One key's lease.
+#[derive(Debug)]
+struct Lease {
+    /// Tokens left to spend.
+    tokens: AtomicU64,
+    /// Nanoseconds after the limiter's start at which the tokens lapse.
+    expires: AtomicU64,
+    /// The next lease's size.
+    size: AtomicU64,
+    /// The shared bucket's reset-after at the lease, and the local instant of the lease: what
+    /// a local decision reports.
+    reset_at: AtomicU64,
+    /// One refill at a time per key; the others wait for it and spend from it.
+    refill: tokio::sync::Mutex<()>,
+}
+
+impl LeasedLimiter {
+    /// Leased mode over `redis`: leases live `ttl` (default 50 ms) and hold at most `max_lease`
+    /// tokens (default a tenth of the burst, at least 1); at most `max_keys` keys hold a lease
+    /// at once (default 65,536; beyond it, plain round trips).
+    pub fn new(redis: RedisLimiter) -> LeasedLimiter {
+        let burst = redis.quota().burst();
+        LeasedLimiter {
+            redis,
+            leases: Mutex::new(HashMap::new()),
+            ttl: Duration::from_millis(50),
+            max_lease: (burst / 10).max(1),
+            max_keys: 1 << 16,
+            start: Instant::now(),
+            counters: LeaseCounters::default(),
+        }
+    }
+
+    /// How long a lease's tokens may be spent (see the type's guarantees).
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The largest lease, in tokens (at most the burst).
+    pub fn max_lease(mut self, tokens: u64) -> Self {
+        self.max_lease = tokens.clamp(1, self.redis.quota().burst());
+        self
+    }
+
+    /// The most keys holding a lease at once.
+    pub fn max_keys(mut self, keys: usize) -> Self {
+        self.max_keys = keys.max(1);
+        self
+    }
+
+    /// The round-trip limiter underneath.
+    pub fn redis(&self) -> &RedisLimiter {
+        &self.redis
+    }
+
+    /// What the leases did so far.
+    pub fn stats(&self) -> LeaseStats {
+        let c = &self.counters;
+        let now = self.now();
+        // Lapsed leases not yet collected hold stranded tokens; live ones, outstanding tokens.
+        let (mut outstanding, mut lapsed) = (0, 0);
+        for l in self.leases.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values() {
+            let tokens = l.tokens.load(Relaxed);
+            if l.expires.load(Acquire) > now {
+                outstanding += tokens;
+            } else {
+                lapsed += tokens;
+            }
+        }
+        LeaseStats {
+            local: c.local.load(Relaxed),
+            leases: c.leases.load(Relaxed),
+            leased_tokens: c.leased_tokens.load(Relaxed),
+            stranded_tokens: c.stranded_tokens.load(Relaxed) + lapsed,
+            outstanding_tokens: outstanding,
+            unleased: c.unleased.load(Relaxed),
+            unleased_tokens: c.unleased_tokens.load(Relaxed),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// One token for `key`.
+    pub async fn check(&self, key: impl AsRef<[u8]>) -> Result<Decision, Error> {
+        self.check_n(key, 1).await
+    }
+
+    /// `n` tokens for `key`: from the key's lease when it has them, else from a new lease
+    /// (one round trip). `n = 0` and `n > burst` go to Redis as in round-trip mode.
+    pub async fn check_n(&self, key: impl AsRef<[u8]>, n: u64) -> Result<Decision, Error> {
+        let key = key.as_ref();
+        let burst = self.redis.quota().burst();
+        if n == 0 || n > burst {
+            return self.redis.check_n(key, n).await;
+        }
+        let Some(lease) = self.lease(key) else {
+            return self.unleased(key, n).await;
+        };
+        if let Some(d) = self.spend(&lease, n) {
+            return Ok(d);
+        }
+        let _refilling = lease.refill.lock().await;
+        // Another caller may have refilled while this one waited.
+        if let Some(d) = self.spend(&lease, n) {
+            return Ok(d);
+        }
+        let now = self.now();
+        // Collect what is left of the old lease (lapsed, or fewer than `n`): it strands. A
+        // lease spent before it lapsed doubles the next; one that lapsed unspent halves it.
+        let left = lease.tokens.swap(0, Relaxed);
+        self.counters.stranded_tokens.fetch_add(left, Relaxed);
+        let lapsed = lease.expires.load(Relaxed) <= now;
+        let size = match lease.size.load(Relaxed) {
+            0 => 1,
+            s if !lapsed => (s * 2).min(self.max_lease),
+            s if left > 0 => (s / 2).max(1),
+            s => s,
+        };
+        lease.size.store(size, Relaxed);
+        let mut want = size.max(n).min(burst);
+        let mut tries = 0;
+        let (granted, decision) = loop {
+            let answer = self.redis.decide_raw(key, want, true, None, n).await?;
+            match answer {
+                Answer::Policy(d) => return Ok(d),
+                Answer::Redis { decision, .. } if decision.is_allowed() => break (want, decision),
+                Answer::Redis { stamp, now: clock, decision } => {
+                    // Fewer than `want` left: take what there is, if it covers the request;
+                    // if not, the request's own refusal at that instant (its exact wait).
+                    let q = self.redis.quota();
+                    let there = q.peek_stored(stamp, clock, 0).map_or(0, |d| d.remaining());
+                    if there < n {
+                        return Ok(q.peek_stored(stamp, clock, n).unwrap_or(decision));
+                    }
+                    tries += 1;
+                    if tries == 3 {
+                        // Others keep taking the tokens first: decide this request alone.
+                        return self.unleased(key, n).await;
+                    }
+                    want = there;
+                }
+            }
+        };
+        self.counters.leases.fetch_add(1, Relaxed);
+        self.counters.leased_tokens.fetch_add(granted, Relaxed);
+        let granted_at = self.now();
+        lease.reset_at.store(granted_at.saturating_add(nanos(decision.reset_after())), Relaxed);
+        lease.tokens.store(granted - n, Relaxed);
+        // Release: a spender that sees the new expiry (Acquire in `spend`) sees the tokens.
+        lease.expires.store(granted_at.saturating_add(nanos(self.ttl)), Release);
+        Ok(Decision::allowed(u32::try_from(granted - n).unwrap_or(u32::MAX), decision.reset_after()))
+    }
+
+    /// `n` tokens for `key` in one round trip, without a lease.
+    async fn unleased(&self, key: &[u8], n: u64) -> Result<Decision, Error> {
+        let d = self.redis.check_n(key, n).await?;
+        self.counters.unleased.fetch_add(1, Relaxed);
+        if d.is_allowed() {
+            self.counters.unleased_tokens.fetch_add(n, Relaxed);
+        }
+        Ok(d)
+    }
+
+    /// `n` tokens from `lease`, if it holds them and has not lapsed.
+    fn spend(&self, lease: &Lease, n: u64) -> Option<Decision> {
+        let now = self.now();
+        // Acquire: pairs with the Release store of `expires` after a refill's tokens.
+        if lease.expires.load(Acquire) <= now {
+            return None;
+        }
+        let mut tokens = lease.tokens.load(Relaxed);
+        loop {
+            let left = tokens.checked_sub(n)?;
+            // Relaxed: the tokens are a counter; what they guard is the expiry read above.
+            match lease.tokens.compare_exchange_weak(tokens, left, Relaxed, Relaxed) {
+                Ok(_) => {
+                    self.counters.local.fetch_add(1, Relaxed);
+                    let reset = lease.reset_at.load(Relaxed).saturating_sub(now);
+                    return Some(Decision::allowed(
+                        u32::try_from(left).unwrap_or(u32::MAX),
+                        Duration::from_nanos(reset),
+                    ));
+                }
+                Err(t) => tokens = t,
+            }
+        }
+    }
+
+    /// `key`'s lease, made if there is room; `None` when the table is full of live leases.
+    fn lease(&self, key: &[u8]) -> Option<Arc<Lease>> {
+        let mut leases = self.leases.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(l) = leases.get(key) {
+            return Some(Arc::clone(l));
+        }
+        if leases.len() >= self.max_keys {
+            // Lapsed leases make room; their tokens strand.
+            let now = self.now();
+            let stranded = &self.counters.stranded_tokens;
+            leases.retain(|_, l| {
+                let live = l.expires.load(Acquire) > now || Arc::strong_count(l) > 1;
+                if !live {
+                    stranded.fetch_add(l.tokens.swap(0, Relaxed), Relaxed);
+                }
+                live
+            });
+            if leases.len() >= self.max_keys {
+                return None;
+            }
+        }
+        let lease = Arc::new(Lease {
+            tokens: AtomicU64::new(0),
+            expires: AtomicU64::new(0),
+            size: AtomicU64::new(0),
+            reset_at: AtomicU64::new(0),
+            refill: tokio::sync::Mutex::new(()),
+        });
+        leases.insert(key.to_vec(), Arc::clone(&lease));
+        Some(lease)
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
