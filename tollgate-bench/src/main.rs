@@ -15,6 +15,7 @@ mod charts;
 mod driver;
 mod machine;
 mod pacing;
+mod redis;
 mod report;
 mod subjects;
 #[path = "../../benches/workloads/mod.rs"]
@@ -308,7 +309,8 @@ fn main() {
         .filter(|(_, _, s): &(_, _, Vec<_>)| !s.is_empty())
         .collect();
     let pacing_selected = args.filter.is_empty() || args.filter.iter().any(|f| "pacing".contains(f.as_str()));
-    if plan.is_empty() && !pacing_selected {
+    let redis_wanted = args.filter.iter().any(|f| "redis".contains(f.as_str()));
+    if plan.is_empty() && !pacing_selected && !redis_wanted {
         eprintln!("error: no cell matches the filter; see --list");
         std::process::exit(2);
     }
@@ -420,8 +422,23 @@ fn main() {
     } else {
         Vec::new()
     };
+    let redis_selected = args.filter.is_empty() || args.filter.iter().any(|f| "redis".contains(f.as_str()));
+    let (redis_rows, redis_skipped) = if redis_selected {
+        eprintln!("redis: round trip, leased and the classic Lua script on a local redis-server");
+        match redis::run(args.quick) {
+            Ok(rows) => (rows, None),
+            Err(why) => {
+                eprintln!("redis: skipped: {why}");
+                (Vec::new(), Some(why))
+            }
+        }
+    } else {
+        (Vec::new(), None)
+    };
     let mut report = Report::new(machine, cells, memory, reps, duration, threads, started.elapsed(), command);
     report.pacing = pacing_rows;
+    report.redis = redis_rows;
+    report.redis_skipped = redis_skipped;
     report.fill_ratios();
     let workloads: Vec<(&str, &str)> = all.iter().map(|w| (w.name, w.what)).collect();
     if args.json {

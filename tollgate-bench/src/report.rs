@@ -151,6 +151,9 @@ pub struct Report {
     pub cells: Vec<Cell>,
     pub memory: Vec<Memory>,
     pub pacing: Vec<crate::pacing::PacingRow>,
+    pub redis: Vec<crate::redis::RedisRow>,
+    /// Why the redis workload did not run (no redis-server on this machine).
+    pub redis_skipped: Option<String>,
     pub targets: Vec<Target>,
 }
 
@@ -185,6 +188,8 @@ impl Report {
             cells,
             memory,
             pacing: Vec::new(),
+            redis: Vec::new(),
+            redis_skipped: None,
             targets: Vec::new(),
         }
     }
@@ -405,6 +410,34 @@ impl Report {
                 met: off <= 0.1 && p.error_p99_us <= 5.0,
             });
         }
+        // The Redis issue: round trip at least as fast as the classic script, leased ≥ 10×.
+        let redis = |subject: &str, callers: usize| {
+            self.redis
+                .iter()
+                .find(|r| r.kind == "throughput" && r.callers == callers && r.subject.starts_with(subject))
+        };
+        for callers in [1, 50] {
+            if let (Some(rt), Some(classic), Some(leased)) = (
+                redis("tollgate round trip", callers),
+                redis("classic", callers),
+                redis("tollgate leased", callers),
+            ) {
+                out.push(Target {
+                    what: format!("Redis, {callers} caller(s): round trip vs the classic Lua script, leased vs round trip"),
+                    goal: "round trip ≥ classic; leased ≥ 10× round trip".into(),
+                    measured: format!(
+                        "round trip {:.0}/s, classic {:.0}/s ({:.2}×); leased {:.0}/s ({:.0}×), {} tokens stranded",
+                        rt.per_sec,
+                        classic.per_sec,
+                        rt.per_sec / classic.per_sec,
+                        leased.per_sec,
+                        leased.per_sec / rt.per_sec,
+                        leased.stranded.unwrap_or(0)
+                    ),
+                    met: rt.per_sec >= classic.per_sec && leased.per_sec >= 10.0 * rt.per_sec,
+                });
+            }
+        }
         let mem = |w: &str, s: &str| self.memory.iter().find(|m| m.workload == w && m.subject == s);
         if let Some(t) = mem("1M-keys", "tollgate") {
             let g = mem("1M-keys", "governor");
@@ -540,6 +573,40 @@ impl Report {
         markdown_table(&rows, 1)
     }
 
+    fn redis_table(&self) -> String {
+        let mut rows =
+            vec![["subject", "rows", "callers", "decisions/s", "admitted", "burst + rate·t", "stranded"]
+                .map(str::to_owned)
+                .to_vec()];
+        for r in &self.redis {
+            rows.push(vec![
+                r.subject.clone(),
+                r.kind.clone(),
+                r.callers.to_string(),
+                format!("{:.0}", r.per_sec),
+                r.admitted.to_string(),
+                r.bound.map_or("—".into(), |b| b.to_string()),
+                r.stranded.map_or("—".into(), |s| s.to_string()),
+            ]);
+        }
+        markdown_table(&rows, 2)
+    }
+
+    fn redis_section(&self) -> Option<String> {
+        if let Some(why) = &self.redis_skipped {
+            return Some(format!("skipped: {why}\n"));
+        }
+        (!self.redis.is_empty()).then(|| {
+            format!(
+                "One local redis-server, started by the run. Throughput rows: a quota no caller reaches \
+                 (every decision admits); exactness rows: 1,000/s with a burst of 20, overrun by 50 callers \
+                 (admitted against burst + rate·t on the server's clock). Callers are tasks on one \
+                 multiplexed connection (pipelined by the client).\n\n{}",
+                self.redis_table()
+            )
+        })
+    }
+
     fn targets_table(&self) -> String {
         let mut rows =
             vec![vec!["target".to_owned(), "goal".to_owned(), "measured".to_owned(), "met".to_owned()]];
@@ -571,6 +638,9 @@ impl Report {
                 "\n### pacing: send-time error against the intended schedule\n\n{}",
                 self.pacing_table()
             );
+        }
+        if let Some(r) = self.redis_section() {
+            let _ = write!(s, "\n### redis: one limit shared through Redis\n\n{r}");
         }
         if !self.targets.is_empty() {
             let _ = write!(s, "\n### targets\n\n{}", self.targets_table());
@@ -692,6 +762,9 @@ impl Report {
                  actual − intended time.\n\n{}",
                 self.pacing_table()
             );
+        }
+        if let Some(r) = self.redis_section() {
+            let _ = write!(s, "\n### Redis\n\n{r}");
         }
         if !written.is_empty() {
             let _ = writeln!(s, "\n### Charts\n");

@@ -10,38 +10,36 @@
 -- from the stamp and the clock it returns, with the same engine function, and checks that both
 -- agree on the verdict.
 --
--- KEYS[1]        the bucket
--- ARGV[1]        '1' take, '0' peek
--- ARGV[2], [3]   the cost n·t in units (hi, lo); at most the fill
--- ARGV[4]        m, units per nanosecond
--- ARGV[5], [6]   the clock's offset for a new bucket (hi, lo); at least the fill
--- ARGV[7], [8]   the fill, burst·t (hi, lo)
--- ARGV[9]        the last whole microsecond of the quota's lifetime (at most 2^53)
--- ARGV[10], [11] the lifetime in units, lifetime_ns·m (hi, lo): the clock stops there
--- ARGV[12]       '' to decide at the server's TIME; else the microseconds since the Unix epoch
---                to decide at (replaying a schedule; never what a limiter sends). A replayed
---                instant has no relation to the server's real time, so a key written at one
---                gets no expiry.
+-- KEYS[1]  the bucket
+-- ARGV[1]  56 bytes, fourteen big-endian 32-bit words (one argument: Redis builds one Lua
+--          string for it, and one C call unpacks it):
+--            flags          bit 0: take (else peek); bit 1: decide at `at` (a replay) instead
+--                           of the server's TIME. A replayed instant has no relation to the
+--                           server's real time, so a key written at one gets no expiry.
+--            cost (2)       n·t in units; at most the fill
+--            m              units per nanosecond
+--            offset (2)     the clock's offset for a new bucket; at least the fill
+--            fill (2)       burst·t
+--            last (2)       the last whole microsecond of the quota's lifetime (below 2^53)
+--            lifetime (2)   lifetime_ns·m: the clock stops there
+--            at (2)         the replayed instant, µs since the Unix epoch (below 2^53)
 --
--- Returns {taken (0/1), stamp hi, stamp lo, clock hi, clock lo}: the stamp as it was before the
--- decision, and the bucket clock the decision was taken at.
+-- Returns 20 bytes, five big-endian 32-bit words: taken (0/1), the stamp as it was before the
+-- decision (2), and the bucket clock the decision was taken at (2).
 local P = 4294967296
 local key = KEYS[1]
-local take = ARGV[1] == '1'
-local ch, cl = tonumber(ARGV[2]), tonumber(ARGV[3])
-local m = tonumber(ARGV[4])
-local oh, ol = tonumber(ARGV[5]), tonumber(ARGV[6])
-local fh, fl = tonumber(ARGV[7]), tonumber(ARGV[8])
-local last_us = tonumber(ARGV[9])
-local lh, ll = tonumber(ARGV[10]), tonumber(ARGV[11])
+local flags, ch, cl, m, oh, ol, fh, fl, last_h, last_l, lh, ll, at_h, at_l =
+  struct.unpack('>I4I4I4I4I4I4I4I4I4I4I4I4I4I4', ARGV[1])
+local take = flags % 2 == 1
+local replay = flags >= 2
+local last_us = last_h * P + last_l
 
 local now_us
-local replay = ARGV[12] ~= ''
-if not replay then
+if replay then
+  now_us = at_h * P + at_l
+else
   local t = redis.call('TIME')
   now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now_us = tonumber(ARGV[12])
 end
 
 local function lt(ah, al, bh, bl)
@@ -124,4 +122,4 @@ end
 if restarted and taken == 0 then
   store(origin, kh, kl, sh, sl, floor_h, floor_l)
 end
-return {taken, sh, sl, nh, nl}
+return struct.pack('>I4I4I4I4I4', taken, sh, sl, nh, nl)

@@ -51,7 +51,7 @@ impl core::fmt::Debug for Conn {
 }
 
 impl Conn {
-    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> redis::RedisResult<Vec<i64>> {
+    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> redis::RedisResult<Vec<u8>> {
         match self.clone() {
             Conn::Single(mut c) => invocation.invoke_async(&mut c).await,
             Conn::Cluster(mut c) => invocation.invoke_async(&mut c).await,
@@ -85,8 +85,9 @@ struct Inner {
     quota: TokenBucket,
     prefix: Vec<u8>,
     script: Script,
-    /// The quota's arguments after the cost: m, offset, fill, the last microsecond, the lifetime.
-    args: [String; 8],
+    /// The quota's words of the script's argument: m, offset, fill, the last microsecond of the
+    /// lifetime, the lifetime in units (see `bucket.lua`).
+    quota_words: [u32; 9],
     timeout: Duration,
     on_failure: OnFailure,
     fallback: Option<KeyedLimiter<Vec<u8>>>,
@@ -222,20 +223,21 @@ impl Builder {
             }
             _ => None,
         };
-        let words = |x: u64| [(x >> 32).to_string(), (x & 0xffff_ffff).to_string()];
-        let [oh, ol] = words(quota.clock_offset_units());
-        let [fh, fl] = words(fill_units(&quota));
         let lifetime = quota.lifetime().as_u64();
         let m = quota.units_per_nano();
-        let [lh, ll] = words(lifetime.saturating_mul(m));
-        let args = [m.to_string(), oh, ol, fh, fl, (lifetime / 1000).min(MAX_MICROS).to_string(), lh, ll];
+        let [oh, ol] = limbs(quota.clock_offset_units());
+        let [fh, fl] = limbs(fill_units(&quota));
+        let [th, tl] = limbs((lifetime / 1000).min(MAX_MICROS - 1));
+        let [lh, ll] = limbs(lifetime.saturating_mul(m));
+        #[expect(clippy::cast_possible_truncation, reason = "m ≤ 64")]
+        let quota_words = [m as u32, oh, ol, fh, fl, th, tl, lh, ll];
         Ok(RedisLimiter {
             inner: Arc::new(Inner {
                 conn,
                 quota,
                 prefix: self.prefix,
                 script: Script::new(BUCKET_LUA),
-                args,
+                quota_words,
                 timeout,
                 on_failure: self.on_failure,
                 fallback,
@@ -244,6 +246,12 @@ impl Builder {
             }),
         })
     }
+}
+
+/// `x` as big-endian 32-bit limbs.
+#[expect(clippy::cast_possible_truncation, reason = "the two halves")]
+const fn limbs(x: u64) -> [u32; 2] {
+    [(x >> 32) as u32, x as u32]
 }
 
 /// The quota's fill (burst·t) in units.
@@ -395,15 +403,19 @@ impl RedisLimiter {
         // `n = 0` and `n > burst` take nothing: a peek, as the local limiter does.
         let takes = take && n.wrapping_sub(1) < q.burst();
         let cost = if takes { n * q.units_per_token() } else { 0 };
-        let mut invocation = inner.script.key(full.as_slice());
-        invocation.arg(if takes { "1" } else { "0" }).arg(cost >> 32).arg(cost & 0xffff_ffff);
-        for a in &inner.args {
-            invocation.arg(a.as_str());
+        // The script's one argument: flags, cost, the quota's words, the replayed instant.
+        let flags = u32::from(takes) | if at.is_some() { 2 } else { 0 };
+        let mut words = [0u32; 14];
+        words[0] = flags;
+        [words[1], words[2]] = limbs(cost);
+        words[3..12].copy_from_slice(&inner.quota_words);
+        [words[12], words[13]] = limbs(at.unwrap_or(0));
+        let mut arg = [0u8; 56];
+        for (chunk, w) in arg.chunks_exact_mut(4).zip(words) {
+            chunk.copy_from_slice(&w.to_be_bytes());
         }
-        match at {
-            Some(micros) => invocation.arg(micros),
-            None => invocation.arg(""),
-        };
+        let mut invocation = inner.script.key(full.as_slice());
+        invocation.arg(&arg[..]);
         let reply = match self.call(inner.conn.invoke(&invocation)).await {
             Ok(reply) => reply,
             Err(e) => return self.on_failure(key, policy_n, take, e).map(Answer::Policy),
@@ -418,28 +430,30 @@ impl RedisLimiter {
     fn read_reply(
         &self,
         full: &[u8],
-        reply: &[i64],
+        reply: &[u8],
         n: u64,
         takes: bool,
     ) -> Result<(Decision, u64, u64), Error> {
         let q = &self.inner.quota;
         let corrupt =
             |reason: String| Error::Corrupt { key: String::from_utf8_lossy(full).into_owned(), reason };
-        let limb = |i: usize| -> Result<u64, Error> {
-            let v = *reply
-                .get(i)
-                .ok_or_else(|| corrupt(format!("the script replied {} integers, not 5", reply.len())))?;
-            u64::try_from(v)
-                .ok()
-                .filter(|v| *v <= u64::from(u32::MAX))
-                .ok_or_else(|| corrupt(format!("the script replied {v} where a 32-bit limb belongs")))
+        let Ok(words) = <[u8; 20]>::try_from(reply) else {
+            return Err(corrupt(format!("the script replied {} bytes, not 20", reply.len())));
         };
-        if reply.len() != 5 {
-            return Err(corrupt(format!("the script replied {} integers, not 5", reply.len())));
+        let word = |i: usize| {
+            u64::from(u32::from_be_bytes([
+                words[4 * i],
+                words[4 * i + 1],
+                words[4 * i + 2],
+                words[4 * i + 3],
+            ]))
+        };
+        let taken = word(0);
+        let stamp = word(1) << 32 | word(2);
+        let now = word(3) << 32 | word(4);
+        if taken > 1 {
+            return Err(corrupt(format!("the script replied {taken} for taken (0 or 1)")));
         }
-        let taken = limb(0)?;
-        let stamp = limb(1)? << 32 | limb(2)?;
-        let now = limb(3)? << 32 | limb(4)?;
         let decided = if takes {
             q.decide_stored(stamp, now, n)
         } else {
