@@ -78,6 +78,8 @@ assert all(c["decisions"] > 0 for c in r["cells"])
 assert all(c["call"]["p50"] > 0 and c["call"]["p999"] >= c["call"]["p50"] for c in r["cells"])
 assert r["memory"] and r["targets"]
 assert len(r["pacing"]) == 5 and all(p["sent"] > 0 for i, p in enumerate(r["pacing"]) if i != 3), r["pacing"]
+assert r["redis_skipped"] is None and len(r["redis"]) == 9, (r["redis_skipped"], r["redis"])
+assert all(x["decisions"] > 0 for x in r["redis"]), r["redis"]
 assert "<!-- results:end -->" in (d / "report.md").read_text()
 for chart in ("throughput.svg", "latency.svg"):
     assert (d / "docs" / "charts" / chart).read_text().startswith("<svg")
@@ -95,6 +97,7 @@ rm -rf "$scratch"
 step "crate docs: every link resolves"
 RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate --features serde,tokio
 RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate-tower --features axum
+RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate-redis
 
 step "crate builds without default features"
 cargo check -p tollgate --no-default-features

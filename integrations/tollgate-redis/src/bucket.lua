@@ -56,17 +56,21 @@ local function sub(ah, al, bh, bl)
   if l < 0 then return h - 1, l + P end
   return h, l
 end
-local function store(origin, kh, kl, sh, sl, floor_h, floor_l)
-  -- The key lives until the bucket is full again: ceil(until_full / (m·10^6)) ms, plus 1 ms
-  -- for Redis's millisecond clock trailing TIME's microseconds, plus 1 ms for the doubles'
-  -- rounding. An early expiry would hand out a full bucket too soon; a late one costs nothing.
+local function store(origin, kh, kl, sh, sl, nh, nl)
+  -- The key lives until the bucket is full again under every quota that can share it: those
+  -- of this unit whose fill is at most the clock's offset k, so until `stamp + k` on the clock
+  -- (an expiry from this quota's own fill would hand a slower quota a full bucket too soon).
+  -- That is floor(units / (m·10^6)) + 2 ms, at least ceil + 1: 1 ms for Redis's millisecond
+  -- clock trailing TIME's microseconds; the doubles' rounding error is far below the rest.
+  -- An early expiry would hand out a full bucket too soon; a late one costs nothing.
   local oh1 = math.floor(origin / P)
   local value = struct.pack('>I4I4I4I4I4I4I4', oh1, origin - oh1 * P, m, kh, kl, sh, sl)
   if replay then
     redis.call('SET', key, value)
     return
   end
-  local uh, ul = sub(sh, sl, floor_h, floor_l)
+  local ah, al = add(sh, sl, kh, kl)
+  local uh, ul = sub(ah, al, nh, nl)
   local ms = math.floor((uh * P + ul) / (m * 1000000)) + 2
   redis.call('SET', key, value, 'PX', ms)
 end
@@ -115,11 +119,13 @@ if take then
   local lim_h, lim_l = sub(nh, nl, ch, cl)
   if not lt(lim_h, lim_l, bh, bl) then
     local xh, xl = add(bh, bl, ch, cl)
-    store(origin, kh, kl, xh, xl, floor_h, floor_l)
+    store(origin, kh, kl, xh, xl, nh, nl)
     taken = 1
   end
 end
-if restarted and taken == 0 then
-  store(origin, kh, kl, sh, sl, floor_h, floor_l)
+-- A restart is kept by a take (even a refused one, or the clock would restart at every call
+-- and never refill); a peek writes nothing.
+if restarted and take and taken == 0 then
+  store(origin, kh, kl, sh, sl, nh, nl)
 end
 return struct.pack('>I4I4I4I4I4', taken, sh, sl, nh, nl)

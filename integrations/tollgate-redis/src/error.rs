@@ -55,7 +55,8 @@ pub enum Error {
 
 impl Error {
     /// Whether the failure is about reaching Redis (timeouts, the breaker, I/O, a server that
-    /// is loading, busy, down or failing over) rather than about the data or the configuration.
+    /// is loading, busy, down, failing over, read-only or out of memory) rather than about the
+    /// data or the configuration.
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Timeout { .. } | Error::BreakerOpen { .. } => true,

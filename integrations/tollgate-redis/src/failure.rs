@@ -34,9 +34,9 @@ pub fn share(quota: &TokenBucket, instances: u32) -> Result<TokenBucket, tollgat
     TokenBucket::new(tollgate::Rate::per(rate.tokens(), period), (quota.burst() / instances).max(1))
 }
 
-/// What a limiter did, counted since it was built. Every path a call can take is counted in
-/// exactly one of `redis`, `failed_error`, `failed_deny`, `failed_allow` and `local`; the
-/// failures themselves are counted by cause.
+/// What a limiter did, counted since it was built. Every decision call (`check*`, `peek*`) is
+/// counted in exactly one of `redis`, `failed_error`, `failed_deny`, `failed_allow` and
+/// `local`; the failures of calls to Redis are counted by cause (`server_time` included).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
@@ -102,7 +102,7 @@ pub(crate) struct Breaker {
     threshold: u32,
     cooldown: Duration,
     start: Instant,
-    failures: AtomicU32,
+    failures: AtomicU32, // saturating: a breaker that failed 2^32 times stays at the threshold
     /// While open: nanoseconds after `start` at which the next probe may go. 0: closed.
     open_until: AtomicU64,
 }
@@ -169,16 +169,22 @@ impl Breaker {
 
     /// Records a transient failure; true when it opened the breaker.
     pub(crate) fn failure(&self) -> bool {
-        let failures = self.failures.fetch_add(1, Relaxed).saturating_add(1);
+        let failures = match self.failures.fetch_update(Relaxed, Relaxed, |f| Some(f.saturating_add(1))) {
+            Ok(f) | Err(f) => f.saturating_add(1),
+        };
         if failures < self.threshold {
             return false;
         }
-        let until = self.open_until.load(Relaxed);
         let next = self.now().saturating_add(self.cooldown_nanos());
-        // A failed probe re-arms the cooldown too (already moved by `enter`); only a closed
-        // breaker's opening is counted as a trip.
-        self.open_until.store(next, Relaxed);
-        until == 0
+        // Only the failure that opens a closed breaker counts a trip; a failed probe (or a late
+        // failure of a call sent before the trip) re-arms the cooldown.
+        match self.open_until.compare_exchange(0, next, Relaxed, Relaxed) {
+            Ok(_) => true,
+            Err(_) => {
+                self.open_until.store(next, Relaxed);
+                false
+            }
+        }
     }
 }
 

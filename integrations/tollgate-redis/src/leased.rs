@@ -19,12 +19,18 @@ use crate::Error;
 /// - **Never over-admits against the shared bucket**: every token spent was taken from Redis,
 ///   by the same exact script as round-trip mode, before it was spent. Over a run that starts
 ///   with a full bucket, the fleet admits at most `burst + floor(rate·t)` on the server's clock.
-/// - A lease lives for the lease TTL (default 50 ms) from when it was granted; unspent tokens
-///   then lapse (counted as *stranded*). So tokens spent in any window `[a, b]` were taken
-///   from Redis within `[a − ttl, b]`: at most `burst + rate·(b − a + ttl)`.
+/// - A lease lives for the lease TTL (default 50 ms) from just before it was requested; unspent
+///   tokens then lapse (counted as *stranded*). A token is spent by a CAS at an instant after
+///   its lease was granted and before it lapsed, so tokens spent in any window `[a, b]` were
+///   taken from Redis within `[a − ttl, b]`: at most `burst + rate·(b − a + ttl)`.
 /// - The cost is **stranded tokens**: taken from Redis but never spent. At any instant they are
 ///   at most the sum of the outstanding leases, at most `instances × keys in use × max_lease`;
-///   under steady demand they are much less (see BENCHMARKS.md).
+///   under steady demand they are much less (see BENCHMARKS.md). Also stranded: the few tokens
+///   left in a live lease when a request needs more than it holds (the next lease covers the
+///   request), and a lease Redis granted whose reply came after the timeout or after the
+///   caller's future was dropped (taken, never known to this instance: not counted).
+/// - A local decision reports the tokens left in the lease as `remaining`, and the shared
+///   bucket's reset-after as of the lease: this instance's view, not the fleet's.
 ///
 /// # Lease size
 ///
@@ -78,19 +84,42 @@ pub struct LeaseStats {
 }
 
 /// One key's lease.
+///
+/// Each grant is a new *generation*. `word` holds the generation and the tokens left; each
+/// generation's expiry sits in `expiries[generation % 4]`. A spender reads the word, then the
+/// clock, then that generation's expiry, and takes the tokens with a CAS on the word: the CAS
+/// succeeds only if the word is unchanged, so the tokens it takes belong to the generation
+/// whose expiry it checked, at an instant after that generation was granted. (A slot is
+/// rewritten four grants later; by then the word has changed and the CAS fails.)
 #[derive(Debug)]
 struct Lease {
-    /// Tokens left to spend.
-    tokens: AtomicU64,
-    /// Nanoseconds after the limiter's start at which the tokens lapse.
-    expires: AtomicU64,
+    /// The generation (bits 40–63, wrapping) and the tokens left (bits 0–39).
+    word: AtomicU64,
+    /// Nanoseconds after the limiter's start at which each generation's tokens lapse.
+    expiries: [AtomicU64; 4],
     /// The next lease's size.
     size: AtomicU64,
-    /// The shared bucket's reset-after at the lease, and the local instant of the lease: what
-    /// a local decision reports.
+    /// The shared bucket's reset-after at the lease, as an instant: what a local decision
+    /// reports (the shared bucket's as of the lease, not of now).
     reset_at: AtomicU64,
     /// One refill at a time per key; the others wait for it and spend from it.
     refill: tokio::sync::Mutex<()>,
+}
+
+const TOKEN_BITS: u32 = 40;
+const TOKENS: u64 = (1 << TOKEN_BITS) - 1;
+
+impl Lease {
+    fn expiry(&self, word: u64) -> &AtomicU64 {
+        &self.expiries[usize::try_from((word >> TOKEN_BITS) % 4).unwrap_or(0)]
+    }
+
+    /// The tokens of the current generation, and whether it has lapsed at `now`.
+    fn current(&self, now: u64) -> (u64, bool) {
+        // Acquire: pairs with the Release store of a grant's word, after its expiry.
+        let word = self.word.load(Acquire);
+        (word & TOKENS, self.expiry(word).load(Relaxed) <= now)
+    }
 }
 
 impl LeasedLimiter {
@@ -140,18 +169,16 @@ impl LeasedLimiter {
         // Lapsed leases not yet collected hold stranded tokens; live ones, outstanding tokens.
         let (mut outstanding, mut lapsed) = (0, 0);
         for l in self.leases.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values() {
-            let tokens = l.tokens.load(Relaxed);
-            if l.expires.load(Acquire) > now {
-                outstanding += tokens;
-            } else {
-                lapsed += tokens;
+            match l.current(now) {
+                (tokens, false) => outstanding = u64::saturating_add(outstanding, tokens),
+                (tokens, true) => lapsed = u64::saturating_add(lapsed, tokens),
             }
         }
         LeaseStats {
             local: c.local.load(Relaxed),
             leases: c.leases.load(Relaxed),
             leased_tokens: c.leased_tokens.load(Relaxed),
-            stranded_tokens: c.stranded_tokens.load(Relaxed) + lapsed,
+            stranded_tokens: c.stranded_tokens.load(Relaxed).saturating_add(lapsed),
             outstanding_tokens: outstanding,
             unleased: c.unleased.load(Relaxed),
             unleased_tokens: c.unleased_tokens.load(Relaxed),
@@ -187,11 +214,14 @@ impl LeasedLimiter {
             return Ok(d);
         }
         let now = self.now();
-        // Collect what is left of the old lease (lapsed, or fewer than `n`): it strands. A
+        // End the old generation: what is left of it (lapsed, or fewer than `n`) strands. A
         // lease spent before it lapsed doubles the next; one that lapsed unspent halves it.
-        let left = lease.tokens.swap(0, Relaxed);
+        let old = lease.word.load(Relaxed);
+        let lapsed = lease.expiry(old).load(Relaxed) <= now;
+        let next = (old >> TOKEN_BITS).wrapping_add(1) << TOKEN_BITS;
+        // Relaxed: the refill mutex orders refills; a spender's CAS on the old word now fails.
+        let left = lease.word.swap(next, Relaxed) & TOKENS;
         self.counters.stranded_tokens.fetch_add(left, Relaxed);
-        let lapsed = lease.expires.load(Relaxed) <= now;
         let size = match lease.size.load(Relaxed) {
             0 => 1,
             s if !lapsed => (s * 2).min(self.max_lease),
@@ -201,6 +231,8 @@ impl LeasedLimiter {
         lease.size.store(size, Relaxed);
         let mut want = size.max(n).min(burst);
         let mut tries = 0;
+        // The lease lives from before its request: its tokens were taken at or after `sent`.
+        let sent = self.now();
         let (granted, decision) = loop {
             let answer = self.redis.decide_raw(key, want, true, None, n).await?;
             match answer {
@@ -225,11 +257,10 @@ impl LeasedLimiter {
         };
         self.counters.leases.fetch_add(1, Relaxed);
         self.counters.leased_tokens.fetch_add(granted, Relaxed);
-        let granted_at = self.now();
-        lease.reset_at.store(granted_at.saturating_add(nanos(decision.reset_after())), Relaxed);
-        lease.tokens.store(granted - n, Relaxed);
-        // Release: a spender that sees the new expiry (Acquire in `spend`) sees the tokens.
-        lease.expires.store(granted_at.saturating_add(nanos(self.ttl)), Release);
+        lease.reset_at.store(sent.saturating_add(nanos(decision.reset_after())), Relaxed);
+        lease.expiry(next).store(sent.saturating_add(nanos(self.ttl)), Relaxed);
+        // Release: a spender that reads this word (Acquire) reads the expiry stored above.
+        lease.word.store(next | (granted - n), Release);
         Ok(Decision::allowed(u32::try_from(granted - n).unwrap_or(u32::MAX), decision.reset_after()))
     }
 
@@ -243,27 +274,28 @@ impl LeasedLimiter {
         Ok(d)
     }
 
-    /// `n` tokens from `lease`, if it holds them and has not lapsed.
+    /// `n` tokens from `lease`, if its current generation holds them and has not lapsed.
     fn spend(&self, lease: &Lease, n: u64) -> Option<Decision> {
-        let now = self.now();
-        // Acquire: pairs with the Release store of `expires` after a refill's tokens.
-        if lease.expires.load(Acquire) <= now {
-            return None;
-        }
-        let mut tokens = lease.tokens.load(Relaxed);
+        // Acquire (here and on a failed CAS): pairs with the Release store of a grant's word,
+        // so the generation's expiry, stored before it, is visible.
+        let mut word = lease.word.load(Acquire);
         loop {
-            let left = tokens.checked_sub(n)?;
-            // Relaxed: the tokens are a counter; what they guard is the expiry read above.
-            match lease.tokens.compare_exchange_weak(tokens, left, Relaxed, Relaxed) {
+            // The clock after the word: the decision's instant is after the grant it reads.
+            let now = self.now();
+            if lease.expiry(word).load(Relaxed) <= now || word & TOKENS < n {
+                return None;
+            }
+            match lease.word.compare_exchange_weak(word, word - n, Relaxed, Acquire) {
                 Ok(_) => {
                     self.counters.local.fetch_add(1, Relaxed);
+                    let left = (word & TOKENS) - n;
                     let reset = lease.reset_at.load(Relaxed).saturating_sub(now);
                     return Some(Decision::allowed(
                         u32::try_from(left).unwrap_or(u32::MAX),
                         Duration::from_nanos(reset),
                     ));
                 }
-                Err(t) => tokens = t,
+                Err(w) => word = w,
             }
         }
     }
@@ -279,9 +311,10 @@ impl LeasedLimiter {
             let now = self.now();
             let stranded = &self.counters.stranded_tokens;
             leases.retain(|_, l| {
-                let live = l.expires.load(Acquire) > now || Arc::strong_count(l) > 1;
+                let (tokens, lapsed) = l.current(now);
+                let live = !lapsed || Arc::strong_count(l) > 1;
                 if !live {
-                    stranded.fetch_add(l.tokens.swap(0, Relaxed), Relaxed);
+                    stranded.fetch_add(tokens, Relaxed);
                 }
                 live
             });
@@ -290,8 +323,8 @@ impl LeasedLimiter {
             }
         }
         let lease = Arc::new(Lease {
-            tokens: AtomicU64::new(0),
-            expires: AtomicU64::new(0),
+            word: AtomicU64::new(0),
+            expiries: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
             size: AtomicU64::new(0),
             reset_at: AtomicU64::new(0),
             refill: tokio::sync::Mutex::new(()),

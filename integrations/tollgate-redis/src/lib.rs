@@ -7,7 +7,12 @@
 //! [`TokenBucket::decide_stored`](tollgate::TokenBucket::decide_stored)), so a decision equals,
 //! field for field, what a local [`Limiter`](tollgate::Limiter) answers at the same instant:
 //! the HTTP layer's headers work unchanged. Every key expires once its bucket would be full
-//! again, so idle keys vanish.
+//! again (under every quota that shares it), so idle keys vanish. Run Redis with
+//! `maxmemory-policy noeviction`: an evicted bucket comes back full.
+//!
+//! [`LeasedLimiter`] takes tokens from the shared bucket in batches and spends them locally,
+//! at the cost of stranded tokens; see the "many machines" guide (`docs/guide/many-machines.md`)
+//! for which mode to pick and what each guarantees.
 //!
 //! When Redis is slow or gone, a per-call timeout and a circuit breaker bound the wait, and the
 //! [`OnFailure`] policy answers: an error, fail closed, fail open, or a local limiter at a share

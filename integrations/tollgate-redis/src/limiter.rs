@@ -311,7 +311,10 @@ impl RedisLimiter {
     /// [`check_n`](RedisLimiter::check_n) as if the server's clock read `micros` (microseconds
     /// since the Unix epoch): for replaying a recorded schedule and for tests that compare
     /// Redis with the local engine instant by instant. Limiters deciding live requests use
-    /// the server's clock, never a client's.
+    /// the server's clock, never a client's. A key written at a replayed instant gets no
+    /// expiry (the replayed clock has no relation to the server's): never mix replays and
+    /// live decisions on one key.
+    #[doc(hidden)]
     pub async fn check_n_at_server_time(
         &self,
         key: impl AsRef<[u8]>,
@@ -322,6 +325,7 @@ impl RedisLimiter {
     }
 
     /// [`peek_n`](RedisLimiter::peek_n) as if the server's clock read `micros`.
+    #[doc(hidden)]
     pub async fn peek_n_at_server_time(
         &self,
         key: impl AsRef<[u8]>,
@@ -336,7 +340,10 @@ impl RedisLimiter {
     /// key is decided on the clock of the master that holds it.
     pub async fn server_time(&self) -> Result<u64, Error> {
         let (secs, micros): (u64, u64) = self.call(self.inner.conn.query(&redis::cmd("TIME"))).await?;
-        Ok(secs * 1_000_000 + micros)
+        secs.checked_mul(1_000_000).and_then(|us| us.checked_add(micros)).ok_or_else(|| Error::Corrupt {
+            key: String::new(),
+            reason: format!("TIME replied {secs} s and {micros} µs, beyond a u64 of microseconds"),
+        })
     }
 
     /// Runs `f` under the breaker and the timeout, counting what happened.
@@ -381,6 +388,12 @@ impl RedisLimiter {
         Ok(self.decide_raw(key, n, take, at, n).await?.decision())
     }
 
+    /// `e`, counted as a call that returned an error.
+    fn failed(&self, e: Error) -> Error {
+        Counters::bump(&self.inner.counters.failed_error);
+        e
+    }
+
     /// A decision, and where Redis made it, the state it was made on. When Redis cannot
     /// decide, the failure policy answers for `policy_n` tokens (a lease asks Redis for more
     /// than the request that needs it).
@@ -394,7 +407,7 @@ impl RedisLimiter {
     ) -> Result<Answer, Error> {
         let inner = &*self.inner;
         if let Some(micros) = at.filter(|&m| m > MAX_MICROS) {
-            return Err(Error::TimeOutOfRange { micros });
+            return Err(self.failed(Error::TimeOutOfRange { micros }));
         }
         let q = &inner.quota;
         let mut full = Vec::with_capacity(inner.prefix.len() + key.len());
@@ -420,7 +433,7 @@ impl RedisLimiter {
             Ok(reply) => reply,
             Err(e) => return self.on_failure(key, policy_n, take, e).map(Answer::Policy),
         };
-        let (decision, stamp, now) = self.read_reply(&full, &reply, n, takes)?;
+        let (decision, stamp, now) = self.read_reply(&full, &reply, n, takes).map_err(|e| self.failed(e))?;
         Counters::bump(&inner.counters.redis);
         Ok(Answer::Redis { decision, stamp, now })
     }

@@ -322,7 +322,9 @@ fn a_changed_quota_never_mints_tokens() {
         assert_ne!(other_unit.units_per_nano(), slow.quota().units_per_nano());
         let l = limiter(&server, other_unit, "q:").await;
         assert_eq!(l.peek_n("k", 1).await.unwrap().remaining(), 0, "restarted empty");
+        assert_eq!(slow.peek_n("k", 1).await.unwrap().remaining(), 4, "a peek writes no restart");
         assert!(!l.check("k").await.unwrap().is_allowed());
+        assert_eq!(slow.peek_n("k", 1).await.unwrap().remaining(), 0, "a take keeps the restart");
         // Same unit (m = 1), faster rate: the empty instant keeps its meaning. Drained by the
         // slow quota, the bucket is empty for the fast one too, and refills at its rate.
         let fast = limiter(&server, TokenBucket::new(Rate::per_second(1), 5).unwrap(), "q:").await;
@@ -330,6 +332,14 @@ fn a_changed_quota_never_mints_tokens() {
         let d = fast.peek_n("j", 1).await.unwrap();
         assert_eq!(d.remaining(), 0);
         assert!(d.retry_after().unwrap() <= Duration::from_secs(1), "{d:?}");
+        // A fast quota's write keeps the key until the slow quota's bucket is full: slow took
+        // 4 of 5 (the fast bucket still full), fast takes 1, and both are then empty for
+        // slow: the key must outlive slow's refill (about 296 s), not fast's (1 s).
+        assert!(slow.check_n("i", 4).await.unwrap().is_allowed_now());
+        assert_eq!(fast.check("i").await.unwrap().remaining(), 4);
+        assert_eq!(slow.peek_n("i", 1).await.unwrap().remaining(), 0);
+        let ttl: i64 = server.cli(&["PTTL", "q:i"]).unwrap().trim().parse().unwrap();
+        assert!(ttl > 290_000, "PTTL {ttl} ms: the key would vanish before the slow bucket refills");
     });
 }
 
