@@ -1,12 +1,13 @@
 //! Leased mode: tokens taken from the shared bucket in batches, spent locally.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tollgate::Decision;
 
+use crate::lease_word::LeaseWord;
 use crate::limiter::{Answer, RedisLimiter};
 use crate::Error;
 
@@ -84,19 +85,10 @@ pub struct LeaseStats {
 }
 
 /// One key's lease.
-///
-/// Each grant is a new *generation*. `word` holds the generation and the tokens left; each
-/// generation's expiry sits in `expiries[generation % 4]`. A spender reads the word, then the
-/// clock, then that generation's expiry, and takes the tokens with a CAS on the word: the CAS
-/// succeeds only if the word is unchanged, so the tokens it takes belong to the generation
-/// whose expiry it checked, at an instant after that generation was granted. (A slot is
-/// rewritten four grants later; by then the word has changed and the CAS fails.)
 #[derive(Debug)]
 struct Lease {
-    /// The generation (bits 40–63, wrapping) and the tokens left (bits 0–39).
-    word: AtomicU64,
-    /// Nanoseconds after the limiter's start at which each generation's tokens lapse.
-    expiries: [AtomicU64; 4],
+    /// The generation, its tokens and expiries: the lock-free part (`lease_word.rs`).
+    word: LeaseWord,
     /// The next lease's size.
     size: AtomicU64,
     /// The shared bucket's reset-after at the lease, as an instant: what a local decision
@@ -104,22 +96,6 @@ struct Lease {
     reset_at: AtomicU64,
     /// One refill at a time per key; the others wait for it and spend from it.
     refill: tokio::sync::Mutex<()>,
-}
-
-const TOKEN_BITS: u32 = 40;
-const TOKENS: u64 = (1 << TOKEN_BITS) - 1;
-
-impl Lease {
-    fn expiry(&self, word: u64) -> &AtomicU64 {
-        &self.expiries[usize::try_from((word >> TOKEN_BITS) % 4).unwrap_or(0)]
-    }
-
-    /// The tokens of the current generation, and whether it has lapsed at `now`.
-    fn current(&self, now: u64) -> (u64, bool) {
-        // Acquire: pairs with the Release store of a grant's word, after its expiry.
-        let word = self.word.load(Acquire);
-        (word & TOKENS, self.expiry(word).load(Relaxed) <= now)
-    }
 }
 
 impl LeasedLimiter {
@@ -169,7 +145,7 @@ impl LeasedLimiter {
         // Lapsed leases not yet collected hold stranded tokens; live ones, outstanding tokens.
         let (mut outstanding, mut lapsed) = (0, 0);
         for l in self.leases.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values() {
-            match l.current(now) {
+            match l.word.current(now) {
                 (tokens, false) => outstanding = u64::saturating_add(outstanding, tokens),
                 (tokens, true) => lapsed = u64::saturating_add(lapsed, tokens),
             }
@@ -216,11 +192,8 @@ impl LeasedLimiter {
         let now = self.now();
         // End the old generation: what is left of it (lapsed, or fewer than `n`) strands. A
         // lease spent before it lapsed doubles the next; one that lapsed unspent halves it.
-        let old = lease.word.load(Relaxed);
-        let lapsed = lease.expiry(old).load(Relaxed) <= now;
-        let next = (old >> TOKEN_BITS).wrapping_add(1) << TOKEN_BITS;
-        // Relaxed: the refill mutex orders refills; a spender's CAS on the old word now fails.
-        let left = lease.word.swap(next, Relaxed) & TOKENS;
+        let ended = lease.word.end(now);
+        let (left, lapsed) = (ended.left, ended.lapsed);
         self.counters.stranded_tokens.fetch_add(left, Relaxed);
         let size = match lease.size.load(Relaxed) {
             0 => 1,
@@ -258,9 +231,7 @@ impl LeasedLimiter {
         self.counters.leases.fetch_add(1, Relaxed);
         self.counters.leased_tokens.fetch_add(granted, Relaxed);
         lease.reset_at.store(sent.saturating_add(nanos(decision.reset_after())), Relaxed);
-        lease.expiry(next).store(sent.saturating_add(nanos(self.ttl)), Relaxed);
-        // Release: a spender that reads this word (Acquire) reads the expiry stored above.
-        lease.word.store(next | (granted - n), Release);
+        lease.word.grant(ended, granted - n, sent.saturating_add(nanos(self.ttl)));
         Ok(Decision::allowed(u32::try_from(granted - n).unwrap_or(u32::MAX), decision.reset_after()))
     }
 
@@ -276,28 +247,10 @@ impl LeasedLimiter {
 
     /// `n` tokens from `lease`, if its current generation holds them and has not lapsed.
     fn spend(&self, lease: &Lease, n: u64) -> Option<Decision> {
-        // Acquire (here and on a failed CAS): pairs with the Release store of a grant's word,
-        // so the generation's expiry, stored before it, is visible.
-        let mut word = lease.word.load(Acquire);
-        loop {
-            // The clock after the word: the decision's instant is after the grant it reads.
-            let now = self.now();
-            if lease.expiry(word).load(Relaxed) <= now || word & TOKENS < n {
-                return None;
-            }
-            match lease.word.compare_exchange_weak(word, word - n, Relaxed, Acquire) {
-                Ok(_) => {
-                    self.counters.local.fetch_add(1, Relaxed);
-                    let left = (word & TOKENS) - n;
-                    let reset = lease.reset_at.load(Relaxed).saturating_sub(now);
-                    return Some(Decision::allowed(
-                        u32::try_from(left).unwrap_or(u32::MAX),
-                        Duration::from_nanos(reset),
-                    ));
-                }
-                Err(w) => word = w,
-            }
-        }
+        let (left, now) = lease.word.spend(n, || self.now())?;
+        self.counters.local.fetch_add(1, Relaxed);
+        let reset = lease.reset_at.load(Relaxed).saturating_sub(now);
+        Some(Decision::allowed(u32::try_from(left).unwrap_or(u32::MAX), Duration::from_nanos(reset)))
     }
 
     /// `key`'s lease, made if there is room; `None` when the table is full of live leases.
@@ -311,7 +264,7 @@ impl LeasedLimiter {
             let now = self.now();
             let stranded = &self.counters.stranded_tokens;
             leases.retain(|_, l| {
-                let (tokens, lapsed) = l.current(now);
+                let (tokens, lapsed) = l.word.current(now);
                 let live = !lapsed || Arc::strong_count(l) > 1;
                 if !live {
                     stranded.fetch_add(tokens, Relaxed);
@@ -323,8 +276,7 @@ impl LeasedLimiter {
             }
         }
         let lease = Arc::new(Lease {
-            word: AtomicU64::new(0),
-            expiries: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
+            word: LeaseWord::new(),
             size: AtomicU64::new(0),
             reset_at: AtomicU64::new(0),
             refill: tokio::sync::Mutex::new(()),

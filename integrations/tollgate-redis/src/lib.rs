@@ -40,6 +40,7 @@
 
 mod error;
 mod failure;
+mod lease_word;
 mod leased;
 mod limiter;
 
