@@ -20,13 +20,37 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// A port `p` below 55536 with `p` and `p + 10000` (a cluster node's bus) both free now.
+fn free_cluster_port() -> u16 {
+    let mut seed = u64::from(std::process::id()) ^ Instant::now().elapsed().as_nanos() as u64;
+    loop {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let p = 20_000 + (seed >> 33) as u16 % 30_000;
+        if TcpListener::bind(("127.0.0.1", p)).is_ok() && TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok()
+        {
+            return p;
+        }
+    }
+}
+
 impl Server {
     /// A standalone server, with `extra` arguments (`--requirepass x`, …).
     pub fn start(extra: &[&str]) -> Server {
-        Server::start_on(free_port(), extra)
+        Server::start_with(free_port, extra)
     }
 
-    pub fn start_on(port: u16, extra: &[&str]) -> Server {
+    /// A server on a port from `port`; another one if that port was taken in the meantime
+    /// (another test's server can bind it between our probe and the server's start).
+    fn start_with(port: impl Fn() -> u16, extra: &[&str]) -> Server {
+        for _ in 0..4 {
+            if let Some(s) = Server::try_start_on(port(), extra) {
+                return s;
+            }
+        }
+        panic!("redis-server did not come up on four free ports in a row");
+    }
+
+    fn try_start_on(port: u16, extra: &[&str]) -> Option<Server> {
         let dir = std::env::temp_dir().join(format!("tollgate-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut args: Vec<String> = [
@@ -48,16 +72,21 @@ impl Server {
         .collect();
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut s = Server { port, child: None, dir, args };
-        s.restart();
-        s
+        s.spawn().then_some(s)
     }
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// Starts the process (again) and waits until it accepts connections.
+    /// Starts the process again, on its port, and waits until it accepts connections.
     pub fn restart(&mut self) {
+        assert!(self.spawn(), "redis-server did not come back on port {}", self.port);
+    }
+
+    /// Starts the process and waits until it accepts connections; false if it exited (its
+    /// port was taken) or did not answer within 10 s.
+    fn spawn(&mut self) -> bool {
         assert!(self.child.is_none(), "already running");
         let child = Command::new("redis-server")
             .args(&self.args)
@@ -69,11 +98,16 @@ impl Server {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if self.cli(&["PING"]).map(|o| o.trim() == "PONG").unwrap_or(false) {
-                return;
+                return true;
+            }
+            if self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(Some(_)))) {
+                self.child = None;
+                return false;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        panic!("redis-server on port {} did not come up within 10 s", self.port);
+        self.kill();
+        false
     }
 
     /// Kills the process (SIGKILL: no goodbye to the clients) and waits for it.
@@ -117,15 +151,14 @@ impl Cluster {
     pub fn start() -> Cluster {
         let nodes: Vec<Server> = (0..3)
             .map(|_| {
-                let port = free_port();
-                let conf = format!("nodes-{port}.conf");
-                Server::start_on(
-                    port,
+                // A node also listens on its port + 10000 (the cluster bus).
+                Server::start_with(
+                    free_cluster_port,
                     &[
                         "--cluster-enabled",
                         "yes",
                         "--cluster-config-file",
-                        &conf,
+                        "nodes.conf",
                         "--cluster-node-timeout",
                         "2000",
                     ],

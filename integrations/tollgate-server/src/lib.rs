@@ -1,0 +1,442 @@
+//! A RESP server in front of tollgate's keyed token bucket, compatible with redis-cell's
+//! `CL.THROTTLE`: clients that already speak it (any Redis client library, `redis-cli`,
+//! `redis-benchmark`) get tollgate's exact, lock-free decisions over the network.
+//!
+//! `CL.THROTTLE key max_burst count period [quantity]` answers as redis-cell does: limited
+//! (0/1), the limit (`max_burst + 1`), the tokens remaining, the retry-after in seconds (`-1`
+//! when allowed, or when the quantity can never fit), and the seconds until the bucket is full
+//! again, seconds rounded as redis-cell rounds them (truncated, plus one if the rest is at least
+//! a millisecond). Each distinct `(max_burst, count, period)` gets its own keyed table, built on
+//! first use, holding up to the server's capacity of keys (full buckets are evicted first).
+//!
+//! Also `PING`, `ECHO`, `QUIT`, `HELLO` (RESP2 and RESP3: the replies of the other commands are
+//! the same in both), `COMMAND`, `INFO` with the server's counters, and the few commands clients
+//! send on connecting (`CLIENT …`, `SELECT 0`, `CONFIG GET`). Unknown commands and malformed
+//! requests get errors that say what was wrong, and the connection goes on; a bulk string over
+//! the argument limit is skipped as it arrives, unbuffered; a request over the request limit
+//! closes the connection.
+
+pub mod resp;
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tollgate::{Decision, KeyedLimiter, Outcome, Rate, TokenBucket, WhenFull};
+
+use resp::{reply, Limits, Parsed, Parser};
+
+/// How the server is bounded.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// Keys per quota's table.
+    pub capacity: usize,
+    /// Distinct `(max_burst, count, period)` quotas, each a table of `capacity` keys.
+    pub max_quotas: usize,
+    /// Connections served at once; more are told so and closed.
+    pub max_connections: usize,
+    /// What one request may hold.
+    pub limits: Limits,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config { capacity: 1 << 20, max_quotas: 16, max_connections: 1024, limits: Limits::default() }
+    }
+}
+
+/// The server's counters, as `INFO` shows them.
+#[derive(Debug, Default)]
+struct Counters {
+    connections_received: AtomicU64,
+    connected: AtomicU64,
+    rejected_connections: AtomicU64,
+    accept_errors: AtomicU64,
+    commands: AtomicU64,
+    throttle_calls: AtomicU64,
+    throttle_limited: AtomicU64,
+    protocol_errors: AtomicU64,
+    unknown_commands: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    // Relaxed: statistics only.
+    c.fetch_add(1, Relaxed);
+}
+
+/// A quota's key: `(max_burst, count, period in seconds)`.
+type QuotaKey = (u64, u64, u64);
+
+/// The server: its tables and counters. Serve it with [`Server::serve`].
+#[derive(Debug)]
+pub struct Server {
+    config: Config,
+    tables: RwLock<HashMap<QuotaKey, Arc<KeyedLimiter<Vec<u8>>>>>,
+    counters: Counters,
+    connections: Arc<Semaphore>,
+    started: Instant,
+}
+
+/// After a command: go on, or close the connection once the replies are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Close,
+}
+
+impl Server {
+    /// A server with `config`.
+    pub fn new(config: Config) -> Arc<Server> {
+        Arc::new(Server {
+            config,
+            tables: RwLock::new(HashMap::new()),
+            counters: Counters::default(),
+            connections: Arc::new(Semaphore::new(config.max_connections)),
+            started: Instant::now(),
+        })
+    }
+
+    /// Accepts connections on `listener`, each on its own task, for as long as the task runs.
+    /// A failed accept (a connection reset before it was accepted, or no file descriptor
+    /// left) is counted and retried after a pause; it never stops the server.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            let mut stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(_) => {
+                    bump(&self.counters.accept_errors);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            };
+            bump(&self.counters.connections_received);
+            let Ok(permit) = Arc::clone(&self.connections).try_acquire_owned() else {
+                bump(&self.counters.rejected_connections);
+                let _ = stream.write_all(b"-ERR max number of clients reached\r\n").await;
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let server = Arc::clone(&self);
+            tokio::spawn(async move {
+                server.counters.connected.fetch_add(1, Relaxed);
+                let _ = server.connection(stream).await;
+                server.counters.connected.fetch_sub(1, Relaxed);
+                drop(permit);
+            });
+        }
+    }
+
+    async fn connection(&self, mut stream: TcpStream) -> io::Result<()> {
+        let limits = self.config.limits;
+        let mut parser = Parser::new(limits);
+        let mut input = BytesMut::with_capacity(16 * 1024);
+        let mut out = BytesMut::with_capacity(16 * 1024);
+        loop {
+            // Every complete request in the buffer, replies batched: pipelining costs one
+            // write per read.
+            let mut flow = Flow::Continue;
+            while flow == Flow::Continue {
+                match parser.next(&mut input) {
+                    Parsed::Request(args) => flow = self.execute(&args, &mut out),
+                    Parsed::Error(e) => {
+                        bump(&self.counters.protocol_errors);
+                        reply::error(&mut out, &e);
+                    }
+                    Parsed::Incomplete => break,
+                }
+            }
+            if input.len() > limits.max_request_bytes {
+                bump(&self.counters.protocol_errors);
+                let msg = format!("ERR Protocol error: a request over {} bytes", limits.max_request_bytes);
+                reply::error(&mut out, &msg);
+                flow = Flow::Close;
+            }
+            if !out.is_empty() {
+                stream.write_all(&out).await?;
+                out.clear();
+            }
+            if flow == Flow::Close || stream.read_buf(&mut input).await? == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Runs one command, appending its reply.
+    fn execute(&self, args: &[Vec<u8>], out: &mut BytesMut) -> Flow {
+        bump(&self.counters.commands);
+        let name = args[0].to_ascii_uppercase();
+        let arity = |want: &str, ok: bool, out: &mut BytesMut| {
+            if !ok {
+                reply::error(out, &format!("ERR wrong number of arguments for '{want}' command"));
+            }
+            ok
+        };
+        match name.as_slice() {
+            b"CL.THROTTLE" => {
+                if arity("cl.throttle", matches!(args.len(), 5 | 6), out) {
+                    self.throttle(args, out);
+                }
+            }
+            b"PING" => match args.len() {
+                1 => reply::simple(out, "PONG"),
+                2 => reply::bulk(out, &args[1]),
+                _ => {
+                    arity("ping", false, out);
+                }
+            },
+            b"ECHO" => {
+                if arity("echo", args.len() == 2, out) {
+                    reply::bulk(out, &args[1]);
+                }
+            }
+            b"QUIT" => {
+                reply::simple(out, "OK");
+                return Flow::Close;
+            }
+            b"HELLO" => self.hello(args, out),
+            b"COMMAND" => match args.get(1).map(|a| a.to_ascii_uppercase()) {
+                Some(sub) if sub == b"COUNT" => reply::integer(out, COMMANDS.len() as i64),
+                _ => reply::array(out, 0),
+            },
+            b"INFO" => reply::bulk(out, self.info().as_bytes()),
+            b"SELECT" => match args.get(1).map(Vec::as_slice) {
+                Some(b"0") if args.len() == 2 => reply::simple(out, "OK"),
+                _ => reply::error(out, "ERR only database 0 exists"),
+            },
+            b"CLIENT" => reply::simple(out, "OK"),
+            b"CONFIG" => reply::array(out, 0),
+            _ => {
+                bump(&self.counters.unknown_commands);
+                let shown = String::from_utf8_lossy(&args[0][..args[0].len().min(64)]).into_owned();
+                reply::error(
+                    out,
+                    &format!("ERR unknown command '{shown}', with {} arguments", args.len() - 1),
+                );
+            }
+        }
+        Flow::Continue
+    }
+
+    fn hello(&self, args: &[Vec<u8>], out: &mut BytesMut) {
+        let version =
+            match args.get(1).map(|v| std::str::from_utf8(v).ok().and_then(|v| v.parse::<u32>().ok())) {
+                None => 2,
+                Some(Some(v @ (2 | 3))) => v,
+                Some(_) => {
+                    reply::error(out, "NOPROTO unsupported protocol version");
+                    return;
+                }
+            };
+        // The replies of every other command are the same in RESP2 and RESP3, so the version
+        // only changes this one: a map in RESP3, a flat array in RESP2.
+        let fields: [(&str, &[u8]); 4] = [
+            ("server", b"tollgate"),
+            ("version", env!("CARGO_PKG_VERSION").as_bytes()),
+            ("mode", b"standalone"),
+            ("role", b"master"),
+        ];
+        if version == 3 {
+            out.extend_from_slice(format!("%{}\r\n", fields.len() + 1).as_bytes());
+        } else {
+            reply::array(out, 2 * (fields.len() + 1));
+        }
+        for (k, v) in fields {
+            reply::bulk(out, k.as_bytes());
+            reply::bulk(out, v);
+        }
+        reply::bulk(out, b"proto");
+        reply::integer(out, i64::from(version));
+    }
+
+    /// `CL.THROTTLE key max_burst count period [quantity]`.
+    fn throttle(&self, args: &[Vec<u8>], out: &mut BytesMut) {
+        bump(&self.counters.throttle_calls);
+        let int = |i: usize, name: &str| -> Result<u64, String> {
+            let a = &args[i];
+            std::str::from_utf8(a).ok().and_then(|s| s.parse::<u64>().ok()).ok_or_else(|| {
+                let shown = String::from_utf8_lossy(&a[..a.len().min(32)]).into_owned();
+                format!("ERR {name} must be a non-negative integer, got '{shown}'")
+            })
+        };
+        let parsed = (|| -> Result<(u64, u64, u64, u64), String> {
+            let quantity = if args.len() == 6 { int(5, "quantity")? } else { 1 };
+            Ok((int(2, "max_burst")?, int(3, "count")?, int(4, "period")?, quantity))
+        })();
+        let (max_burst, count, period, quantity) = match parsed {
+            Ok(p) => p,
+            Err(e) => return reply::error(out, &e),
+        };
+        let table = match self.table((max_burst, count, period)) {
+            Ok(t) => t,
+            Err(e) => return reply::error(out, &e),
+        };
+        let d = table.check_n(args[1].as_slice(), quantity);
+        if !d.is_allowed() {
+            bump(&self.counters.throttle_limited);
+        }
+        write_throttle(out, &d, max_burst + 1);
+    }
+
+    /// The table of this quota, built on first use.
+    fn table(&self, key: QuotaKey) -> Result<Arc<KeyedLimiter<Vec<u8>>>, String> {
+        if let Some(t) = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
+            return Ok(Arc::clone(t));
+        }
+        let (max_burst, count, period) = key;
+        if count == 0 || period == 0 {
+            return Err("ERR Zero rates are not supported".into());
+        }
+        let burst = max_burst.checked_add(1).ok_or("ERR max_burst is too large")?;
+        let quota = TokenBucket::new(Rate::per(count, Duration::from_secs(period)), burst)
+            .map_err(|e| format!("ERR invalid quota: {e}"))?;
+        let mut tables = self.tables.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(t) = tables.get(&key) {
+            return Ok(Arc::clone(t));
+        }
+        if tables.len() >= self.config.max_quotas {
+            return Err(format!(
+                "ERR this server holds {} distinct (max_burst, count, period) quotas, its limit",
+                self.config.max_quotas
+            ));
+        }
+        let table = KeyedLimiter::<Vec<u8>>::builder(quota)
+            .capacity(self.config.capacity)
+            .when_full(WhenFull::EvictFullest)
+            .build()
+            .map_err(|e| format!("ERR cannot hold this quota: {e}"))?;
+        let table = Arc::new(table);
+        tables.insert(key, Arc::clone(&table));
+        Ok(table)
+    }
+
+    fn info(&self) -> String {
+        let c = &self.counters;
+        let tables = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let keys: u64 = tables.values().map(|t| t.len()).sum();
+        let capacity: u64 = tables.values().map(|t| t.capacity()).sum();
+        format!(
+            "# Server\r\nserver:tollgate\r\ntollgate_version:{}\r\nuptime_in_seconds:{}\r\n\
+             \r\n# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n\
+             \r\n# Stats\r\ntotal_connections_received:{}\r\nrejected_connections:{}\r\naccept_errors:{}\r\n\
+             total_commands_processed:{}\r\nthrottle_calls:{}\r\nthrottle_limited:{}\r\n\
+             protocol_errors:{}\r\nunknown_commands:{}\r\n\
+             \r\n# Keyspace\r\nquotas:{}\r\nmax_quotas:{}\r\nkeys:{}\r\nkeys_capacity:{}\r\n",
+            env!("CARGO_PKG_VERSION"),
+            self.started.elapsed().as_secs(),
+            c.connected.load(Relaxed),
+            self.config.max_connections,
+            c.connections_received.load(Relaxed),
+            c.rejected_connections.load(Relaxed),
+            c.accept_errors.load(Relaxed),
+            c.commands.load(Relaxed),
+            c.throttle_calls.load(Relaxed),
+            c.throttle_limited.load(Relaxed),
+            c.protocol_errors.load(Relaxed),
+            c.unknown_commands.load(Relaxed),
+            tables.len(),
+            self.config.max_quotas,
+            keys,
+            capacity,
+        )
+    }
+}
+
+/// The commands this server knows (for `COMMAND COUNT`).
+const COMMANDS: [&str; 10] =
+    ["CL.THROTTLE", "PING", "ECHO", "QUIT", "HELLO", "COMMAND", "INFO", "SELECT", "CLIENT", "CONFIG"];
+
+/// Seconds as redis-cell replies them: truncated, plus one if the rest is at least 1 ms.
+fn cell_seconds(d: Duration) -> i64 {
+    let whole = i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+    if d.subsec_millis() >= 1 {
+        whole.saturating_add(1)
+    } else {
+        whole
+    }
+}
+
+/// redis-cell's five integers for `d`.
+fn write_throttle(out: &mut BytesMut, d: &Decision, limit: u64) {
+    let limited = !d.is_allowed();
+    let retry = match (limited, d.outcome(), d.retry_after()) {
+        (true, Outcome::Denied, Some(wait)) => cell_seconds(wait),
+        _ => -1, // allowed, or a quantity that never fits, or no room for the key
+    };
+    reply::array(out, 5);
+    reply::integer(out, i64::from(limited));
+    reply::integer(out, i64::try_from(limit).unwrap_or(i64::MAX));
+    reply::integer(out, i64::try_from(d.remaining()).unwrap_or(i64::MAX));
+    reply::integer(out, retry);
+    reply::integer(out, cell_seconds(d.reset_after()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_round_as_redis_cell_rounds_them() {
+        assert_eq!(cell_seconds(Duration::from_millis(2000)), 2);
+        assert_eq!(cell_seconds(Duration::from_micros(2_000_999)), 2, "a sub-millisecond rest is dropped");
+        assert_eq!(cell_seconds(Duration::from_millis(2001)), 3);
+        assert_eq!(cell_seconds(Duration::ZERO), 0);
+    }
+
+    fn run(server: &Server, cmd: &[&str]) -> Vec<u8> {
+        let args: Vec<Vec<u8>> = cmd.iter().map(|a| a.as_bytes().to_vec()).collect();
+        let mut out = BytesMut::new();
+        server.execute(&args, &mut out);
+        out.to_vec()
+    }
+
+    /// redis-cell's README: `CL.THROTTLE user123 15 30 60` on a fresh key gives 0, 16, 15, -1, 2.
+    #[test]
+    fn the_redis_cell_vector() {
+        let server = Server::new(Config { capacity: 1024, ..Config::default() });
+        let got = run(&server, &["CL.THROTTLE", "user123", "15", "30", "60"]);
+        assert_eq!(got, b"*5\r\n:0\r\n:16\r\n:15\r\n:-1\r\n:2\r\n");
+        // Sixteen in all, then limited with a wait of one token (2 s).
+        for _ in 0..15 {
+            assert!(run(&server, &["cl.throttle", "user123", "15", "30", "60"]).starts_with(b"*5\r\n:0\r\n"));
+        }
+        let limited = run(&server, &["CL.THROTTLE", "user123", "15", "30", "60"]);
+        assert!(
+            limited.starts_with(b"*5\r\n:1\r\n:16\r\n:0\r\n:2\r\n"),
+            "{}",
+            String::from_utf8_lossy(&limited)
+        );
+        // A quantity beyond the limit never fits: limited, retry -1.
+        let never = run(&server, &["CL.THROTTLE", "other", "15", "30", "60", "17"]);
+        assert!(
+            never.starts_with(b"*5\r\n:1\r\n:16\r\n:16\r\n:-1\r\n"),
+            "{}",
+            String::from_utf8_lossy(&never)
+        );
+    }
+
+    #[test]
+    fn bad_arguments_are_errors_that_say_what_was_wrong() {
+        let server = Server::new(Config { capacity: 1024, max_quotas: 2, ..Config::default() });
+        let err = |cmd: &[&str]| String::from_utf8(run(&server, cmd)).unwrap();
+        assert!(err(&["CL.THROTTLE", "k", "15", "0", "60"]).starts_with("-ERR Zero rates"));
+        assert!(err(&["CL.THROTTLE", "k", "15", "30", "0"]).starts_with("-ERR Zero rates"));
+        assert!(err(&["CL.THROTTLE", "k", "-1", "30", "60"])
+            .contains("max_burst must be a non-negative integer, got '-1'"));
+        assert!(err(&["CL.THROTTLE", "k", "15", "30"]).contains("wrong number of arguments"));
+        assert!(err(&["CL.THROTTLE", "k", "18446744073709551615", "30", "60"]).starts_with("-ERR"));
+        assert!(err(&["NOPE", "a"]).starts_with("-ERR unknown command 'NOPE', with 1 arguments"));
+        assert!(err(&["CL.THROTTLE", "k", "1", "30", "60"]).starts_with("*5"));
+        assert!(err(&["CL.THROTTLE", "k", "2", "30", "60"]).starts_with("*5"));
+        assert!(err(&["CL.THROTTLE", "k", "3", "30", "60"]).contains("2 distinct"));
+        assert_eq!(err(&["PING"]), "+PONG\r\n");
+        assert_eq!(err(&["HELLO", "4"]), "-NOPROTO unsupported protocol version\r\n");
+        assert!(err(&["HELLO", "3"]).starts_with("%5\r\n"));
+        assert!(err(&["INFO"]).contains("throttle_calls:"));
+    }
+}
