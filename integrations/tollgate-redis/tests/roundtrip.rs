@@ -81,7 +81,8 @@ fn governor_vector_through_redis() {
 fn live_decisions_and_the_time_to_full_ttl() {
     let server = Server::start(&[]);
     rt().block_on(async {
-        let q = TokenBucket::new(Rate::per_second(10), 3).unwrap(); // full again 300 ms after empty
+        // 3 per minute: nothing refills between the calls, however slow the machine.
+        let q = TokenBucket::new(Rate::per_minute(3), 3).unwrap(); // full again 60 s after empty
         let l = limiter(&server, q, "live:").await;
         for left in [2, 1, 0] {
             let d = l.check("a").await.unwrap();
@@ -89,9 +90,9 @@ fn live_decisions_and_the_time_to_full_ttl() {
         }
         let d = l.check("a").await.unwrap();
         assert_eq!(d.outcome(), Outcome::Denied);
-        assert!(d.retry_after().unwrap() <= Duration::from_millis(100));
+        assert!(d.retry_after().unwrap() <= Duration::from_secs(20));
         let ttl: i64 = server.cli(&["PTTL", "live:a"]).unwrap().trim().parse().unwrap();
-        assert!((1..=302).contains(&ttl), "PTTL {ttl} ms: the time to full (≤ 300 ms) plus 2 ms");
+        assert!((50_000..=60_002).contains(&ttl), "PTTL {ttl} ms: the time to full (≤ 60 s) plus 2 ms");
         let t = l.server_time().await.unwrap();
         assert!(t > T0 - 365 * 86_400_000_000, "TIME {t} µs");
         // A peek takes nothing and writes nothing for an absent key.
