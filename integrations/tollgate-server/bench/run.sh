@@ -39,6 +39,14 @@ echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); $(nproc) cores; co
 echo
 echo "| keys | pipeline | tollgate-server CL.THROTTLE (req/s) | redis-server + classic Lua (req/s) | ratio |"
 echo "|---|---:|---:|---:|---:|"
+# The floor: PING, no decision at all, on each server (what redis-benchmark and the sockets
+# allow on this machine).
+for pipeline in 1 16; do
+    t="$(rps "$tport" "-P $pipeline" PING)"
+    l="$(rps "$rport" "-P $pipeline" PING)"
+    ratio="$(python3 -c "print(f'{$t / $l:.2f}×')")"
+    echo "| PING (floor) | $pipeline | $t | $l | $ratio |"
+done
 for keys in 1 1M; do
     if [[ "$keys" == 1 ]]; then key=one; else key="k:__rand_int__"; fi
     for pipeline in 1 16; do
