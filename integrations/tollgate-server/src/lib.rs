@@ -11,10 +11,12 @@
 //!
 //! Also `PING`, `ECHO`, `QUIT`, `HELLO` (RESP2 and RESP3: the replies of the other commands are
 //! the same in both), `COMMAND`, `INFO` with the server's counters, and the few commands clients
-//! send on connecting (`CLIENT …`, `SELECT 0`, `CONFIG GET`). Unknown commands and malformed
-//! requests get errors that say what was wrong, and the connection goes on; a bulk string over
-//! the argument limit is skipped as it arrives, unbuffered; a request over the request limit
-//! closes the connection.
+//! send on connecting (`CLIENT …`, `SELECT 0`, `CONFIG GET`). Unknown commands, bad arguments
+//! and refused requests (an argument over the limit, skipped as it arrives, unbuffered; too
+//! many arguments) get errors that say what was wrong, and the connection goes on; a frame
+//! whose lengths cannot be read, or a request over the request limit, gets its error and then
+//! the connection is closed, as Redis does (see [`resp`]). Silent connections are closed after
+//! the idle timeout, so that they cannot hold every connection slot.
 
 pub mod resp;
 
@@ -43,11 +45,19 @@ pub struct Config {
     pub max_connections: usize,
     /// What one request may hold.
     pub limits: Limits,
+    /// How long a connection may stay silent before the server closes it (`None`: forever).
+    pub idle_timeout: Option<Duration>,
 }
 
 impl Default for Config {
     fn default() -> Config {
-        Config { capacity: 1 << 20, max_quotas: 16, max_connections: 1024, limits: Limits::default() }
+        Config {
+            capacity: 1 << 20,
+            max_quotas: 8,
+            max_connections: 1024,
+            limits: Limits::default(),
+            idle_timeout: Some(Duration::from_secs(300)),
+        }
     }
 }
 
@@ -68,6 +78,21 @@ struct Counters {
 fn bump(c: &AtomicU64) {
     // Relaxed: statistics only.
     c.fetch_add(1, Relaxed);
+}
+
+/// Closes a connection the server ends: its replies are written, so shut the write side and
+/// read what the client still sends for a moment, so that the close is a FIN, not a reset that
+/// could destroy the last reply in flight.
+async fn close(mut stream: TcpStream) -> io::Result<()> {
+    stream.shutdown().await?;
+    let mut sink = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
+    while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, stream.read(&mut sink)).await {
+        if n == 0 {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// A quota's key: `(max_burst, count, period in seconds)`.
@@ -97,7 +122,7 @@ impl Server {
             config,
             tables: RwLock::new(HashMap::new()),
             counters: Counters::default(),
-            connections: Arc::new(Semaphore::new(config.max_connections)),
+            connections: Arc::new(Semaphore::new(config.max_connections.clamp(1, Semaphore::MAX_PERMITS))),
             started: Instant::now(),
         })
     }
@@ -118,15 +143,26 @@ impl Server {
             bump(&self.counters.connections_received);
             let Ok(permit) = Arc::clone(&self.connections).try_acquire_owned() else {
                 bump(&self.counters.rejected_connections);
-                let _ = stream.write_all(b"-ERR max number of clients reached\r\n").await;
+                tokio::spawn(async move {
+                    if stream.write_all(b"-ERR max number of clients reached\r\n").await.is_ok() {
+                        let _ = close(stream).await;
+                    }
+                });
                 continue;
             };
             let _ = stream.set_nodelay(true);
             let server = Arc::clone(&self);
             tokio::spawn(async move {
+                /// Counts the connection out however its task ends.
+                struct Connected<'a>(&'a AtomicU64);
+                impl Drop for Connected<'_> {
+                    fn drop(&mut self) {
+                        self.0.fetch_sub(1, Relaxed);
+                    }
+                }
                 server.counters.connected.fetch_add(1, Relaxed);
+                let _connected = Connected(&server.counters.connected);
                 let _ = server.connection(stream).await;
-                server.counters.connected.fetch_sub(1, Relaxed);
                 drop(permit);
             });
         }
@@ -138,8 +174,8 @@ impl Server {
         let mut input = BytesMut::with_capacity(16 * 1024);
         let mut out = BytesMut::with_capacity(16 * 1024);
         loop {
-            // Every complete request in the buffer, replies batched: pipelining costs one
-            // write per read.
+            // Every complete request in the buffer, replies batched (pipelining costs one write
+            // per read), written out whenever they pass 64 KiB.
             let mut flow = Flow::Continue;
             while flow == Flow::Continue {
                 match parser.next(&mut input) {
@@ -148,20 +184,37 @@ impl Server {
                         bump(&self.counters.protocol_errors);
                         reply::error(&mut out, &e);
                     }
+                    Parsed::Fatal(e) => {
+                        bump(&self.counters.protocol_errors);
+                        reply::error(&mut out, &e);
+                        flow = Flow::Close;
+                    }
                     Parsed::Incomplete => break,
                 }
-            }
-            if input.len() > limits.max_request_bytes {
-                bump(&self.counters.protocol_errors);
-                let msg = format!("ERR Protocol error: a request over {} bytes", limits.max_request_bytes);
-                reply::error(&mut out, &msg);
-                flow = Flow::Close;
+                if out.len() > 64 * 1024 {
+                    stream.write_all(&out).await?;
+                    out.clear();
+                }
             }
             if !out.is_empty() {
                 stream.write_all(&out).await?;
                 out.clear();
             }
-            if flow == Flow::Close || stream.read_buf(&mut input).await? == 0 {
+            if flow == Flow::Close {
+                return close(stream).await;
+            }
+            if input.is_empty() && input.capacity() > 256 * 1024 {
+                input = BytesMut::with_capacity(16 * 1024); // a large request's buffer, given back
+            }
+            let read = stream.read_buf(&mut input);
+            let n = match self.config.idle_timeout {
+                Some(idle) => match tokio::time::timeout(idle, read).await {
+                    Ok(n) => n?,
+                    Err(_) => return close(stream).await, // idle: the slot goes to someone else
+                },
+                None => read.await?,
+            };
+            if n == 0 {
                 return Ok(());
             }
         }
@@ -205,10 +258,14 @@ impl Server {
                 _ => reply::array(out, 0),
             },
             b"INFO" => reply::bulk(out, self.info().as_bytes()),
-            b"SELECT" => match args.get(1).map(Vec::as_slice) {
-                Some(b"0") if args.len() == 2 => reply::simple(out, "OK"),
-                _ => reply::error(out, "ERR only database 0 exists"),
-            },
+            b"SELECT" => {
+                if arity("select", args.len() == 2, out) {
+                    match args[1].as_slice() {
+                        b"0" => reply::simple(out, "OK"),
+                        _ => reply::error(out, "ERR only database 0 exists"),
+                    }
+                }
+            }
             b"CLIENT" => reply::simple(out, "OK"),
             b"CONFIG" => reply::array(out, 0),
             _ => {
@@ -265,8 +322,9 @@ impl Server {
             })
         };
         let parsed = (|| -> Result<(u64, u64, u64, u64), String> {
+            let (max_burst, count, period) = (int(2, "max_burst")?, int(3, "count")?, int(4, "period")?);
             let quantity = if args.len() == 6 { int(5, "quantity")? } else { 1 };
-            Ok((int(2, "max_burst")?, int(3, "count")?, int(4, "period")?, quantity))
+            Ok((max_burst, count, period, quantity))
         })();
         let (max_burst, count, period, quantity) = match parsed {
             Ok(p) => p,
@@ -280,7 +338,7 @@ impl Server {
         if !d.is_allowed() {
             bump(&self.counters.throttle_limited);
         }
-        write_throttle(out, &d, max_burst + 1);
+        write_throttle(out, &d, table.policy().burst());
     }
 
     /// The table of this quota, built on first use.
@@ -295,24 +353,35 @@ impl Server {
         let burst = max_burst.checked_add(1).ok_or("ERR max_burst is too large")?;
         let quota = TokenBucket::new(Rate::per(count, Duration::from_secs(period)), burst)
             .map_err(|e| format!("ERR invalid quota: {e}"))?;
-        let mut tables = self.tables.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(t) = tables.get(&key) {
-            return Ok(Arc::clone(t));
+        if self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+            >= self.config.max_quotas
+        {
+            return Err(self.too_many_quotas());
         }
-        if tables.len() >= self.config.max_quotas {
-            return Err(format!(
-                "ERR this server holds {} distinct (max_burst, count, period) quotas, its limit",
-                self.config.max_quotas
-            ));
-        }
+        // Built outside the lock (it writes every slot of the table): decisions on the other
+        // quotas go on meanwhile.
         let table = KeyedLimiter::<Vec<u8>>::builder(quota)
             .capacity(self.config.capacity)
             .when_full(WhenFull::EvictFullest)
             .build()
             .map_err(|e| format!("ERR cannot hold this quota: {e}"))?;
+        let mut tables = self.tables.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(t) = tables.get(&key) {
+            return Ok(Arc::clone(t)); // built by another connection meanwhile
+        }
+        if tables.len() >= self.config.max_quotas {
+            return Err(self.too_many_quotas());
+        }
         let table = Arc::new(table);
         tables.insert(key, Arc::clone(&table));
         Ok(table)
+    }
+
+    fn too_many_quotas(&self) -> String {
+        format!(
+            "ERR this server holds {} distinct (max_burst, count, period) quotas, its limit (--max-quotas)",
+            self.config.max_quotas
+        )
     }
 
     fn info(&self) -> String {

@@ -24,15 +24,22 @@ struct Args {
     /// Keys per quota (each distinct max_burst, count, period): the table's capacity.
     #[arg(long, default_value_t = 1 << 20)]
     capacity: usize,
-    /// Distinct quotas the server holds.
-    #[arg(long, default_value_t = 16)]
+    /// Distinct quotas the server holds, each a table of --capacity keys allocated when first
+    /// used (about 48 bytes a slot, so the defaults bound the tables to about 0.4 GB).
+    #[arg(long, default_value_t = 8)]
     max_quotas: usize,
     /// Connections served at once.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
-    /// The largest argument, in bytes.
+    /// The largest argument, in bytes (a larger one is refused and skipped unbuffered).
     #[arg(long, default_value_t = 64 * 1024)]
     max_arg_bytes: usize,
+    /// The largest request, in bytes (a larger one is refused and the connection closed).
+    #[arg(long, default_value_t = 1 << 20)]
+    max_request_bytes: usize,
+    /// Seconds a connection may stay silent before it is closed (0: never).
+    #[arg(long, default_value_t = 300)]
+    idle_timeout: u64,
     /// Worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
@@ -44,9 +51,10 @@ fn main() {
         capacity: args.capacity,
         max_quotas: args.max_quotas,
         max_connections: args.max_connections.max(1),
+        idle_timeout: (args.idle_timeout > 0).then(|| std::time::Duration::from_secs(args.idle_timeout)),
         limits: Limits {
             max_arg_bytes: args.max_arg_bytes,
-            max_request_bytes: args.max_arg_bytes.saturating_mul(4).max(1 << 20),
+            max_request_bytes: args.max_request_bytes,
             ..Limits::default()
         },
     };

@@ -2,9 +2,18 @@
 //!
 //! A request is a multibulk array of bulk strings (`*2\r\n$4\r\nPING\r\n$2\r\nhi\r\n`, what
 //! every client library sends) or an inline command (`PING hi\r\n`, what a person types into
-//! a raw connection). Anything else is a protocol error that names what was wrong; the parser
-//! then skips to the end of the offending line (or over the announced payload of an oversized
-//! bulk string, without buffering it) and the connection goes on.
+//! a raw connection). The parser consumes each element as soon as it is complete (a request
+//! that arrives a byte at a time is never walked twice) and never recurses.
+//!
+//! Errors, and what follows them:
+//! - **recoverable**, the connection goes on: an inline line or an argument over the limit, a
+//!   request with more arguments than allowed. The rest of the offending request is skipped as
+//!   it arrives (its bulk strings' payloads without being buffered), so that nothing in it is
+//!   ever run as a command and every request gets exactly one reply.
+//! - **fatal**, the connection is closed after the error: a frame whose lengths cannot be read
+//!   (`*x`, `$abc`, an element that is not a bulk string, a bulk string not followed by CRLF, a
+//!   length line that does not end). There is then no way to find where the next request
+//!   starts; Redis closes the connection too.
 
 use bytes::{Buf, BytesMut};
 
@@ -27,189 +36,240 @@ impl Default for Limits {
     }
 }
 
+/// The longest `*<count>` or `$<len>` line: a sign, 19 digits, CRLF, and some slack.
+const MAX_LENGTH_LINE: usize = 32;
+
 /// What the parser found at the front of the buffer.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Parsed {
     /// A complete request: its arguments.
     Request(Vec<Vec<u8>>),
-    /// A malformed or oversized request, already skipped (or being skipped): the error to reply.
+    /// A refused request, skipped (or being skipped): the error to reply; the connection goes on.
     Error(String),
+    /// A frame that cannot be read: the error to reply before closing the connection.
+    Fatal(String),
     /// Not enough bytes yet.
     Incomplete,
 }
 
-/// An incremental parser: feed it the connection's buffer; it consumes whole requests.
+/// Where the parser is between calls.
+#[derive(Debug, Default)]
+enum State {
+    /// At the start of a request.
+    #[default]
+    Start,
+    /// Inside a multibulk request: the arguments so far, their bytes, and how many are still
+    /// to come.
+    Args { args: Vec<Vec<u8>>, size: usize, remaining: usize },
+    /// Skipping the rest of a refused multibulk request: `bytes` of the current bulk string
+    /// (payload and CRLF), then `elements` more bulk strings.
+    Skip { bytes: usize, elements: usize },
+    /// Discarding up to the next LF (the rest of an overlong inline line).
+    SkipLine,
+}
+
+/// An incremental parser: feed it the connection's buffer; it consumes requests.
 #[derive(Debug, Default)]
 pub struct Parser {
     limits: Limits,
-    /// Bytes still to discard from an oversized bulk string (its payload and CRLF).
-    skip: usize,
-    /// Discarding up to the next LF (an overlong inline line, or a malformed header's line).
-    skip_line: bool,
+    state: State,
 }
 
 /// Where a line ends: the index of its `\n`, and its content without `\r\n`.
-fn line(buf: &[u8], from: usize) -> Option<(usize, &[u8])> {
-    let nl = buf[from..].iter().position(|&b| b == b'\n')? + from;
-    let end = if nl > from && buf[nl - 1] == b'\r' { nl - 1 } else { nl };
-    Some((nl, &buf[from..end]))
+fn line(buf: &[u8]) -> Option<(usize, &[u8])> {
+    let nl = buf.iter().position(|&b| b == b'\n')?;
+    let end = if nl > 0 && buf[nl - 1] == b'\r' { nl - 1 } else { nl };
+    Some((nl, &buf[..end]))
 }
 
 fn number(bytes: &[u8]) -> Option<i64> {
     std::str::from_utf8(bytes).ok()?.parse().ok()
 }
 
+fn shown(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(&bytes[..bytes.len().min(32)]).into_owned()
+}
+
+/// A bulk string's header (`$<len>`) at the front of `buf`: `Ok(Some((header bytes, len)))`,
+/// `Ok(None)` while incomplete, `Err` when it cannot be read.
+fn bulk_header(buf: &[u8]) -> Result<Option<(usize, i64)>, String> {
+    match buf.first() {
+        None => return Ok(None),
+        Some(b'$') => {}
+        Some(&other) => {
+            return Err(format!("ERR Protocol error: expected '$', got {:?}", char::from(other)));
+        }
+    }
+    let Some((nl, text)) = line(&buf[1..]) else {
+        return if buf.len() > MAX_LENGTH_LINE {
+            Err("ERR Protocol error: a bulk length line that does not end".into())
+        } else {
+            Ok(None)
+        };
+    };
+    match number(text) {
+        Some(len) if len >= 0 => Ok(Some((nl + 2, len))),
+        _ => Err(format!("ERR Protocol error: invalid bulk length {:?}", shown(text))),
+    }
+}
+
 impl Parser {
     /// A parser with these limits.
     pub fn new(limits: Limits) -> Parser {
-        Parser { limits, skip: 0, skip_line: false }
+        Parser { limits, state: State::Start }
     }
 
-    /// The next request at the front of `buf`, consuming it.
+    /// The next request at the front of `buf`, consuming what it reads. After `Fatal` the
+    /// parser must not be used again.
     pub fn next(&mut self, buf: &mut BytesMut) -> Parsed {
-        if self.skip > 0 {
-            let n = self.skip.min(buf.len());
-            buf.advance(n);
-            self.skip -= n;
-            if self.skip > 0 {
-                return Parsed::Incomplete;
-            }
-        }
-        if self.skip_line {
-            match buf.iter().position(|&b| b == b'\n') {
-                Some(nl) => {
-                    buf.advance(nl + 1);
-                    self.skip_line = false;
+        loop {
+            match std::mem::take(&mut self.state) {
+                State::Start => match buf.first() {
+                    None => return Parsed::Incomplete,
+                    Some(b'*') => match self.header(buf) {
+                        Some(done) => return done,
+                        None => continue,
+                    },
+                    Some(_) => match self.inline(buf) {
+                        Some(done) => return done,
+                        None => continue,
+                    },
+                },
+                State::SkipLine => match buf.iter().position(|&b| b == b'\n') {
+                    Some(nl) => buf.advance(nl + 1),
+                    None => {
+                        buf.clear();
+                        self.state = State::SkipLine;
+                        return Parsed::Incomplete;
+                    }
+                },
+                State::Skip { bytes, elements } => {
+                    let n = bytes.min(buf.len());
+                    buf.advance(n);
+                    if n < bytes {
+                        self.state = State::Skip { bytes: bytes - n, elements };
+                        return Parsed::Incomplete;
+                    }
+                    if elements > 0 {
+                        match bulk_header(buf) {
+                            Ok(None) => {
+                                self.state = State::Skip { bytes: 0, elements };
+                                return Parsed::Incomplete;
+                            }
+                            Ok(Some((header, len))) => {
+                                buf.advance(header);
+                                let bytes = usize::try_from(len).unwrap_or(usize::MAX).saturating_add(2);
+                                self.state = State::Skip { bytes, elements: elements - 1 };
+                            }
+                            Err(e) => return Parsed::Fatal(e),
+                        }
+                    }
                 }
-                None => {
-                    buf.clear();
-                    return Parsed::Incomplete;
+                State::Args { mut args, size, remaining } => {
+                    let (header, len) = match bulk_header(buf) {
+                        Ok(Some(h)) => h,
+                        Ok(None) => {
+                            self.state = State::Args { args, size, remaining };
+                            return Parsed::Incomplete;
+                        }
+                        Err(e) => return Parsed::Fatal(e),
+                    };
+                    let len = usize::try_from(len).unwrap_or(usize::MAX);
+                    if len > self.limits.max_arg_bytes {
+                        // Refused: skip this payload and the elements after it, unbuffered.
+                        buf.advance(header);
+                        self.state = State::Skip { bytes: len.saturating_add(2), elements: remaining - 1 };
+                        return Parsed::Error(format!(
+                            "ERR Protocol error: a bulk string of {len} bytes, more than the {} allowed",
+                            self.limits.max_arg_bytes
+                        ));
+                    }
+                    let size = size.saturating_add(len);
+                    if size > self.limits.max_request_bytes {
+                        return Parsed::Fatal(format!(
+                            "ERR Protocol error: a request over {} bytes",
+                            self.limits.max_request_bytes
+                        ));
+                    }
+                    if buf.len() < header + len + 2 {
+                        self.state = State::Args { args, size: size - len, remaining };
+                        return Parsed::Incomplete;
+                    }
+                    if &buf[header + len..header + len + 2] != b"\r\n" {
+                        return Parsed::Fatal(
+                            "ERR Protocol error: a bulk string not followed by CRLF".into(),
+                        );
+                    }
+                    args.push(buf[header..header + len].to_vec());
+                    buf.advance(header + len + 2);
+                    if remaining == 1 {
+                        return Parsed::Request(args);
+                    }
+                    self.state = State::Args { args, size, remaining: remaining - 1 };
                 }
             }
-        }
-        match buf.first() {
-            None => Parsed::Incomplete,
-            Some(b'*') => self.multibulk(buf),
-            Some(_) => self.inline(buf),
         }
     }
 
-    fn inline(&mut self, buf: &mut BytesMut) -> Parsed {
-        let Some((nl, text)) = line(buf, 0) else {
-            if buf.len() > self.limits.max_arg_bytes {
-                buf.clear();
-                self.skip_line = true;
-                return Parsed::Error(format!(
-                    "ERR Protocol error: inline request longer than {} bytes",
-                    self.limits.max_arg_bytes
+    /// A `*<count>` line: the state it leads to, or what to return.
+    fn header(&mut self, buf: &mut BytesMut) -> Option<Parsed> {
+        let Some((nl, text)) = line(&buf[1..]) else {
+            if buf.len() > MAX_LENGTH_LINE {
+                return Some(Parsed::Fatal(
+                    "ERR Protocol error: a multibulk length line that does not end".into(),
                 ));
             }
-            return Parsed::Incomplete;
+            return Some(Parsed::Incomplete);
         };
-        let args: Vec<Vec<u8>> =
-            text.split(|b| b.is_ascii_whitespace()).filter(|a| !a.is_empty()).map(<[u8]>::to_vec).collect();
-        buf.advance(nl + 1);
-        if args.len() > self.limits.max_args {
-            return Parsed::Error(format!(
-                "ERR Protocol error: more than {} arguments",
-                self.limits.max_args
-            ));
-        }
-        if args.is_empty() {
-            // An empty line: nothing to answer, as Redis does; look for the next request.
-            return self.next(buf);
-        }
-        Parsed::Request(args)
-    }
-
-    fn multibulk(&mut self, buf: &mut BytesMut) -> Parsed {
-        let Some((nl, header)) = line(buf, 1) else {
-            return self.unterminated(buf);
-        };
-        let count = match number(header) {
-            Some(n) if n <= 0 => {
-                buf.advance(nl + 1);
-                return self.next(buf); // `*0` and `*-1`: nothing, as Redis does
+        let count = number(text);
+        let text = shown(text);
+        buf.advance(nl + 2);
+        match count {
+            // `*0` and `*-1`: no request, and no reply, as Redis does.
+            Some(n) if n <= 0 => None,
+            Some(n) if n as u64 <= self.limits.max_args as u64 => {
+                #[allow(clippy::cast_possible_truncation, reason = "at most max_args")]
+                let remaining = n as usize;
+                self.state = State::Args { args: Vec::with_capacity(remaining.min(16)), size: 0, remaining };
+                None
             }
-            Some(n) if n as u64 <= self.limits.max_args as u64 => n as usize,
             Some(n) => {
-                buf.advance(nl + 1);
-                self.skip_line = false;
-                return Parsed::Error(format!(
+                self.state = State::Skip { bytes: 0, elements: usize::try_from(n).unwrap_or(usize::MAX) };
+                Some(Parsed::Error(format!(
                     "ERR Protocol error: {n} arguments, more than the {} allowed",
                     self.limits.max_args
-                ));
+                )))
             }
-            None => {
-                let shown = String::from_utf8_lossy(&header[..header.len().min(32)]).into_owned();
-                buf.advance(nl + 1);
-                return Parsed::Error(format!("ERR Protocol error: invalid multibulk length {shown:?}"));
-            }
-        };
-        // Walk the whole request before consuming any of it: it is taken all at once.
-        let mut at = nl + 1;
-        let mut args = Vec::with_capacity(count);
-        for _ in 0..count {
-            match buf.get(at) {
-                None => return Parsed::Incomplete,
-                Some(b'$') => {}
-                Some(&other) => {
-                    let got = char::from(other);
-                    buf.advance(at);
-                    self.skip_line = true;
-                    return Parsed::Error(format!("ERR Protocol error: expected '$', got {got:?}"));
-                }
-            }
-            let Some((nl, len)) = line(buf, at + 1) else {
-                return self.unterminated(buf);
-            };
-            let len = match number(len) {
-                Some(n) if n >= 0 && n as u64 <= self.limits.max_arg_bytes as u64 => n as usize,
-                Some(n) if n > 0 => {
-                    // Oversized: refuse it, and skip its payload as it arrives, unbuffered,
-                    // with the rest of the request (whose arguments cannot be trusted).
-                    buf.advance(nl + 1);
-                    self.skip = (n as usize).saturating_add(2);
-                    let _ = self.next_discard(buf);
-                    return Parsed::Error(format!(
-                        "ERR Protocol error: a bulk string of {n} bytes, more than the {} allowed",
-                        self.limits.max_arg_bytes
-                    ));
-                }
-                _ => {
-                    let shown = String::from_utf8_lossy(&len[..len.len().min(32)]).into_owned();
-                    buf.advance(nl + 1);
-                    return Parsed::Error(format!("ERR Protocol error: invalid bulk length {shown:?}"));
-                }
-            };
-            let start = nl + 1;
-            if buf.len() < start + len + 2 {
-                return Parsed::Incomplete;
-            }
-            if &buf[start + len..start + len + 2] != b"\r\n" {
-                buf.advance(start + len);
-                self.skip_line = true;
-                return Parsed::Error("ERR Protocol error: a bulk string not followed by CRLF".into());
-            }
-            args.push(buf[start..start + len].to_vec());
-            at = start + len + 2;
+            None => Some(Parsed::Fatal(format!("ERR Protocol error: invalid multibulk length {text:?}"))),
         }
-        buf.advance(at);
-        Parsed::Request(args)
     }
 
-    /// A header line with no end yet: wait for it. (The connection bounds what it buffers for
-    /// one request; see `Limits::max_request_bytes`.)
-    fn unterminated(&mut self, _buf: &mut BytesMut) -> Parsed {
-        Parsed::Incomplete
-    }
-
-    /// Discards what is in `buf` of a pending skip.
-    fn next_discard(&mut self, buf: &mut BytesMut) -> usize {
-        let n = self.skip.min(buf.len());
-        buf.advance(n);
-        self.skip -= n;
-        n
+    /// An inline line: the request, an error, or `None` for an empty line (no reply).
+    fn inline(&mut self, buf: &mut BytesMut) -> Option<Parsed> {
+        let too_long =
+            || format!("ERR Protocol error: inline request longer than {} bytes", self.limits.max_arg_bytes);
+        let Some((nl, text)) = line(buf) else {
+            if buf.len() > self.limits.max_arg_bytes {
+                buf.clear();
+                self.state = State::SkipLine;
+                return Some(Parsed::Error(too_long()));
+            }
+            return Some(Parsed::Incomplete);
+        };
+        if text.len() > self.limits.max_arg_bytes {
+            buf.advance(nl + 1);
+            return Some(Parsed::Error(too_long()));
+        }
+        let args: Vec<Vec<u8>> =
+            text.split(u8::is_ascii_whitespace).filter(|a| !a.is_empty()).map(<[u8]>::to_vec).collect();
+        buf.advance(nl + 1);
+        if args.len() > self.limits.max_args {
+            return Some(Parsed::Error(format!(
+                "ERR Protocol error: more than {} arguments",
+                self.limits.max_args
+            )));
+        }
+        (!args.is_empty()).then_some(Parsed::Request(args))
     }
 }
 
@@ -264,6 +324,10 @@ mod tests {
         loop {
             match p.next(&mut buf) {
                 Parsed::Incomplete => return out,
+                x @ Parsed::Fatal(_) => {
+                    out.push(x);
+                    return out;
+                }
                 x => out.push(x),
             }
         }
@@ -296,22 +360,54 @@ mod tests {
     }
 
     #[test]
-    fn malformed_requests_are_errors_and_the_next_request_parses() {
+    fn refused_requests_are_skipped_whole_and_the_next_request_parses() {
         let limits = Limits { max_args: 4, max_arg_bytes: 8, max_request_bytes: 64 };
+        // Too many arguments (each skipped, QUIT included: never run); an oversized argument
+        // followed by more of the same request; an overlong inline line.
         let got = parse_all(
-            b"*x\r\nPING\r\n*9\r\nPING\r\n*1\r\n$-5\r\nPING\r\n*1\r\n:3\r\nPING\r\n*1\r\n$2\r\nabcd\r\nPING\r\n",
+            b"*5\r\n$4\r\nQUIT\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n$1\r\nd\r\nPING\r\n\
+              *3\r\n$4\r\nECHO\r\n$20\r\n01234567890123456789\r\n$4\r\nQUIT\r\nPING\r\n\
+              ECHO 0123456789abcdef\r\nPING\r\n",
             limits,
         );
-        let errors = got.iter().filter(|p| matches!(p, Parsed::Error(_))).count();
-        let pings = got.iter().filter(|p| **p == req(&["PING"])).count();
-        assert_eq!((errors, pings), (5, 5), "{got:?}");
+        assert_eq!(got.len(), 6, "{got:?}");
+        assert!(matches!(&got[0], Parsed::Error(e) if e.contains("5 arguments")));
+        assert!(matches!(&got[2], Parsed::Error(e) if e.contains("20 bytes")));
+        assert!(matches!(&got[4], Parsed::Error(e) if e.contains("inline")));
+        for i in [1, 3, 5] {
+            assert_eq!(got[i], req(&["PING"]));
+        }
+    }
+
+    #[test]
+    fn unreadable_frames_are_fatal() {
+        let limits = Limits { max_args: 4, max_arg_bytes: 8, max_request_bytes: 64 };
+        for input in [
+            &b"*x\r\n"[..],
+            b"*1\r\n:3\r\n",
+            b"*1\r\n$-5\r\n",
+            b"*1\r\n$2\r\nabcd\r\n",
+            b"*1\r\n$111111111111111111111111111111111111",
+            b"*11111111111111111111111111111111111111",
+        ] {
+            let got = parse_all(input, limits);
+            assert!(matches!(got.last(), Some(Parsed::Fatal(_))), "{input:?}: {got:?}");
+        }
+    }
+
+    #[test]
+    fn a_million_empty_lines_and_empty_arrays_neither_recurse_nor_reply() {
+        let mut input = b"\n".repeat(1_000_000);
+        input.extend_from_slice(&b"*0\r\n".repeat(200_000));
+        input.extend_from_slice(b"PING\r\n");
+        assert_eq!(parse_all(&input, Limits::default()), vec![req(&["PING"])]);
     }
 
     #[test]
     fn an_oversized_bulk_string_is_skipped_without_buffering_it() {
         let limits = Limits { max_args: 4, max_arg_bytes: 8, max_request_bytes: 64 };
         let mut p = Parser::new(limits);
-        let mut buf = BytesMut::from(&b"*2\r\n$3\r\nSET\r\n$1000000\r\n"[..]);
+        let mut buf = BytesMut::from(&b"*3\r\n$3\r\nSET\r\n$1000000\r\n"[..]);
         assert!(matches!(p.next(&mut buf), Parsed::Error(e) if e.contains("1000000 bytes")));
         // The payload arrives in pieces; none of it is kept.
         for _ in 0..100 {
@@ -319,7 +415,8 @@ mod tests {
             assert_eq!(p.next(&mut buf), Parsed::Incomplete);
             assert!(buf.is_empty());
         }
-        buf.extend_from_slice(b"\r\nPING\r\n");
+        // The request's third element is skipped too, then the next request parses.
+        buf.extend_from_slice(b"\r\n$4\r\nQUIT\r\nPING\r\n");
         assert_eq!(p.next(&mut buf), req(&["PING"]));
     }
 
