@@ -97,7 +97,7 @@ rm -rf "$scratch"
 step "crate docs: every link resolves"
 RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate --features serde,tokio
 RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate-tower --features axum
-RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate-redis
+RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate-redis -p tollgate-server
 
 step "crate builds without default features"
 cargo check -p tollgate --no-default-features
