@@ -4,11 +4,11 @@
 # a bounded fuzz run from the committed seed corpus. Installs cargo-fuzz if it is missing.
 #
 #     bash scripts/test.sh            # everything (about 30 minutes on 2 cores)
-#     FUZZ_SECONDS=10 bash scripts/test.sh
+#     FUZZ_SECONDS=60 bash scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-FUZZ_SECONDS="${FUZZ_SECONDS:-20}"
+FUZZ_SECONDS="${FUZZ_SECONDS:-10}"
 step() { printf '\n==> %s\n' "$*"; }
 
 step "rustfmt"
