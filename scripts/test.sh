@@ -46,6 +46,9 @@ step "the C ABI from a real C program: every function and error path, under valg
 scratch="$(mktemp -d)"
 PROFILE=ci bash integrations/tollgate-ffi/install.sh "$scratch/prefix" >/dev/null
 export PKG_CONFIG_PATH="$scratch/prefix/lib/pkgconfig"
+# The shared library names its ABI (SONAME), and the installed links lead to it.
+objdump -p "$scratch/prefix/lib/libtollgate_ffi.so" | grep -q 'SONAME *libtollgate_ffi\.so\.0\.'
+test -e "$scratch/prefix/lib/$(objdump -p "$scratch/prefix/lib/libtollgate_ffi.so" | sed -n 's/^ *SONAME *//p')"
 # The shared library, found through pkg-config, under valgrind's memcheck.
 cc -std=c11 -Wall -Wextra -Werror -pthread integrations/tollgate-ffi/tests/c/test.c \
     $(pkg-config --cflags --libs tollgate) -o "$scratch/test"

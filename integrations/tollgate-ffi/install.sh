@@ -17,9 +17,18 @@ target="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,
 mkdir -p "$prefix/lib/pkgconfig" "$prefix/include"
 out="$profile"
 [[ "$profile" == dev ]] && out=debug
-cp "$target/$out/libtollgate_ffi.so" "$target/$out/libtollgate_ffi.a" "$prefix/lib/"
-cp "$here/include/tollgate.h" "$prefix/include/"
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$here/Cargo.toml" | head -1)"
+# The shared library under its full version, with the links the loader and the linker look
+# for: its SONAME (libtollgate_ffi.so.0.1 while the version is 0.1.x; see build.rs) and the
+# plain name that -ltollgate_ffi finds.
+soname="$(objdump -p "$target/$out/libtollgate_ffi.so" 2>/dev/null | sed -n 's/^ *SONAME *//p')"
+cp "$target/$out/libtollgate_ffi.so" "$prefix/lib/libtollgate_ffi.so.$version"
+if [[ -n "$soname" && "$soname" != "libtollgate_ffi.so.$version" ]]; then
+    ln -sfn "libtollgate_ffi.so.$version" "$prefix/lib/$soname"
+fi
+ln -sfn "libtollgate_ffi.so.$version" "$prefix/lib/libtollgate_ffi.so"
+cp "$target/$out/libtollgate_ffi.a" "$prefix/lib/"
+cp "$here/include/tollgate.h" "$prefix/include/"
 cat >"$prefix/lib/pkgconfig/tollgate.pc" <<PC
 prefix=$prefix
 libdir=\${prefix}/lib

@@ -289,6 +289,26 @@ impl Decision {
         }
     }
 
+    /// How long this request waits before it is served, whatever the outcome: zero when it
+    /// may be served now, the [`delay`](Decision::delay) when [`Delayed`](Outcome::Delayed),
+    /// the [`retry_after`](Decision::retry_after) when refused, `None` when no wait helps.
+    /// One field for callers that only sleep or answer with a wait (the C ABI's `_try`
+    /// functions), decoded once. Rounded up to the next nanosecond.
+    #[inline]
+    pub fn wait(&self) -> Option<Duration> {
+        self.wait_nanos().map(Nanos::as_duration)
+    }
+
+    /// [`wait`](Decision::wait) in nanoseconds.
+    #[inline]
+    pub fn wait_nanos(&self) -> Option<Nanos> {
+        match self.outcome() {
+            Outcome::Insufficient | Outcome::TableFull => None,
+            Outcome::Denied | Outcome::Delayed => Some(self.nanos_ceil(self.missing)),
+            Outcome::Allowed | Outcome::Untracked => Some(Nanos::ZERO),
+        }
+    }
+
     /// The time until the bucket is full again, if nothing else is taken. Rounded up.
     #[inline]
     pub fn reset_after(&self) -> Duration {
@@ -340,6 +360,15 @@ mod tests {
                     (o, u64::from(r), 64)
                 );
                 assert_eq!(at_64.reset_after_nanos(), Nanos::new(100));
+                // The one wait: the delay, the retry-after, zero or never, as the fields say.
+                for d in [d, at_64] {
+                    let expected = match o {
+                        Delayed => Some(Nanos::from_duration_saturating(d.delay())),
+                        _ => d.retry_after_nanos(),
+                    };
+                    assert_eq!(d.wait_nanos(), expected, "{o:?}");
+                    assert_eq!(d.wait(), expected.map(Nanos::as_duration));
+                }
                 let debug = format!("{d:?}");
                 assert!(
                     debug.contains(&format!("outcome: {o:?}")) && debug.contains(&format!("remaining: {r}"))

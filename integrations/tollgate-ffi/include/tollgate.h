@@ -1,8 +1,9 @@
 /*
  * tollgate's C ABI: exact rate limiters for C programs.
  *
- * Errors: every function returns a tollgate_status, TOLLGATE_OK (0) on success. On any other
- * status, tollgate_last_error() names what was wrong with the input (a message owned by the
+ * Errors: every function returns a tollgate_status, TOLLGATE_OK (0) on success, except the
+ * _try functions (the hot path), which return the outcome (0 or more) or minus a status. On a
+ * failure, tollgate_last_error() names what was wrong with the input (a message owned by the
  * library, valid until this thread's next call; a successful call leaves it). Null pointers,
  * misaligned arrays, zero or overflowing parameters, unknown algorithm codes, configurations
  * that do not parse, and text that is not UTF-8 are errors, never undefined behaviour; no Rust
@@ -18,7 +19,10 @@
  *
  * Time: a limiter reads the CPU's time-stamp counter (the first limiter of a process may take
  * some 200 ms to calibrate it; without a usable one, the OS monotonic clock); the _at
- * functions take the caller's time instead, in nanoseconds since the handle's creation.
+ * functions take the caller's time instead, in nanoseconds since the handle's creation, which
+ * the _now functions read.
+ *
+ * The shared library's SONAME is libtollgate_ffi.so.0.1 for every 0.1.x release.
  *
  * Enums are C enums of int size: do not build with -fshort-enums.
  *
@@ -197,6 +201,25 @@ enum tollgate_status tollgate_limiter_peek_n(const struct tollgate_limiter *limi
                                              uint64_t n,
                                              struct tollgate_decision *out);
 
+// The hot path: takes `n` units now, all or none, and returns the outcome (a
+// `tollgate_outcome`, 0 or more) instead of a status. When `wait_ns` is not null it gets the
+// nanoseconds to wait: the retry-after when refused (`UINT64_MAX` when no wait helps), the
+// delay when `TOLLGATE_DELAYED`, 0 when the request may be served now. On an error it returns
+// minus the `tollgate_status` (below 0), with `tollgate_last_error()` set, and takes nothing.
+//
+// # Safety
+// `limiter` is null or live; `wait_ns` is null or valid for a write.
+int32_t tollgate_limiter_try_n(const struct tollgate_limiter *limiter,
+                               uint64_t n,
+                               uint64_t *wait_ns);
+
+// The limiter's clock now, in nanoseconds since its creation: the time base of the `_at`
+// functions, into `*out`.
+//
+// # Safety
+// `limiter` is null or live; `out` is null or valid for a write.
+enum tollgate_status tollgate_limiter_now(const struct tollgate_limiter *limiter, uint64_t *out);
+
 // Decides `len` requests in order, the `i`-th costing `costs[i]` units (1 each when `costs`
 // is null), into `out[0..len]`.
 //
@@ -269,6 +292,22 @@ enum tollgate_status tollgate_keyed_peek_n(const struct tollgate_keyed *table,
                                            uint64_t n,
                                            struct tollgate_decision *out);
 
+// `tollgate_limiter_try_n` for `key`'s limit: the outcome (0 or more) or minus a status.
+//
+// # Safety
+// `table` is null or live; `wait_ns` is null or valid for a write.
+int32_t tollgate_keyed_try_n(const struct tollgate_keyed *table,
+                             uint64_t key,
+                             uint64_t n,
+                             uint64_t *wait_ns);
+
+// The table's clock now, in nanoseconds since its creation (the `_at` functions' time base),
+// into `*out`.
+//
+// # Safety
+// `table` is null or live; `out` is null or valid for a write.
+enum tollgate_status tollgate_keyed_now(const struct tollgate_keyed *table, uint64_t *out);
+
 // Decides `len` requests, `keys[i]` costing `costs[i]` (1 each when `costs` is null), into
 // `out[0..len]`, with the table's batch path (the next keys' memory fetched while one is
 // decided).
@@ -311,6 +350,37 @@ enum tollgate_status tollgate_keyed_bytes_parse(const char *algorithm,
                                                 const char *config,
                                                 size_t capacity,
                                                 struct tollgate_keyed_bytes **out);
+
+// Takes one unit from the limit of the key `key[0..key_len]` now. `key` may be null when
+// `key_len` is 0.
+//
+// # Safety
+// `table` is null or live; `key` is null or valid for `key_len` reads; `out` is null or valid
+// for a write.
+enum tollgate_status tollgate_keyed_bytes_check(const struct tollgate_keyed_bytes *table,
+                                                const uint8_t *key,
+                                                size_t key_len,
+                                                struct tollgate_decision *out);
+
+// `tollgate_limiter_try_n` for the limit of the key `key[0..key_len]`: the outcome (0 or
+// more) or minus a status.
+//
+// # Safety
+// `table` is null or live; `key` is null or valid for `key_len` reads; `wait_ns` is null or
+// valid for a write.
+int32_t tollgate_keyed_bytes_try_n(const struct tollgate_keyed_bytes *table,
+                                   const uint8_t *key,
+                                   size_t key_len,
+                                   uint64_t n,
+                                   uint64_t *wait_ns);
+
+// The table's clock now, in nanoseconds since its creation (the `_at` functions' time base),
+// into `*out`.
+//
+// # Safety
+// `table` is null or live; `out` is null or valid for a write.
+enum tollgate_status tollgate_keyed_bytes_now(const struct tollgate_keyed_bytes *table,
+                                              uint64_t *out);
 
 // Takes `n` units from the limit of the key `key[0..key_len]` now, all or none. `key` may be
 // null when `key_len` is 0.

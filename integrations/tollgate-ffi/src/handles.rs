@@ -46,13 +46,13 @@ unsafe fn free<T: 'static>(p: *mut T, what: &str) -> Result<(), Error> {
                 live.remove(&(p as usize));
             }
             Some(_) => {
-                return Err(Error(
+                return Err(Error::new(
                     tollgate_status::TOLLGATE_ERROR_HANDLE,
                     format!("{what} {p:p} is a live handle of another type: free it with its own function"),
                 ))
             }
             None => {
-                return Err(Error(
+                return Err(Error::new(
                     tollgate_status::TOLLGATE_ERROR_HANDLE,
                     format!("{what} {p:p} is not a live handle: freed already, or not made by tollgate"),
                 ))
@@ -130,6 +130,55 @@ unsafe fn put_decision(out: *mut tollgate_decision, d: &Decision) -> Result<(), 
     // SAFETY: non-null and aligned (checked), valid for a write by the caller's contract.
     unsafe { out.write(tollgate_decision::from(d)) };
     Ok(())
+}
+
+/// Checks a `_try` function's optional wait out-pointer (null: not wanted) before it decides,
+/// so that an error takes nothing.
+#[inline(always)]
+fn wait_ptr(wait: *mut u64) -> Result<*mut u64, Error> {
+    if wait.is_null() {
+        Ok(wait)
+    } else {
+        out_ptr(wait, 1, "wait_ns")
+    }
+}
+
+/// Writes the wait through a pointer [`wait_ptr`] checked, unless it is null.
+///
+/// # Safety
+/// `wait` is null or (checked by [`wait_ptr`]) aligned and valid for a write.
+#[inline(always)]
+unsafe fn put_wait(wait: *mut u64, ns: u64) {
+    if !wait.is_null() {
+        // SAFETY: the caller's contract.
+        unsafe { wait.write(ns) };
+    }
+}
+
+/// One algorithm's decision as the `_try` functions return it, in two registers: out of line,
+/// one copy per algorithm, so that the exported function stays a small dispatch.
+#[inline(never)]
+fn try_one<A: tollgate::Algorithm>(l: &tollgate::Direct<A>, n: u64) -> (tollgate_outcome, u64) {
+    let d = l.check_n(n);
+    (tollgate_outcome::of(&d), wait_ns(&d))
+}
+
+/// [`try_one`] for a key of a table.
+#[inline(never)]
+fn try_key<A, K, Q>(t: &tollgate::Keyed<A, K>, key: &Q, n: u64) -> (tollgate_outcome, u64)
+where
+    A: tollgate::KeyedAlgorithm,
+    K: tollgate::Key + std::borrow::Borrow<Q>,
+    Q: tollgate::Key<Words = K::Words> + ?Sized,
+{
+    let d = t.check_n(key, n);
+    (tollgate_outcome::of(&d), wait_ns(&d))
+}
+
+/// Nanoseconds from `origin` to `now` on a handle's clock (0 if the clock reads earlier).
+#[inline(always)]
+fn since(origin: Origin, now: Nanos) -> u64 {
+    now.as_u64().saturating_sub(origin.0.as_u64())
 }
 
 // ---- Direct limiters --------------------------------------------------------------------
@@ -232,6 +281,51 @@ pub unsafe extern "C" fn tollgate_limiter_peek_n(
         let d = each!(&l.0, l => l.peek_n(n));
         // SAFETY: as above.
         unsafe { put_decision(out, &d) }
+    })
+}
+
+/// The hot path: takes `n` units now, all or none, and returns the outcome (a
+/// `tollgate_outcome`, 0 or more) instead of a status. When `wait_ns` is not null it gets the
+/// nanoseconds to wait: the retry-after when refused (`UINT64_MAX` when no wait helps), the
+/// delay when `TOLLGATE_DELAYED`, 0 when the request may be served now. On an error it returns
+/// minus the `tollgate_status` (below 0), with `tollgate_last_error()` set, and takes nothing.
+///
+/// # Safety
+/// `limiter` is null or live; `wait_ns` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn tollgate_limiter_try_n(
+    limiter: *const tollgate_limiter,
+    n: u64,
+    wait_ns: *mut u64,
+) -> i32 {
+    guard_try(|| {
+        // SAFETY: the caller's contract, passed on.
+        let l = unsafe { get(limiter, "limiter")? };
+        let wait_ns = wait_ptr(wait_ns)?;
+        let (outcome, wait) = each!(&l.0, l => try_one(l, n));
+        // SAFETY: checked by `wait_ptr`; valid for a write by the caller's contract.
+        unsafe { put_wait(wait_ns, wait) };
+        Ok(outcome)
+    })
+}
+
+/// The limiter's clock now, in nanoseconds since its creation: the time base of the `_at`
+/// functions, into `*out`.
+///
+/// # Safety
+/// `limiter` is null or live; `out` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn tollgate_limiter_now(
+    limiter: *const tollgate_limiter,
+    out: *mut u64,
+) -> tollgate_status {
+    guard(|| {
+        // SAFETY: the caller's contract, passed on.
+        let (l, out) = unsafe { (get(limiter, "limiter")?, out_ptr(out, 1, "out")?) };
+        let now = each!(&l.0, d => d.now());
+        // SAFETY: non-null and aligned (checked), valid for a write by the caller's contract.
+        unsafe { out.write(since(l.1, now)) };
+        Ok(())
     })
 }
 
@@ -392,6 +486,45 @@ pub unsafe extern "C" fn tollgate_keyed_peek_n(
     })
 }
 
+/// `tollgate_limiter_try_n` for `key`'s limit: the outcome (0 or more) or minus a status.
+///
+/// # Safety
+/// `table` is null or live; `wait_ns` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn tollgate_keyed_try_n(
+    table: *const tollgate_keyed,
+    key: u64,
+    n: u64,
+    wait_ns: *mut u64,
+) -> i32 {
+    guard_try(|| {
+        // SAFETY: the caller's contract, passed on.
+        let t = unsafe { get(table, "table")? };
+        let wait_ns = wait_ptr(wait_ns)?;
+        let (outcome, wait) = each_table!(&t.0, t => try_key(t, &key, n));
+        // SAFETY: checked by `wait_ptr`; valid for a write by the caller's contract.
+        unsafe { put_wait(wait_ns, wait) };
+        Ok(outcome)
+    })
+}
+
+/// The table's clock now, in nanoseconds since its creation (the `_at` functions' time base),
+/// into `*out`.
+///
+/// # Safety
+/// `table` is null or live; `out` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn tollgate_keyed_now(table: *const tollgate_keyed, out: *mut u64) -> tollgate_status {
+    guard(|| {
+        // SAFETY: the caller's contract, passed on.
+        let (t, out) = unsafe { (get(table, "table")?, out_ptr(out, 1, "out")?) };
+        let now = each_table!(&t.0, k => k.now());
+        // SAFETY: non-null and aligned (checked), valid for a write by the caller's contract.
+        unsafe { out.write(since(t.1, now)) };
+        Ok(())
+    })
+}
+
 /// Decides `len` requests, `keys[i]` costing `costs[i]` (1 each when `costs` is null), into
 /// `out[0..len]`, with the table's batch path (the next keys' memory fetched while one is
 /// decided).
@@ -502,6 +635,68 @@ pub unsafe extern "C" fn tollgate_keyed_bytes_parse(
                 make(tollgate_keyed_bytes(t, origin), out)
             }
         }
+    })
+}
+
+/// Takes one unit from the limit of the key `key[0..key_len]` now. `key` may be null when
+/// `key_len` is 0.
+///
+/// # Safety
+/// `table` is null or live; `key` is null or valid for `key_len` reads; `out` is null or valid
+/// for a write.
+#[no_mangle]
+pub unsafe extern "C" fn tollgate_keyed_bytes_check(
+    table: *const tollgate_keyed_bytes,
+    key: *const u8,
+    key_len: usize,
+    out: *mut tollgate_decision,
+) -> tollgate_status {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { tollgate_keyed_bytes_check_n(table, key, key_len, 1, out) }
+}
+
+/// `tollgate_limiter_try_n` for the limit of the key `key[0..key_len]`: the outcome (0 or
+/// more) or minus a status.
+///
+/// # Safety
+/// `table` is null or live; `key` is null or valid for `key_len` reads; `wait_ns` is null or
+/// valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn tollgate_keyed_bytes_try_n(
+    table: *const tollgate_keyed_bytes,
+    key: *const u8,
+    key_len: usize,
+    n: u64,
+    wait_ns: *mut u64,
+) -> i32 {
+    guard_try(|| {
+        // SAFETY: the caller's contract, passed on.
+        let (t, key) = unsafe { (get(table, "table")?, slice(key, key_len, "key")?) };
+        let wait_ns = wait_ptr(wait_ns)?;
+        let (outcome, wait) = each_table!(&t.0, t => try_key(t, key, n));
+        // SAFETY: checked by `wait_ptr`; valid for a write by the caller's contract.
+        unsafe { put_wait(wait_ns, wait) };
+        Ok(outcome)
+    })
+}
+
+/// The table's clock now, in nanoseconds since its creation (the `_at` functions' time base),
+/// into `*out`.
+///
+/// # Safety
+/// `table` is null or live; `out` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn tollgate_keyed_bytes_now(
+    table: *const tollgate_keyed_bytes,
+    out: *mut u64,
+) -> tollgate_status {
+    guard(|| {
+        // SAFETY: the caller's contract, passed on.
+        let (t, out) = unsafe { (get(table, "table")?, out_ptr(out, 1, "out")?) };
+        let now = each_table!(&t.0, k => k.now());
+        // SAFETY: non-null and aligned (checked), valid for a write by the caller's contract.
+        unsafe { out.write(since(t.1, now)) };
+        Ok(())
     })
 }
 

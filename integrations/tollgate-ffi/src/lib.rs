@@ -4,7 +4,8 @@
 //!
 //! # The contract, as the header states it
 //!
-//! - Every function returns a [`tollgate_status`]; `TOLLGATE_OK` is 0. On any other status,
+//! - Every function returns a [`tollgate_status`]; `TOLLGATE_OK` is 0. The `_try` functions
+//!   (the hot path) return the outcome instead (0 or more), or minus a status. On a failure,
 //!   [`tollgate_last_error`] gives a message that names what was wrong with the input.
 //! - Null pointers, misaligned arrays, zero or overflowing parameters, unknown algorithm
 //!   codes, configurations that do not parse, text that is not UTF-8, and a handle freed
@@ -14,7 +15,8 @@
 //! - Handles are thread-safe: one handle may be used from any number of threads at once. A
 //!   handle must not be used after it is freed (only `free` itself checks).
 //! - Time: each limiter reads the CPU's time-stamp counter; the `_at` functions take the
-//!   caller's time instead, in nanoseconds since the handle's creation.
+//!   caller's time instead, in nanoseconds since the handle's creation, which the `_now`
+//!   functions read.
 
 #![allow(non_camel_case_types)]
 
@@ -91,7 +93,32 @@ pub struct tollgate_decision {
 impl tollgate_decision {
     #[inline]
     fn from(d: &Decision) -> tollgate_decision {
-        let outcome = match d.outcome() {
+        // The outcome decoded once, and the one wait it has (a refusal's retry-after or a
+        // delay) converted once: the same numbers as `retry_after_nanos` and `delay`.
+        let outcome = tollgate_outcome::of(d);
+        let wait = wait_ns(d);
+        let (retry_after_ns, delay_ns) = match outcome {
+            tollgate_outcome::TOLLGATE_DELAYED => (0, wait),
+            _ => (wait, 0),
+        };
+        tollgate_decision {
+            outcome,
+            allowed: u8::from(matches!(
+                outcome,
+                tollgate_outcome::TOLLGATE_ALLOWED | tollgate_outcome::TOLLGATE_UNTRACKED
+            )),
+            remaining: d.remaining(),
+            retry_after_ns,
+            reset_ns: d.reset_after_nanos().as_u64(),
+            delay_ns,
+        }
+    }
+}
+
+impl tollgate_outcome {
+    #[inline(always)]
+    fn of(d: &Decision) -> tollgate_outcome {
+        match d.outcome() {
             Outcome::Allowed => tollgate_outcome::TOLLGATE_ALLOWED,
             Outcome::Insufficient => tollgate_outcome::TOLLGATE_INSUFFICIENT,
             Outcome::Delayed => tollgate_outcome::TOLLGATE_DELAYED,
@@ -99,16 +126,16 @@ impl tollgate_decision {
             Outcome::Untracked => tollgate_outcome::TOLLGATE_UNTRACKED,
             // Denied, and any outcome a later version adds: toward refusal.
             _ => tollgate_outcome::TOLLGATE_DENIED,
-        };
-        tollgate_decision {
-            outcome,
-            allowed: u8::from(d.is_allowed_now()),
-            remaining: d.remaining(),
-            retry_after_ns: d.retry_after_nanos().map_or(u64::MAX, Nanos::as_u64),
-            reset_ns: d.reset_after_nanos().as_u64(),
-            delay_ns: u64::try_from(d.delay().as_nanos()).unwrap_or(u64::MAX),
         }
     }
+}
+
+/// What a `_try` function writes to `*wait_ns`: the retry-after when refused (`u64::MAX` when
+/// no wait helps), the delay when delayed, 0 when the request may be served now. The same
+/// numbers as the decision struct's `retry_after_ns` and `delay_ns`, in one field.
+#[inline(always)]
+fn wait_ns(d: &Decision) -> u64 {
+    d.wait_nanos().map_or(u64::MAX, Nanos::as_u64)
 }
 
 /// An algorithm, for `tollgate_params.algorithm`.
@@ -150,16 +177,28 @@ pub struct tollgate_params {
     pub delay: u64,
 }
 
-/// An error at the boundary: a status and its message.
-struct Error(tollgate_status, String);
+/// An error at the boundary: a status and its message. Boxed, so that a `Result<(), Error>`
+/// is one pointer and the decision functions' fast path carries no message around; made out
+/// of line, so that the fast path does not hold the formatting code either.
+struct Error(Box<(tollgate_status, String)>);
 
 impl Error {
-    fn null(what: &str) -> Error {
-        Error(tollgate_status::TOLLGATE_ERROR_NULL, format!("{what} is a null pointer"))
+    #[cold]
+    #[inline(never)]
+    fn new(status: tollgate_status, message: String) -> Error {
+        Error(Box::new((status, message)))
     }
 
+    #[cold]
+    #[inline(never)]
+    fn null(what: &str) -> Error {
+        Error::new(tollgate_status::TOLLGATE_ERROR_NULL, format!("{what} is a null pointer"))
+    }
+
+    #[cold]
+    #[inline(never)]
     fn invalid(e: impl std::fmt::Display) -> Error {
-        Error(tollgate_status::TOLLGATE_ERROR_INVALID, e.to_string())
+        Error::new(tollgate_status::TOLLGATE_ERROR_INVALID, e.to_string())
     }
 }
 
@@ -186,20 +225,41 @@ fn set_last_error(message: &str) {
 fn guard(f: impl FnOnce() -> Result<(), Error>) -> tollgate_status {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => tollgate_status::TOLLGATE_OK,
-        Ok(Err(Error(status, message))) => {
-            set_last_error(&message);
-            status
-        }
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".to_owned());
-            set_last_error(&format!("internal error (a bug in tollgate, please report it): {what}"));
-            tollgate_status::TOLLGATE_ERROR_PANIC
-        }
+        Ok(Err(e)) => failed(e),
+        Err(panic) => caught(panic),
     }
+}
+
+/// [`guard`] for the `_try` functions: the outcome's code (0 or more) when `f` decided, minus
+/// the status when it failed.
+#[inline(always)]
+fn guard_try(f: impl FnOnce() -> Result<tollgate_outcome, Error>) -> i32 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(outcome)) => outcome as i32,
+        Ok(Err(e)) => -(failed(e) as i32),
+        Err(panic) => -(caught(panic) as i32),
+    }
+}
+
+/// An error's status, its message kept for [`tollgate_last_error`].
+#[cold]
+#[inline(never)]
+fn failed(Error(e): Error) -> tollgate_status {
+    set_last_error(&e.1);
+    e.0
+}
+
+/// `TOLLGATE_ERROR_PANIC`, with the panic's message kept for [`tollgate_last_error`].
+#[cold]
+#[inline(never)]
+fn caught(panic: Box<dyn std::any::Any + Send>) -> tollgate_status {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned());
+    set_last_error(&format!("internal error (a bug in tollgate, please report it): {what}"));
+    tollgate_status::TOLLGATE_ERROR_PANIC
 }
 
 /// The message of this thread's last error: what was wrong with the input (or, for
@@ -243,7 +303,7 @@ unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, Error> {
     // SAFETY: non-null, and NUL-terminated by the caller's contract.
     let bytes = unsafe { CStr::from_ptr(s) }.to_bytes();
     std::str::from_utf8(bytes).map_err(|e| {
-        Error(
+        Error::new(
             tollgate_status::TOLLGATE_ERROR_UTF8,
             format!("{what} is not UTF-8: invalid byte at offset {}", e.valid_up_to()),
         )

@@ -322,6 +322,96 @@ static void keyed_bytes(void) {
     FAILS(tollgate_keyed_bytes_parse("nginx", "10r/s", 0, &t), TOLLGATE_ERROR_INVALID, "capacity");
 }
 
+/* The hot path (_try: the outcome returned, the one wait written) and the handles' clocks
+ * (_now: the _at functions' time base). */
+static void hot_path_and_clocks(void) {
+    const uint64_t HOUR = 3600 * SECOND;
+    tollgate_limiter *l = NULL;
+    tollgate_decision d;
+    uint64_t wait = 42, now = 0, later = 0;
+    OK(tollgate_limiter_parse("token_bucket", "1/h", &l));
+    CHECK(tollgate_limiter_try_n(l, 1, &wait) == TOLLGATE_ALLOWED && wait == 0);
+    CHECK(tollgate_limiter_try_n(l, 1, &wait) == TOLLGATE_DENIED);
+    CHECK(wait > HOUR - 60 * SECOND && wait <= HOUR); /* the retry-after, as check gives it */
+    CHECK(tollgate_limiter_try_n(l, 1, NULL) == TOLLGATE_DENIED); /* the wait is optional */
+    CHECK(tollgate_limiter_try_n(l, 2, &wait) == TOLLGATE_INSUFFICIENT && wait == UINT64_MAX);
+    /* Errors are minus a status, and take nothing. */
+    CHECK(tollgate_limiter_try_n(NULL, 1, &wait) == -TOLLGATE_ERROR_NULL);
+    CHECK(strstr(tollgate_last_error(), "limiter") != NULL);
+    uint64_t words[2] = {0, 0};
+    tollgate_limiter *fresh = NULL;
+    OK(tollgate_limiter_parse("token_bucket", "1/h", &fresh));
+    CHECK(tollgate_limiter_try_n(fresh, 1, (uint64_t *)(void *)((char *)words + 1)) == -TOLLGATE_ERROR_INVALID);
+    CHECK(strstr(tollgate_last_error(), "wait_ns") != NULL && strstr(tollgate_last_error(), "aligned") != NULL);
+    CHECK(tollgate_limiter_try_n(fresh, 1, &wait) == TOLLGATE_ALLOWED); /* its token was still there */
+    OK(tollgate_limiter_free(fresh));
+    /* The clock: nanoseconds since creation, never backwards, the same time base as _at. */
+    OK(tollgate_limiter_now(l, &now));
+    OK(tollgate_limiter_now(l, &later));
+    CHECK(later >= now);
+    OK(tollgate_limiter_check_n_at(l, 1, later, &d));
+    CHECK(d.outcome == TOLLGATE_DENIED && d.retry_after_ns <= HOUR && d.retry_after_ns > HOUR - 60 * SECOND);
+    FAILS(tollgate_limiter_now(NULL, &now), TOLLGATE_ERROR_NULL, "limiter");
+    FAILS(tollgate_limiter_now(l, NULL), TOLLGATE_ERROR_NULL, "out");
+    OK(tollgate_limiter_free(l));
+    /* nginx with a delay: the wait of a delayed request is its delay. */
+    OK(tollgate_limiter_parse("nginx", "10r/s burst=5 delay=1", &l));
+    int delayed = 0;
+    for (int i = 0; i < 3; i++) {
+        int o = tollgate_limiter_try_n(l, 1, &wait);
+        CHECK(o == TOLLGATE_ALLOWED || o == TOLLGATE_DELAYED);
+        if (o == TOLLGATE_DELAYED) {
+            CHECK(wait > 0 && wait <= SECOND);
+            delayed++;
+        } else {
+            CHECK(wait == 0);
+        }
+    }
+    CHECK(delayed >= 1);
+    OK(tollgate_limiter_free(l));
+
+    tollgate_keyed *t = NULL;
+    OK(tollgate_keyed_parse("token_bucket", "1/h", 64, &t));
+    CHECK(tollgate_keyed_try_n(t, 5, 1, &wait) == TOLLGATE_ALLOWED && wait == 0);
+    CHECK(tollgate_keyed_try_n(t, 5, 1, &wait) == TOLLGATE_DENIED && wait > HOUR - 60 * SECOND && wait <= HOUR);
+    CHECK(tollgate_keyed_try_n(t, 6, 1, NULL) == TOLLGATE_ALLOWED); /* another key */
+    CHECK(tollgate_keyed_try_n(NULL, 5, 1, &wait) == -TOLLGATE_ERROR_NULL);
+    CHECK(tollgate_keyed_try_n(t, 7, 1, (uint64_t *)(void *)((char *)words + 4)) == -TOLLGATE_ERROR_INVALID);
+    CHECK(tollgate_keyed_try_n(t, 7, 1, &wait) == TOLLGATE_ALLOWED); /* key 7 was not charged */
+    OK(tollgate_keyed_now(t, &now));
+    OK(tollgate_keyed_check_n_at(t, 5, 1, now, &d));
+    CHECK(d.outcome == TOLLGATE_DENIED);
+    FAILS(tollgate_keyed_now(NULL, &now), TOLLGATE_ERROR_NULL, "table");
+    FAILS(tollgate_keyed_now(t, NULL), TOLLGATE_ERROR_NULL, "out");
+    OK(tollgate_keyed_free(t));
+
+    tollgate_keyed_bytes *b = NULL;
+    OK(tollgate_keyed_bytes_parse("token_bucket", "2/h", 64, &b));
+    OK(tollgate_keyed_bytes_check(b, (const uint8_t *)"dave", 4, &d));
+    CHECK(d.allowed && d.remaining == 1);
+    CHECK(tollgate_keyed_bytes_try_n(b, (const uint8_t *)"dave", 4, 1, &wait) == TOLLGATE_ALLOWED && wait == 0);
+    CHECK(tollgate_keyed_bytes_try_n(b, (const uint8_t *)"dave", 4, 1, &wait) == TOLLGATE_DENIED && wait > 0);
+    CHECK(tollgate_keyed_bytes_try_n(b, (const uint8_t *)"dave", 4, 3, &wait) == TOLLGATE_INSUFFICIENT &&
+          wait == UINT64_MAX);
+    CHECK(tollgate_keyed_bytes_try_n(b, NULL, 0, 1, NULL) == TOLLGATE_ALLOWED); /* the empty key */
+    CHECK(tollgate_keyed_bytes_try_n(b, NULL, 3, 1, &wait) == -TOLLGATE_ERROR_NULL);
+    CHECK(strstr(tollgate_last_error(), "key") != NULL);
+    CHECK(tollgate_keyed_bytes_try_n(NULL, NULL, 0, 1, &wait) == -TOLLGATE_ERROR_NULL);
+    CHECK(tollgate_keyed_bytes_try_n(b, (const uint8_t *)"erin", 4, 1, (uint64_t *)(void *)((char *)words + 2)) ==
+          -TOLLGATE_ERROR_INVALID);
+    OK(tollgate_keyed_bytes_peek_n(b, (const uint8_t *)"erin", 4, 0, &d));
+    CHECK(d.remaining == 2); /* "erin" was not charged */
+    FAILS(tollgate_keyed_bytes_check(NULL, NULL, 0, &d), TOLLGATE_ERROR_NULL, "table");
+    FAILS(tollgate_keyed_bytes_check(b, NULL, 1, &d), TOLLGATE_ERROR_NULL, "key");
+    FAILS(tollgate_keyed_bytes_check(b, NULL, 0, NULL), TOLLGATE_ERROR_NULL, "out");
+    OK(tollgate_keyed_bytes_now(b, &now));
+    OK(tollgate_keyed_bytes_check_n_at(b, (const uint8_t *)"dave", 4, 1, now, &d));
+    CHECK(d.outcome == TOLLGATE_DENIED);
+    FAILS(tollgate_keyed_bytes_now(NULL, &now), TOLLGATE_ERROR_NULL, "table");
+    FAILS(tollgate_keyed_bytes_now(b, NULL), TOLLGATE_ERROR_NULL, "out");
+    OK(tollgate_keyed_bytes_free(b));
+}
+
 /* One handle, four threads, no lock: at a frozen instant exactly the burst is admitted. */
 struct shared {
     tollgate_limiter *l;
@@ -364,6 +454,7 @@ int main(void) {
     direct();
     keyed();
     keyed_bytes();
+    hot_path_and_clocks();
     threads();
     printf("C ABI: %d checks passed\n", checks);
     return 0;
