@@ -47,8 +47,9 @@ scratch="$(mktemp -d)"
 PROFILE=ci bash integrations/tollgate-ffi/install.sh "$scratch/prefix" >/dev/null
 export PKG_CONFIG_PATH="$scratch/prefix/lib/pkgconfig"
 # The shared library names its ABI (SONAME), and the installed links lead to it.
-objdump -p "$scratch/prefix/lib/libtollgate_ffi.so" | grep -q 'SONAME *libtollgate_ffi\.so\.0\.'
-test -e "$scratch/prefix/lib/$(objdump -p "$scratch/prefix/lib/libtollgate_ffi.so" | sed -n 's/^ *SONAME *//p')"
+soname="$(objdump -p "$scratch/prefix/lib/libtollgate_ffi.so" | sed -n 's/^ *SONAME *//p')"
+[[ "$soname" == libtollgate_ffi.so.0.* && -L "$scratch/prefix/lib/$soname" && -e "$scratch/prefix/lib/$soname" ]] ||
+    { echo "error: SONAME '$soname' missing, or not installed as a link" >&2; exit 1; }
 # The shared library, found through pkg-config, under valgrind's memcheck.
 cc -std=c11 -Wall -Wextra -Werror -pthread integrations/tollgate-ffi/tests/c/test.c \
     $(pkg-config --cflags --libs tollgate) -o "$scratch/test"

@@ -21,11 +21,11 @@ version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$here/Cargo.toml" | head -1)"
 # The shared library under its full version, with the links the loader and the linker look
 # for: its SONAME (libtollgate_ffi.so.0.1 while the version is 0.1.x; see build.rs) and the
 # plain name that -ltollgate_ffi finds.
-soname="$(objdump -p "$target/$out/libtollgate_ffi.so" 2>/dev/null | sed -n 's/^ *SONAME *//p')"
+IFS=. read -r major minor _ <<<"$version"
+soname="libtollgate_ffi.so.$major"
+[[ "$major" == 0 ]] && soname="libtollgate_ffi.so.0.$minor"
 cp "$target/$out/libtollgate_ffi.so" "$prefix/lib/libtollgate_ffi.so.$version"
-if [[ -n "$soname" && "$soname" != "libtollgate_ffi.so.$version" ]]; then
-    ln -sfn "libtollgate_ffi.so.$version" "$prefix/lib/$soname"
-fi
+ln -sfn "libtollgate_ffi.so.$version" "$prefix/lib/$soname"
 ln -sfn "libtollgate_ffi.so.$version" "$prefix/lib/libtollgate_ffi.so"
 cp "$target/$out/libtollgate_ffi.a" "$prefix/lib/"
 cp "$here/include/tollgate.h" "$prefix/include/"

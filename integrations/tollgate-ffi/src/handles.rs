@@ -120,14 +120,14 @@ fn out_ptr<T>(p: *mut T, len: usize, what: &str) -> Result<*mut T, Error> {
     check_array(p.cast_const(), len, what).map(|()| p)
 }
 
-/// Writes a decision through an out-pointer.
+/// Writes a decision through an out-pointer that [`out_ptr`] checked before the decision was
+/// made (so that a bad `out` takes nothing).
 ///
 /// # Safety
-/// `out` is null or valid for a write.
+/// `out` is non-null, aligned, and valid for a write.
 #[inline(always)]
 unsafe fn put_decision(out: *mut tollgate_decision, d: &Decision) -> Result<(), Error> {
-    let out = out_ptr(out, 1, "out")?;
-    // SAFETY: non-null and aligned (checked), valid for a write by the caller's contract.
+    // SAFETY: the caller's contract.
     unsafe { out.write(tollgate_decision::from(d)) };
     Ok(())
 }
@@ -238,9 +238,9 @@ pub unsafe extern "C" fn tollgate_limiter_check_n(
 ) -> tollgate_status {
     guard(|| {
         // SAFETY: the caller's contract, passed on.
-        let l = unsafe { get(limiter, "limiter")? };
+        let (l, out) = unsafe { (get(limiter, "limiter")?, out_ptr(out, 1, "out")?) };
         let d = each!(&l.0, l => l.check_n(n));
-        // SAFETY: as above.
+        // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
         unsafe { put_decision(out, &d) }
     })
 }
@@ -258,9 +258,9 @@ pub unsafe extern "C" fn tollgate_limiter_check_n_at(
 ) -> tollgate_status {
     guard(|| {
         // SAFETY: the caller's contract, passed on.
-        let l = unsafe { get(limiter, "limiter")? };
+        let (l, out) = unsafe { (get(limiter, "limiter")?, out_ptr(out, 1, "out")?) };
         let d = each!(&l.0, d => d.check_n_at(l.1.at(now_ns), n));
-        // SAFETY: as above.
+        // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
         unsafe { put_decision(out, &d) }
     })
 }
@@ -277,9 +277,9 @@ pub unsafe extern "C" fn tollgate_limiter_peek_n(
 ) -> tollgate_status {
     guard(|| {
         // SAFETY: the caller's contract, passed on.
-        let l = unsafe { get(limiter, "limiter")? };
+        let (l, out) = unsafe { (get(limiter, "limiter")?, out_ptr(out, 1, "out")?) };
         let d = each!(&l.0, l => l.peek_n(n));
-        // SAFETY: as above.
+        // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
         unsafe { put_decision(out, &d) }
     })
 }
@@ -302,7 +302,17 @@ pub unsafe extern "C" fn tollgate_limiter_try_n(
         // SAFETY: the caller's contract, passed on.
         let l = unsafe { get(limiter, "limiter")? };
         let wait_ns = wait_ptr(wait_ns)?;
-        let (outcome, wait) = each!(&l.0, l => try_one(l, n));
+        let (outcome, wait) = match &l.0 {
+            // The bucket inline (no second call), the others out of line.
+            Direct::Bucket(l) => {
+                let d = l.check_n(n);
+                (tollgate_outcome::of(&d), crate::wait_ns(&d))
+            }
+            Direct::Nginx(l) => try_one(l, n),
+            Direct::Fixed(l) => try_one(l, n),
+            Direct::Sliding(l) => try_one(l, n),
+            Direct::Log(l) => try_one(l, n),
+        };
         // SAFETY: checked by `wait_ptr`; valid for a write by the caller's contract.
         unsafe { put_wait(wait_ns, wait) };
         Ok(outcome)
@@ -438,9 +448,9 @@ pub unsafe extern "C" fn tollgate_keyed_check_n(
 ) -> tollgate_status {
     guard(|| {
         // SAFETY: the caller's contract, passed on.
-        let t = unsafe { get(table, "table")? };
+        let (t, out) = unsafe { (get(table, "table")?, out_ptr(out, 1, "out")?) };
         let d = each_table!(&t.0, t => t.check_n(&key, n));
-        // SAFETY: as above.
+        // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
         unsafe { put_decision(out, &d) }
     })
 }
@@ -459,9 +469,9 @@ pub unsafe extern "C" fn tollgate_keyed_check_n_at(
 ) -> tollgate_status {
     guard(|| {
         // SAFETY: the caller's contract, passed on.
-        let t = unsafe { get(table, "table")? };
+        let (t, out) = unsafe { (get(table, "table")?, out_ptr(out, 1, "out")?) };
         let d = each_table!(&t.0, k => k.check_n_at(&key, t.1.at(now_ns), n));
-        // SAFETY: as above.
+        // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
         unsafe { put_decision(out, &d) }
     })
 }
@@ -479,9 +489,9 @@ pub unsafe extern "C" fn tollgate_keyed_peek_n(
 ) -> tollgate_status {
     guard(|| {
         // SAFETY: the caller's contract, passed on.
-        let t = unsafe { get(table, "table")? };
+        let (t, out) = unsafe { (get(table, "table")?, out_ptr(out, 1, "out")?) };
         let d = each_table!(&t.0, t => t.peek_n(&key, n));
-        // SAFETY: as above.
+        // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
         unsafe { put_decision(out, &d) }
     })
 }
@@ -501,7 +511,17 @@ pub unsafe extern "C" fn tollgate_keyed_try_n(
         // SAFETY: the caller's contract, passed on.
         let t = unsafe { get(table, "table")? };
         let wait_ns = wait_ptr(wait_ns)?;
-        let (outcome, wait) = each_table!(&t.0, t => try_key(t, &key, n));
+        let (outcome, wait) = match &t.0 {
+            // The bucket inline (no second call), the others out of line.
+            Table::Bucket(t) => {
+                let d = t.check_n(&key, n);
+                (tollgate_outcome::of(&d), crate::wait_ns(&d))
+            }
+            Table::Nginx(t) => try_key(t, &key, n),
+            Table::Fixed(t) => try_key(t, &key, n),
+            Table::Sliding(t) => try_key(t, &key, n),
+            Table::Log(t) => try_key(t, &key, n),
+        };
         // SAFETY: checked by `wait_ptr`; valid for a write by the caller's contract.
         unsafe { put_wait(wait_ns, wait) };
         Ok(outcome)
@@ -716,9 +736,10 @@ pub unsafe extern "C" fn tollgate_keyed_bytes_check_n(
 ) -> tollgate_status {
     guard(|| {
         // SAFETY: the caller's contract, passed on.
-        let (t, key) = unsafe { (get(table, "table")?, slice(key, key_len, "key")?) };
+        let (t, key, out) =
+            unsafe { (get(table, "table")?, slice(key, key_len, "key")?, out_ptr(out, 1, "out")?) };
         let d = each_table!(&t.0, t => t.check_n(key, n));
-        // SAFETY: as above.
+        // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
         unsafe { put_decision(out, &d) }
     })
 }
@@ -738,9 +759,10 @@ pub unsafe extern "C" fn tollgate_keyed_bytes_check_n_at(
 ) -> tollgate_status {
     guard(|| {
         // SAFETY: the caller's contract, passed on.
-        let (t, key) = unsafe { (get(table, "table")?, slice(key, key_len, "key")?) };
+        let (t, key, out) =
+            unsafe { (get(table, "table")?, slice(key, key_len, "key")?, out_ptr(out, 1, "out")?) };
         let d = each_table!(&t.0, k => k.check_n_at(key, t.1.at(now_ns), n));
-        // SAFETY: as above.
+        // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
         unsafe { put_decision(out, &d) }
     })
 }
@@ -759,9 +781,10 @@ pub unsafe extern "C" fn tollgate_keyed_bytes_peek_n(
 ) -> tollgate_status {
     guard(|| {
         // SAFETY: the caller's contract, passed on.
-        let (t, key) = unsafe { (get(table, "table")?, slice(key, key_len, "key")?) };
+        let (t, key, out) =
+            unsafe { (get(table, "table")?, slice(key, key_len, "key")?, out_ptr(out, 1, "out")?) };
         let d = each_table!(&t.0, t => t.peek_n(key, n));
-        // SAFETY: as above.
+        // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
         unsafe { put_decision(out, &d) }
     })
 }
