@@ -87,15 +87,20 @@ fn check_array<T>(p: *const T, len: usize, what: &str) -> Result<(), Error> {
         return Err(Error::null(what));
     }
     if !p.is_aligned() {
-        return Err(Error::invalid(format!(
-            "{what} {p:p} is not aligned to {} bytes",
-            std::mem::align_of::<T>()
-        )));
+        return Err(misaligned(p.cast(), std::mem::align_of::<T>(), what));
     }
     match len.checked_mul(std::mem::size_of::<T>()) {
         Some(bytes) if isize::try_from(bytes).is_ok() => Ok(()),
         _ => Err(Error::invalid(format!("{what}: {len} elements are more than memory holds"))),
     }
+}
+
+/// The error for a misaligned pointer: out of line, so that the fast path does not prepare
+/// its message's arguments.
+#[cold]
+#[inline(never)]
+fn misaligned(p: *const u8, align: usize, what: &str) -> Error {
+    Error::invalid(format!("{what} {p:p} is not aligned to {align} bytes"))
 }
 
 /// `len` elements at `p`, which may be null when `len` is 0.
