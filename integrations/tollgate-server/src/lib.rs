@@ -7,7 +7,9 @@
 //! when allowed, or when the quantity can never fit), and the seconds until the bucket is full
 //! again, seconds rounded as redis-cell rounds them (truncated, plus one if the rest is at least
 //! a millisecond). Each distinct `(max_burst, count, period)` gets its own keyed table, built on
-//! first use, holding up to the server's capacity of keys (full buckets are evicted first).
+//! first use, holding up to the server's capacity of keys (full buckets are evicted first); at
+//! `max_quotas` tables, one unused for its quota's fill time (so every key in it is full again,
+//! and dropping it changes no answer) makes room for a new quota.
 //!
 //! Also `PING`, `ECHO`, `QUIT`, `HELLO` (RESP2 and RESP3: the replies of the other commands are
 //! the same in both), `COMMAND`, `INFO` with the server's counters, and the few commands clients
@@ -73,6 +75,7 @@ struct Counters {
     throttle_limited: AtomicU64,
     protocol_errors: AtomicU64,
     unknown_commands: AtomicU64,
+    quotas_evicted: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -98,11 +101,24 @@ async fn close(mut stream: TcpStream) -> io::Result<()> {
 /// A quota's key: `(max_burst, count, period in seconds)`.
 type QuotaKey = (u64, u64, u64);
 
+/// One quota's table, and when a decision last used it.
+#[derive(Debug)]
+struct QuotaTable {
+    limiter: KeyedLimiter<Vec<u8>>,
+    /// Milliseconds since the server started, at the last decision (written under the tables'
+    /// read lock, read under their write lock: see [`Server::evict_idle`]).
+    last_used_ms: AtomicU64,
+    /// How long the table must go unused before dropping it loses nothing: its quota's time
+    /// from empty to full, plus a margin for the two clocks (the table's TSC, the server's
+    /// `Instant`) drifting apart.
+    idle_ms: u64,
+}
+
 /// The server: its tables and counters. Serve it with [`Server::serve`].
 #[derive(Debug)]
 pub struct Server {
     config: Config,
-    tables: RwLock<HashMap<QuotaKey, Arc<KeyedLimiter<Vec<u8>>>>>,
+    tables: RwLock<HashMap<QuotaKey, QuotaTable>>,
     counters: Counters,
     connections: Arc<Semaphore>,
     started: Instant,
@@ -330,22 +346,46 @@ impl Server {
             Ok(p) => p,
             Err(e) => return reply::error(out, &e),
         };
-        let table = match self.table((max_burst, count, period)) {
-            Ok(t) => t,
-            Err(e) => return reply::error(out, &e),
-        };
-        let d = table.check_n(args[1].as_slice(), quantity);
-        if !d.is_allowed() {
-            bump(&self.counters.throttle_limited);
+        let key = (max_burst, count, period);
+        loop {
+            // The decision is made under the read lock: a table is only dropped under the write
+            // lock, after going unused for its fill time, so no decision is ever made on a table
+            // that is being dropped (it would be lost).
+            {
+                let tables = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if let Some(t) = tables.get(&key) {
+                    let d = t.limiter.check_n(args[1].as_slice(), quantity);
+                    let now = self.now_ms();
+                    // Relaxed: the write lock that reads it orders it (see `evict_idle`).
+                    if t.last_used_ms.load(Relaxed) < now {
+                        t.last_used_ms.store(now, Relaxed);
+                    }
+                    if !d.is_allowed() {
+                        bump(&self.counters.throttle_limited);
+                    }
+                    return write_throttle(out, &d, t.limiter.policy().burst());
+                }
+            }
+            if let Err(e) = self.add_table(key) {
+                return reply::error(out, &e);
+            }
         }
-        write_throttle(out, &d, table.policy().burst());
     }
 
-    /// The table of this quota, built on first use.
-    fn table(&self, key: QuotaKey) -> Result<Arc<KeyedLimiter<Vec<u8>>>, String> {
-        if let Some(t) = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
-            return Ok(Arc::clone(t));
-        }
+    /// Milliseconds since the server started, rounded up (a table's last use is never earlier
+    /// than the decision).
+    fn now_ms(&self) -> u64 {
+        let e = self.started.elapsed();
+        u64::try_from(e.as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_add(u64::from(e.subsec_nanos() % 1_000_000 != 0))
+    }
+
+    /// Builds the table of this quota (on its first use). At `--max-quotas`, a table unused for
+    /// longer than its quota's fill time makes room: every key in it is full again, so dropping
+    /// it changes no answer (a key a table does not hold is a full bucket). Otherwise the quota
+    /// is refused.
+    fn add_table(&self, key: QuotaKey) -> Result<(), String> {
         let (max_burst, count, period) = key;
         if count == 0 || period == 0 {
             return Err("ERR Zero rates are not supported".into());
@@ -353,33 +393,68 @@ impl Server {
         let burst = max_burst.checked_add(1).ok_or("ERR max_burst is too large")?;
         let quota = TokenBucket::new(Rate::per(count, Duration::from_secs(period)), burst)
             .map_err(|e| format!("ERR invalid quota: {e}"))?;
-        if self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner).len()
-            >= self.config.max_quotas
         {
-            return Err(self.too_many_quotas());
+            let tables = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if tables.contains_key(&key) {
+                return Ok(());
+            }
+            if tables.len() >= self.config.max_quotas && !self.any_idle(&tables) {
+                return Err(self.too_many_quotas());
+            }
         }
         // Built outside the lock (it writes every slot of the table): decisions on the other
         // quotas go on meanwhile.
-        let table = KeyedLimiter::<Vec<u8>>::builder(quota)
+        let limiter = KeyedLimiter::<Vec<u8>>::builder(quota)
             .capacity(self.config.capacity)
             .when_full(WhenFull::EvictFullest)
             .build()
             .map_err(|e| format!("ERR cannot hold this quota: {e}"))?;
+        let fill_ms = quota.fill_time().as_u64().div_ceil(1_000_000);
+        let idle_ms = fill_ms.saturating_add(fill_ms / 100).saturating_add(10);
+        let table = QuotaTable { limiter, last_used_ms: AtomicU64::new(self.now_ms()), idle_ms };
         let mut tables = self.tables.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(t) = tables.get(&key) {
-            return Ok(Arc::clone(t)); // built by another connection meanwhile
+        if tables.contains_key(&key) {
+            return Ok(()); // built by another connection meanwhile
         }
-        if tables.len() >= self.config.max_quotas {
+        if tables.len() >= self.config.max_quotas && !self.evict_idle(&mut tables) {
             return Err(self.too_many_quotas());
         }
-        let table = Arc::new(table);
-        tables.insert(key, Arc::clone(&table));
-        Ok(table)
+        tables.insert(key, table);
+        Ok(())
+    }
+
+    /// Whether some table has gone unused for its fill time (a hint, taken again under the
+    /// write lock by [`evict_idle`](Server::evict_idle)).
+    fn any_idle(&self, tables: &HashMap<QuotaKey, QuotaTable>) -> bool {
+        let now = self.now_ms();
+        tables.values().any(|t| now.saturating_sub(t.last_used_ms.load(Relaxed)) > t.idle_ms)
+    }
+
+    /// Drops the table unused the longest, if it has gone unused for its fill time. Under the
+    /// write lock no decision is in flight, and every decision made under an earlier read lock
+    /// wrote its time before releasing it (the lock orders those Relaxed stores before these
+    /// loads), so the times read here are the last uses.
+    fn evict_idle(&self, tables: &mut HashMap<QuotaKey, QuotaTable>) -> bool {
+        let now = self.now_ms();
+        let idle = tables
+            .iter()
+            .map(|(k, t)| (now.saturating_sub(t.last_used_ms.load(Relaxed)), t.idle_ms, *k))
+            .filter(|&(unused, idle_ms, _)| unused > idle_ms)
+            .max_by_key(|&(unused, _, _)| unused);
+        match idle {
+            Some((_, _, k)) => {
+                tables.remove(&k);
+                bump(&self.counters.quotas_evicted);
+                true
+            }
+            None => false,
+        }
     }
 
     fn too_many_quotas(&self) -> String {
         format!(
-            "ERR this server holds {} distinct (max_burst, count, period) quotas, its limit (--max-quotas)",
+            "ERR this server holds {} distinct (max_burst, count, period) quotas, its limit (--max-quotas), \
+             and each was used within its fill time",
             self.config.max_quotas
         )
     }
@@ -387,15 +462,15 @@ impl Server {
     fn info(&self) -> String {
         let c = &self.counters;
         let tables = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let keys: u64 = tables.values().map(|t| t.len()).sum();
-        let capacity: u64 = tables.values().map(|t| t.capacity()).sum();
+        let keys: u64 = tables.values().map(|t| t.limiter.len()).sum();
+        let capacity: u64 = tables.values().map(|t| t.limiter.capacity()).sum();
         format!(
             "# Server\r\nserver:tollgate\r\ntollgate_version:{}\r\nuptime_in_seconds:{}\r\n\
              \r\n# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n\
              \r\n# Stats\r\ntotal_connections_received:{}\r\nrejected_connections:{}\r\naccept_errors:{}\r\n\
              total_commands_processed:{}\r\nthrottle_calls:{}\r\nthrottle_limited:{}\r\n\
              protocol_errors:{}\r\nunknown_commands:{}\r\n\
-             \r\n# Keyspace\r\nquotas:{}\r\nmax_quotas:{}\r\nkeys:{}\r\nkeys_capacity:{}\r\n",
+             \r\n# Keyspace\r\nquotas:{}\r\nmax_quotas:{}\r\nquotas_evicted:{}\r\nkeys:{}\r\nkeys_capacity:{}\r\n",
             env!("CARGO_PKG_VERSION"),
             self.started.elapsed().as_secs(),
             c.connected.load(Relaxed),
@@ -410,6 +485,7 @@ impl Server {
             c.unknown_commands.load(Relaxed),
             tables.len(),
             self.config.max_quotas,
+            c.quotas_evicted.load(Relaxed),
             keys,
             capacity,
         )
@@ -490,6 +566,41 @@ mod tests {
     }
 
     #[test]
+    fn a_table_unused_for_its_fill_time_makes_room_and_a_busy_one_stays() {
+        let server = Server::new(Config { capacity: 1024, max_quotas: 2, ..Config::default() });
+        let cmd = |c: &[&str]| String::from_utf8(run(&server, c)).unwrap();
+        // Quota A: burst 2 at 10/s (full again 200 ms after it empties); B: burst 1 at 1/min;
+        // C: burst 1 at 10/s. (Fill times long enough that a stalled test thread does not make
+        // a table look idle early.)
+        let a = ["CL.THROTTLE", "k", "1", "10", "1"];
+        let b = ["CL.THROTTLE", "k", "0", "1", "60"];
+        let c = ["CL.THROTTLE", "k", "0", "10", "1"];
+        assert!(cmd(&a).starts_with("*5\r\n:0\r\n"));
+        assert!(cmd(&b).starts_with("*5\r\n:0\r\n"));
+        assert!(cmd(&b).starts_with("*5\r\n:1\r\n"), "B's one token is spent");
+        // Both just used: a third quota is refused.
+        assert!(cmd(&c).contains("2 distinct"));
+        // A goes unused for longer than its fill time (200 ms, plus the margin); B keeps being
+        // used. The third quota takes A's place, never B's, whose key is empty.
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(400) {
+            assert!(cmd(&b).starts_with("*5\r\n:1\r\n"));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(cmd(&c).starts_with("*5\r\n:0\r\n"));
+        assert!(cmd(&INFO).contains("quotas_evicted:1\r\n"));
+        assert!(cmd(&b).starts_with("*5\r\n:1\r\n"), "B kept its state");
+        // A comes back in C's place (now unused for longer than its fill time), as a new table:
+        // its key is full, as it was in the dropped one.
+        std::thread::sleep(Duration::from_millis(300));
+        let again = cmd(&a);
+        assert!(again.starts_with("*5\r\n:0\r\n:2\r\n:1\r\n"), "{again:?} {}", cmd(&INFO));
+        assert!(cmd(&INFO).contains("quotas_evicted:2\r\n"));
+    }
+
+    const INFO: [&str; 1] = ["INFO"];
+
+    #[test]
     fn bad_arguments_are_errors_that_say_what_was_wrong() {
         let server = Server::new(Config { capacity: 1024, max_quotas: 2, ..Config::default() });
         let err = |cmd: &[&str]| String::from_utf8(run(&server, cmd)).unwrap();
@@ -503,6 +614,8 @@ mod tests {
         assert!(err(&["CL.THROTTLE", "k", "1", "30", "60"]).starts_with("*5"));
         assert!(err(&["CL.THROTTLE", "k", "2", "30", "60"]).starts_with("*5"));
         assert!(err(&["CL.THROTTLE", "k", "3", "30", "60"]).contains("2 distinct"));
+        // Both tables were just used, and their fill time is a minute: neither makes room.
+        assert!(err(&["INFO"]).contains("quotas_evicted:0\r\n"));
         assert_eq!(err(&["PING"]), "+PONG\r\n");
         assert_eq!(err(&["HELLO", "4"]), "-NOPROTO unsupported protocol version\r\n");
         assert!(err(&["HELLO", "3"]).starts_with("%5\r\n"));
