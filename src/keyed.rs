@@ -1085,6 +1085,12 @@ impl<K: Key + ?Sized, C: Clock> Keyed<TokenBucket, K, C> {
         self.table.clear_override_words(key.words(self.table.fingerprint()))
     }
 
+    /// Whether any key has an override now: one load, for callers that would otherwise look a
+    /// key's override up (and extract the key to do so) only to find there are none.
+    pub fn has_overrides(&self) -> bool {
+        self.table.has_overrides()
+    }
+
     /// The key's override, if it has one.
     pub fn override_of<Q>(&self, key: &Q) -> Option<Tier>
     where

@@ -272,13 +272,17 @@ fn tier_errors_are_typed() {
     assert_eq!(l.tier("missing"), None);
     assert_eq!(l.tier_name(pro), "pro");
     // Overrides: 2 requested, a map of 4 holds up to 2.
+    assert!(!l.has_overrides());
     l.set_override(&1, pro).unwrap();
+    assert!(l.has_overrides());
     l.set_override(&2, pro).unwrap();
     l.set_override(&1, tollgate::Tier::DEFAULT).unwrap(); // an update, not a new entry
     assert!(matches!(l.set_override(&3, pro), Err(UpdateError::OverridesFull { max: 2 })));
     assert!(l.clear_override(&2));
     l.set_override(&3, pro).unwrap(); // the tombstone is reused
     assert_eq!(l.override_of(&3), Some(pro));
+    assert!(l.clear_override(&1) && l.clear_override(&3) && !l.has_overrides());
+    l.set_override(&3, pro).unwrap();
     // A fill time beyond the largest built (1 s): refused, nothing changed.
     let longer = TokenBucket::new(Rate::per_second(1), 2).unwrap();
     assert!(matches!(

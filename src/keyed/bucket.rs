@@ -489,6 +489,10 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     }
 
     /// The key's override, if it has one.
+    pub(crate) fn has_overrides(&self) -> bool {
+        !self.overrides.is_empty()
+    }
+
     pub(crate) fn override_of_words(&self, words: K::Words) -> Option<Tier> {
         self.overrides.get(words, words.hash_with(&self.params.hasher))
     }

@@ -20,6 +20,18 @@ pub trait HeaderQuota {
     /// The window: the time over which the quota refills, in whole seconds, rounded up (at
     /// least 1: the header has no sub-second windows).
     fn window(&self) -> Duration;
+    /// Whether some key of `table` may be decided under another configuration than the
+    /// table's own: when not, [`for_key`](HeaderQuota::for_key) is `None` for every key, and
+    /// the layer does not extract the key again to ask.
+    fn keys_may_differ<K, C>(table: &Keyed<Self, K, C>) -> bool
+    where
+        Self: KeyedAlgorithm,
+        K: tollgate::Key,
+        C: Clock,
+    {
+        let _ = table;
+        false
+    }
     /// The configuration `key` is decided under in `table`, when it is not the table's own (a
     /// token bucket key's tier).
     fn for_key<K, C>(table: &Keyed<Self, K, C>, key: &K) -> Option<Self>
@@ -45,6 +57,9 @@ impl HeaderQuota for TokenBucket {
     }
     fn window(&self) -> Duration {
         whole_seconds(self.fill_time().as_duration())
+    }
+    fn keys_may_differ<K: tollgate::Key, C: Clock>(table: &Keyed<Self, K, C>) -> bool {
+        table.has_overrides()
     }
     fn for_key<K: tollgate::Key, C: Clock>(table: &Keyed<Self, K, C>, key: &K) -> Option<Self> {
         table.override_of(key).map(|tier| table.tier_quota(tier))
@@ -160,6 +175,9 @@ where
         Ok(self.limiter.peek_n(&key, n))
     }
     fn describe(&self, req: &Parts) -> Option<(u64, Duration)> {
+        if !A::keys_may_differ(&self.limiter) {
+            return None;
+        }
         let key = self.key.extract(req).ok()?;
         A::for_key(&self.limiter, &key).map(|q| (q.quota(), q.window()))
     }
@@ -207,6 +225,9 @@ where
         Ok(self.limiter.peek_n(&key, n))
     }
     fn describe(&self, req: &Parts) -> Option<(u64, Duration)> {
+        if !self.limiter.has_overrides() {
+            return None;
+        }
         let key = self.key.extract(req).ok()?;
         TokenBucket::for_key(&self.limiter, &key).map(|q| (q.quota(), q.window()))
     }
