@@ -698,7 +698,17 @@ pub unsafe extern "C" fn tollgate_keyed_bytes_try_n(
         // SAFETY: the caller's contract, passed on.
         let (t, key) = unsafe { (get(table, "table")?, slice(key, key_len, "key")?) };
         let wait_ns = wait_ptr(wait_ns)?;
-        let (outcome, wait) = each_table!(&t.0, t => try_key(t, key, n));
+        let (outcome, wait) = match &t.0 {
+            // The bucket inline (no second call), the others out of line.
+            Table::Bucket(t) => {
+                let d = t.check_n(key, n);
+                (tollgate_outcome::of(&d), crate::wait_ns(&d))
+            }
+            Table::Nginx(t) => try_key(t, key, n),
+            Table::Fixed(t) => try_key(t, key, n),
+            Table::Sliding(t) => try_key(t, key, n),
+            Table::Log(t) => try_key(t, key, n),
+        };
         // SAFETY: checked by `wait_ptr`; valid for a write by the caller's contract.
         unsafe { put_wait(wait_ns, wait) };
         Ok(outcome)
