@@ -180,6 +180,25 @@ where
     (tollgate_outcome::of(&d), wait_ns(&d))
 }
 
+/// A table's `_try` decision: the bucket inline (no second call), the others out of line.
+#[inline(always)]
+fn try_table<K, Q>(t: &Table<K>, key: &Q, n: u64) -> (tollgate_outcome, u64)
+where
+    K: tollgate::Key + Eq + std::borrow::Borrow<Q> + 'static,
+    Q: tollgate::Key<Words = K::Words> + ?Sized,
+{
+    match t {
+        Table::Bucket(t) => {
+            let d = t.check_n(key, n);
+            (tollgate_outcome::of(&d), wait_ns(&d))
+        }
+        Table::Nginx(t) => try_key(t, key, n),
+        Table::Fixed(t) => try_key(t, key, n),
+        Table::Sliding(t) => try_key(t, key, n),
+        Table::Log(t) => try_key(t, key, n),
+    }
+}
+
 /// Nanoseconds from `origin` to `now` on a handle's clock (0 if the clock reads earlier).
 #[inline(always)]
 fn since(origin: Origin, now: Nanos) -> u64 {
@@ -516,17 +535,7 @@ pub unsafe extern "C" fn tollgate_keyed_try_n(
         // SAFETY: the caller's contract, passed on.
         let t = unsafe { get(table, "table")? };
         let wait_ns = wait_ptr(wait_ns)?;
-        let (outcome, wait) = match &t.0 {
-            // The bucket inline (no second call), the others out of line.
-            Table::Bucket(t) => {
-                let d = t.check_n(&key, n);
-                (tollgate_outcome::of(&d), crate::wait_ns(&d))
-            }
-            Table::Nginx(t) => try_key(t, &key, n),
-            Table::Fixed(t) => try_key(t, &key, n),
-            Table::Sliding(t) => try_key(t, &key, n),
-            Table::Log(t) => try_key(t, &key, n),
-        };
+        let (outcome, wait) = try_table(&t.0, &key, n);
         // SAFETY: checked by `wait_ptr`; valid for a write by the caller's contract.
         unsafe { put_wait(wait_ns, wait) };
         Ok(outcome)
@@ -698,17 +707,7 @@ pub unsafe extern "C" fn tollgate_keyed_bytes_try_n(
         // SAFETY: the caller's contract, passed on.
         let (t, key) = unsafe { (get(table, "table")?, slice(key, key_len, "key")?) };
         let wait_ns = wait_ptr(wait_ns)?;
-        let (outcome, wait) = match &t.0 {
-            // The bucket inline (no second call), the others out of line.
-            Table::Bucket(t) => {
-                let d = t.check_n(key, n);
-                (tollgate_outcome::of(&d), crate::wait_ns(&d))
-            }
-            Table::Nginx(t) => try_key(t, key, n),
-            Table::Fixed(t) => try_key(t, key, n),
-            Table::Sliding(t) => try_key(t, key, n),
-            Table::Log(t) => try_key(t, key, n),
-        };
+        let (outcome, wait) = try_table(&t.0, key, n);
         // SAFETY: checked by `wait_ptr`; valid for a write by the caller's contract.
         unsafe { put_wait(wait_ns, wait) };
         Ok(outcome)
