@@ -25,7 +25,7 @@ pub mod resp;
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -119,6 +119,8 @@ struct QuotaTable {
 pub struct Server {
     config: Config,
     tables: RwLock<HashMap<QuotaKey, QuotaTable>>,
+    /// Held while a table is built (see `add_table`).
+    building: Mutex<()>,
     counters: Counters,
     connections: Arc<Semaphore>,
     started: Instant,
@@ -137,6 +139,7 @@ impl Server {
         Arc::new(Server {
             config,
             tables: RwLock::new(HashMap::new()),
+            building: Mutex::new(()),
             counters: Counters::default(),
             connections: Arc::new(Semaphore::new(config.max_connections.clamp(1, Semaphore::MAX_PERMITS))),
             started: Instant::now(),
@@ -356,9 +359,11 @@ impl Server {
                 if let Some(t) = tables.get(&key) {
                     let d = t.limiter.check_n(args[1].as_slice(), quantity);
                     let now = self.now_ms();
-                    // Relaxed: the write lock that reads it orders it (see `evict_idle`).
+                    // Relaxed: the write lock that reads it orders it (see `evict_idle`). A max,
+                    // not a store: a thread stalled after its load must not write an older time
+                    // over a newer one. At most one read-modify-write per table per millisecond.
                     if t.last_used_ms.load(Relaxed) < now {
-                        t.last_used_ms.store(now, Relaxed);
+                        t.last_used_ms.fetch_max(now, Relaxed);
                     }
                     if !d.is_allowed() {
                         bump(&self.counters.throttle_limited);
@@ -393,17 +398,20 @@ impl Server {
         let burst = max_burst.checked_add(1).ok_or("ERR max_burst is too large")?;
         let quota = TokenBucket::new(Rate::per(count, Duration::from_secs(period)), burst)
             .map_err(|e| format!("ERR invalid quota: {e}"))?;
+        // One table built at a time, so that the tables never hold more than `max_quotas + 1`
+        // tables' memory, however many connections ask for new quotas at once.
+        let _building = self.building.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         {
             let tables = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner);
             if tables.contains_key(&key) {
-                return Ok(());
+                return Ok(()); // built by another connection meanwhile
             }
             if tables.len() >= self.config.max_quotas && !self.any_idle(&tables) {
                 return Err(self.too_many_quotas());
             }
         }
-        // Built outside the lock (it writes every slot of the table): decisions on the other
-        // quotas go on meanwhile.
+        // Built outside the tables' lock (it writes every slot of the table): decisions on the
+        // other quotas go on meanwhile.
         let limiter = KeyedLimiter::<Vec<u8>>::builder(quota)
             .capacity(self.config.capacity)
             .when_full(WhenFull::EvictFullest)
@@ -569,21 +577,21 @@ mod tests {
     fn a_table_unused_for_its_fill_time_makes_room_and_a_busy_one_stays() {
         let server = Server::new(Config { capacity: 1024, max_quotas: 2, ..Config::default() });
         let cmd = |c: &[&str]| String::from_utf8(run(&server, c)).unwrap();
-        // Quota A: burst 2 at 10/s (full again 200 ms after it empties); B: burst 1 at 1/min;
-        // C: burst 1 at 10/s. (Fill times long enough that a stalled test thread does not make
-        // a table look idle early.)
-        let a = ["CL.THROTTLE", "k", "1", "10", "1"];
+        // Quota A: burst 2 at 2/s (full again 1 s after it empties); B: burst 1 at 1/min; C:
+        // burst 1 at 4/s. (Fill times long enough that a stalled test thread does not make a
+        // table look idle early.)
+        let a = ["CL.THROTTLE", "k", "1", "2", "1"];
         let b = ["CL.THROTTLE", "k", "0", "1", "60"];
-        let c = ["CL.THROTTLE", "k", "0", "10", "1"];
+        let c = ["CL.THROTTLE", "k", "0", "4", "1"];
         assert!(cmd(&a).starts_with("*5\r\n:0\r\n"));
         assert!(cmd(&b).starts_with("*5\r\n:0\r\n"));
         assert!(cmd(&b).starts_with("*5\r\n:1\r\n"), "B's one token is spent");
         // Both just used: a third quota is refused.
         assert!(cmd(&c).contains("2 distinct"));
-        // A goes unused for longer than its fill time (200 ms, plus the margin); B keeps being
-        // used. The third quota takes A's place, never B's, whose key is empty.
+        // A goes unused for longer than its fill time (1 s, plus the margin); B keeps being used.
+        // The third quota takes A's place, never B's, whose key is empty.
         let start = Instant::now();
-        while start.elapsed() < Duration::from_millis(400) {
+        while start.elapsed() < Duration::from_millis(1200) {
             assert!(cmd(&b).starts_with("*5\r\n:1\r\n"));
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -592,7 +600,7 @@ mod tests {
         assert!(cmd(&b).starts_with("*5\r\n:1\r\n"), "B kept its state");
         // A comes back in C's place (now unused for longer than its fill time), as a new table:
         // its key is full, as it was in the dropped one.
-        std::thread::sleep(Duration::from_millis(300));
+        std::thread::sleep(Duration::from_millis(400));
         let again = cmd(&a);
         assert!(again.starts_with("*5\r\n:0\r\n:2\r\n:1\r\n"), "{again:?} {}", cmd(&INFO));
         assert!(cmd(&INFO).contains("quotas_evicted:2\r\n"));

@@ -25,7 +25,8 @@ struct Args {
     #[arg(long, default_value_t = 1 << 20)]
     capacity: usize,
     /// Distinct quotas the server holds, each a table of --capacity keys allocated when first
-    /// used (about 48 bytes a slot, so the defaults bound the tables to about 0.4 GB). At the
+    /// used (about 48 bytes a slot, so the defaults bound the tables to about 0.4 GB, and one
+    /// table more while a new one is built: one at a time). At the
     /// limit, a table unused for its quota's fill time (every key full again) makes room for a
     /// new quota; otherwise the new quota is refused.
     #[arg(long, default_value_t = 8)]
