@@ -131,10 +131,9 @@ fn out_ptr<T>(p: *mut T, len: usize, what: &str) -> Result<*mut T, Error> {
 /// # Safety
 /// `out` is non-null, aligned, and valid for a write.
 #[inline(always)]
-unsafe fn put_decision(out: *mut tollgate_decision, d: &Decision) -> Result<(), Error> {
+unsafe fn put_decision(out: *mut tollgate_decision, d: &Decision) {
     // SAFETY: the caller's contract.
     unsafe { out.write(tollgate_decision::from(d)) };
-    Ok(())
 }
 
 /// Checks a `_try` function's optional wait out-pointer (null: not wanted) before it decides,
@@ -160,12 +159,17 @@ unsafe fn put_wait(wait: *mut u64, ns: u64) {
     }
 }
 
-/// One algorithm's decision as the `_try` functions return it, in two registers: out of line,
-/// one copy per algorithm, so that the exported function stays a small dispatch.
+/// What a `_try` function returns of a decision: the outcome and the one wait.
+#[inline(always)]
+fn verdict(d: &Decision) -> (tollgate_outcome, u64) {
+    (tollgate_outcome::of(d), wait_ns(d))
+}
+
+/// One algorithm's `_try` decision, out of line (one copy per algorithm), returned in two
+/// registers.
 #[inline(never)]
 fn try_one<A: tollgate::Algorithm>(l: &tollgate::Direct<A>, n: u64) -> (tollgate_outcome, u64) {
-    let d = l.check_n(n);
-    (tollgate_outcome::of(&d), wait_ns(&d))
+    verdict(&l.check_n(n))
 }
 
 /// [`try_one`] for a key of a table.
@@ -176,11 +180,23 @@ where
     K: tollgate::Key + std::borrow::Borrow<Q>,
     Q: tollgate::Key<Words = K::Words> + ?Sized,
 {
-    let d = t.check_n(key, n);
-    (tollgate_outcome::of(&d), wait_ns(&d))
+    verdict(&t.check_n(key, n))
 }
 
-/// A table's `_try` decision: the bucket inline (no second call), the others out of line.
+/// A direct limiter's `_try` decision: the bucket inline (no second call), the others out of
+/// line, so that the exported function stays a small dispatch.
+#[inline(always)]
+fn try_direct(l: &Direct, n: u64) -> (tollgate_outcome, u64) {
+    match l {
+        Direct::Bucket(l) => verdict(&l.check_n(n)),
+        Direct::Nginx(l) => try_one(l, n),
+        Direct::Fixed(l) => try_one(l, n),
+        Direct::Sliding(l) => try_one(l, n),
+        Direct::Log(l) => try_one(l, n),
+    }
+}
+
+/// [`try_direct`] for a table.
 #[inline(always)]
 fn try_table<K, Q>(t: &Table<K>, key: &Q, n: u64) -> (tollgate_outcome, u64)
 where
@@ -188,21 +204,12 @@ where
     Q: tollgate::Key<Words = K::Words> + ?Sized,
 {
     match t {
-        Table::Bucket(t) => {
-            let d = t.check_n(key, n);
-            (tollgate_outcome::of(&d), wait_ns(&d))
-        }
+        Table::Bucket(t) => verdict(&t.check_n(key, n)),
         Table::Nginx(t) => try_key(t, key, n),
         Table::Fixed(t) => try_key(t, key, n),
         Table::Sliding(t) => try_key(t, key, n),
         Table::Log(t) => try_key(t, key, n),
     }
-}
-
-/// Nanoseconds from `origin` to `now` on a handle's clock (0 if the clock reads earlier).
-#[inline(always)]
-fn since(origin: Origin, now: Nanos) -> u64 {
-    now.as_u64().saturating_sub(origin.0.as_u64())
 }
 
 // ---- Direct limiters --------------------------------------------------------------------
@@ -265,7 +272,8 @@ pub unsafe extern "C" fn tollgate_limiter_check_n(
         let (l, out) = unsafe { (get(limiter, "limiter")?, out_ptr(out, 1, "out")?) };
         let d = each!(&l.0, l => l.check_n(n));
         // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
-        unsafe { put_decision(out, &d) }
+        unsafe { put_decision(out, &d) };
+        Ok(())
     })
 }
 
@@ -285,7 +293,8 @@ pub unsafe extern "C" fn tollgate_limiter_check_n_at(
         let (l, out) = unsafe { (get(limiter, "limiter")?, out_ptr(out, 1, "out")?) };
         let d = each!(&l.0, d => d.check_n_at(l.1.at(now_ns), n));
         // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
-        unsafe { put_decision(out, &d) }
+        unsafe { put_decision(out, &d) };
+        Ok(())
     })
 }
 
@@ -304,7 +313,8 @@ pub unsafe extern "C" fn tollgate_limiter_peek_n(
         let (l, out) = unsafe { (get(limiter, "limiter")?, out_ptr(out, 1, "out")?) };
         let d = each!(&l.0, l => l.peek_n(n));
         // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
-        unsafe { put_decision(out, &d) }
+        unsafe { put_decision(out, &d) };
+        Ok(())
     })
 }
 
@@ -326,17 +336,7 @@ pub unsafe extern "C" fn tollgate_limiter_try_n(
         // SAFETY: the caller's contract, passed on.
         let l = unsafe { get(limiter, "limiter")? };
         let wait_ns = wait_ptr(wait_ns)?;
-        let (outcome, wait) = match &l.0 {
-            // The bucket inline (no second call), the others out of line.
-            Direct::Bucket(l) => {
-                let d = l.check_n(n);
-                (tollgate_outcome::of(&d), crate::wait_ns(&d))
-            }
-            Direct::Nginx(l) => try_one(l, n),
-            Direct::Fixed(l) => try_one(l, n),
-            Direct::Sliding(l) => try_one(l, n),
-            Direct::Log(l) => try_one(l, n),
-        };
+        let (outcome, wait) = try_direct(&l.0, n);
         // SAFETY: checked by `wait_ptr`; valid for a write by the caller's contract.
         unsafe { put_wait(wait_ns, wait) };
         Ok(outcome)
@@ -358,7 +358,7 @@ pub unsafe extern "C" fn tollgate_limiter_now(
         let (l, out) = unsafe { (get(limiter, "limiter")?, out_ptr(out, 1, "out")?) };
         let now = each!(&l.0, d => d.now());
         // SAFETY: non-null and aligned (checked), valid for a write by the caller's contract.
-        unsafe { out.write(since(l.1, now)) };
+        unsafe { out.write(l.1.since(now)) };
         Ok(())
     })
 }
@@ -475,7 +475,8 @@ pub unsafe extern "C" fn tollgate_keyed_check_n(
         let (t, out) = unsafe { (get(table, "table")?, out_ptr(out, 1, "out")?) };
         let d = each_table!(&t.0, t => t.check_n(&key, n));
         // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
-        unsafe { put_decision(out, &d) }
+        unsafe { put_decision(out, &d) };
+        Ok(())
     })
 }
 
@@ -496,7 +497,8 @@ pub unsafe extern "C" fn tollgate_keyed_check_n_at(
         let (t, out) = unsafe { (get(table, "table")?, out_ptr(out, 1, "out")?) };
         let d = each_table!(&t.0, k => k.check_n_at(&key, t.1.at(now_ns), n));
         // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
-        unsafe { put_decision(out, &d) }
+        unsafe { put_decision(out, &d) };
+        Ok(())
     })
 }
 
@@ -516,7 +518,8 @@ pub unsafe extern "C" fn tollgate_keyed_peek_n(
         let (t, out) = unsafe { (get(table, "table")?, out_ptr(out, 1, "out")?) };
         let d = each_table!(&t.0, t => t.peek_n(&key, n));
         // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
-        unsafe { put_decision(out, &d) }
+        unsafe { put_decision(out, &d) };
+        Ok(())
     })
 }
 
@@ -554,7 +557,7 @@ pub unsafe extern "C" fn tollgate_keyed_now(table: *const tollgate_keyed, out: *
         let (t, out) = unsafe { (get(table, "table")?, out_ptr(out, 1, "out")?) };
         let now = each_table!(&t.0, k => k.now());
         // SAFETY: non-null and aligned (checked), valid for a write by the caller's contract.
-        unsafe { out.write(since(t.1, now)) };
+        unsafe { out.write(t.1.since(now)) };
         Ok(())
     })
 }
@@ -729,7 +732,7 @@ pub unsafe extern "C" fn tollgate_keyed_bytes_now(
         let (t, out) = unsafe { (get(table, "table")?, out_ptr(out, 1, "out")?) };
         let now = each_table!(&t.0, k => k.now());
         // SAFETY: non-null and aligned (checked), valid for a write by the caller's contract.
-        unsafe { out.write(since(t.1, now)) };
+        unsafe { out.write(t.1.since(now)) };
         Ok(())
     })
 }
@@ -754,7 +757,8 @@ pub unsafe extern "C" fn tollgate_keyed_bytes_check_n(
             unsafe { (get(table, "table")?, slice(key, key_len, "key")?, out_ptr(out, 1, "out")?) };
         let d = each_table!(&t.0, t => t.check_n(key, n));
         // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
-        unsafe { put_decision(out, &d) }
+        unsafe { put_decision(out, &d) };
+        Ok(())
     })
 }
 
@@ -777,7 +781,8 @@ pub unsafe extern "C" fn tollgate_keyed_bytes_check_n_at(
             unsafe { (get(table, "table")?, slice(key, key_len, "key")?, out_ptr(out, 1, "out")?) };
         let d = each_table!(&t.0, k => k.check_n_at(key, t.1.at(now_ns), n));
         // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
-        unsafe { put_decision(out, &d) }
+        unsafe { put_decision(out, &d) };
+        Ok(())
     })
 }
 
@@ -799,7 +804,8 @@ pub unsafe extern "C" fn tollgate_keyed_bytes_peek_n(
             unsafe { (get(table, "table")?, slice(key, key_len, "key")?, out_ptr(out, 1, "out")?) };
         let d = each_table!(&t.0, t => t.peek_n(key, n));
         // SAFETY: `out` checked before deciding; valid for a write by the caller's contract.
-        unsafe { put_decision(out, &d) }
+        unsafe { put_decision(out, &d) };
+        Ok(())
     })
 }
 

@@ -418,6 +418,12 @@ impl Origin {
     fn at(self, now_ns: u64) -> Nanos {
         Nanos::new(self.0.as_u64().saturating_add(now_ns))
     }
+
+    /// The reverse of [`at`](Origin::at): nanoseconds from the origin to `now` (0 before it).
+    #[inline(always)]
+    fn since(self, now: Nanos) -> u64 {
+        now.as_u64().saturating_sub(self.0.as_u64())
+    }
 }
 
 enum Direct {

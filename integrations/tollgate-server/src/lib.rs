@@ -406,7 +406,8 @@ impl Server {
             if tables.contains_key(&key) {
                 return Ok(()); // built by another connection meanwhile
             }
-            if tables.len() >= self.config.max_quotas && !self.any_idle(&tables) {
+            // A hint: taken again under the write lock by `evict_idle`.
+            if tables.len() >= self.config.max_quotas && self.idlest(&tables).is_none() {
                 return Err(self.too_many_quotas());
             }
         }
@@ -431,32 +432,26 @@ impl Server {
         Ok(())
     }
 
-    /// Whether some table has gone unused for its fill time (a hint, taken again under the
-    /// write lock by [`evict_idle`](Server::evict_idle)).
-    fn any_idle(&self, tables: &HashMap<QuotaKey, QuotaTable>) -> bool {
+    /// The table unused the longest, if it has gone unused for longer than its fill time.
+    fn idlest(&self, tables: &HashMap<QuotaKey, QuotaTable>) -> Option<QuotaKey> {
         let now = self.now_ms();
-        tables.values().any(|t| now.saturating_sub(t.last_used_ms.load(Relaxed)) > t.idle_ms)
-    }
-
-    /// Drops the table unused the longest, if it has gone unused for its fill time. Under the
-    /// write lock no decision is in flight, and every decision made under an earlier read lock
-    /// wrote its time before releasing it (the lock orders those Relaxed stores before these
-    /// loads), so the times read here are the last uses.
-    fn evict_idle(&self, tables: &mut HashMap<QuotaKey, QuotaTable>) -> bool {
-        let now = self.now_ms();
-        let idle = tables
+        tables
             .iter()
             .map(|(k, t)| (now.saturating_sub(t.last_used_ms.load(Relaxed)), t.idle_ms, *k))
             .filter(|&(unused, idle_ms, _)| unused > idle_ms)
-            .max_by_key(|&(unused, _, _)| unused);
-        match idle {
-            Some((_, _, k)) => {
-                tables.remove(&k);
-                bump(&self.counters.quotas_evicted);
-                true
-            }
-            None => false,
-        }
+            .max_by_key(|&(unused, _, _)| unused)
+            .map(|(_, _, k)| k)
+    }
+
+    /// Drops the [`idlest`](Server::idlest) table, if any. Under the write lock no decision is
+    /// in flight, and every decision made under an earlier read lock wrote its time before
+    /// releasing it (the lock orders those Relaxed writes before these loads), so the times read
+    /// here are the last uses.
+    fn evict_idle(&self, tables: &mut HashMap<QuotaKey, QuotaTable>) -> bool {
+        let Some(k) = self.idlest(tables) else { return false };
+        tables.remove(&k);
+        bump(&self.counters.quotas_evicted);
+        true
     }
 
     fn too_many_quotas(&self) -> String {

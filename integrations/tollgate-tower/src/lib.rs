@@ -417,8 +417,7 @@ impl Config {
         // unit's once none is left; none while units remain.
         let t = match d.outcome() {
             Outcome::Allowed | Outcome::Untracked => next.map(ceil_seconds),
-            Outcome::Delayed => Some(ceil_seconds(d.delay())),
-            _ => d.retry_after().map(ceil_seconds),
+            _ => d.wait().map(ceil_seconds),
         };
         // A keyed token bucket key's tier, when it has one: looked up once per answer (it
         // extracts the key again and reads its override).
@@ -480,18 +479,19 @@ impl Config {
     /// The answer to a refused request, with its headers.
     fn refusal(&self, refused: &Answer, headers: Out) -> Response<Bytes> {
         let d = &refused.decision;
-        let (status, body, retry) = match d.outcome() {
-            Outcome::Insufficient => (self.insufficient, 1, None),
-            Outcome::TableFull => (StatusCode::SERVICE_UNAVAILABLE, 2, None),
-            Outcome::Delayed => (StatusCode::TOO_MANY_REQUESTS, 3, Some(d.delay())),
-            _ => (StatusCode::TOO_MANY_REQUESTS, 0, d.retry_after()),
+        let (status, body) = match d.outcome() {
+            Outcome::Insufficient => (self.insufficient, 1),
+            Outcome::TableFull => (StatusCode::SERVICE_UNAVAILABLE, 2),
+            Outcome::Delayed => (StatusCode::TOO_MANY_REQUESTS, 3),
+            _ => (StatusCode::TOO_MANY_REQUESTS, 0),
         };
         let body = if self.problem { self.cache[refused.index].bodies[body].clone() } else { Bytes::new() };
         let mut r = Response::new(body);
         *r.status_mut() = status;
         let h = r.headers_mut();
         headers.write(h);
-        if let Some(wait) = retry {
+        // The delay or the retry-after; none when waiting does not help.
+        if let Some(wait) = d.wait() {
             h.insert(RETRY_AFTER, number(ceil_seconds(wait)));
         }
         if self.problem {
