@@ -335,8 +335,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         // TSC read holds back later loads, the cache miss then overlaps the clock read.
         let t = self.target(words);
         prefetch(t.shard.home_ptr(t.home));
-        let tier = self.tier_of(t.words, t.hash);
-        self.decide(&t, tier, self.base(self.clock.now()), n)
+        self.decide_key(&t, self.base(self.clock.now()), n)
     }
 
     /// [`check_n`](KeyedLimiter::check_n) at a caller-supplied `now`.
@@ -348,7 +347,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     #[inline(always)]
     pub(crate) fn check_n_at_words(&self, words: K::Words, now: Nanos, n: u64) -> Decision {
         let t = self.target(words);
-        self.decide(&t, self.tier_of(t.words, t.hash), self.base(now), n)
+        self.decide_key(&t, self.base(now), n)
     }
 
     /// [`check_n_in`](KeyedLimiter::check_n_in) at a caller-supplied `now`.
@@ -375,6 +374,26 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     #[inline]
     fn locate(&self, words: K::Words, hash: u64) -> Target<'_, K::Words> {
         Target::new(&self.table, words, hash)
+    }
+
+    /// Decides under the key's tier: inline under the default tier's quota as built while no
+    /// key has an override and no tier has changed (no lookup, no index), out of line otherwise.
+    #[inline(always)]
+    fn decide_key(&self, t: &Target<'_, K::Words>, base: u64, n: u64) -> Decision {
+        if self.overrides.is_empty() {
+            if let Some(q) = self.params.tiers.built_default() {
+                return self.decide_in(q, t, base, n);
+            }
+        }
+        self.decide_tiered(t.words, t.hash, base, n)
+    }
+
+    /// [`decide_key`](KeyedLimiter::decide_key) for a key that may have an override, or once a
+    /// tier has changed.
+    #[inline(never)]
+    fn decide_tiered(&self, words: K::Words, hash: u64, base: u64, n: u64) -> Decision {
+        let tier = self.tier_of(words, hash);
+        self.decide(&self.locate(words, hash), tier, base, n)
     }
 
     #[inline]
@@ -514,7 +533,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
                 let words = key.words(&self.fingerprint);
                 (words, words.hash_with(&self.params.hasher))
             },
-            |t, n| self.decide(t, self.tier_of(t.words, t.hash), base, n),
+            |t, n| self.decide_key(t, base, n),
         )
     }
 

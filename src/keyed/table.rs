@@ -314,7 +314,14 @@ impl<'a, W: Words> Shard<'a, W> {
     /// The shard's `g`-th group (wrapping).
     #[inline]
     fn group(&self, g: usize) -> &'a Group<W> {
-        &self.t.groups[self.base + (g & self.group_mask())]
+        let i = self.base + (g & self.group_mask());
+        debug_assert!(i < self.t.groups.len());
+        // SAFETY: in bounds without a check on the decision path. The array holds
+        // `shards · (group_mask + 1)` groups (`Table::new`: `slots / GROUP`, with `slots` and
+        // `shards` powers of two), a shard's `base` is `index · (group_mask + 1)` with
+        // `index ≤ shard_mask = shards − 1` (`Table::shard_at`'s callers mask it), and
+        // `g & group_mask ≤ group_mask`.
+        unsafe { self.t.groups.get_unchecked(i) }
     }
 
     #[inline]
@@ -402,22 +409,25 @@ impl<'a, W: Words> Shard<'a, W> {
 
     /// Decides on the key's live slot in group `g` (of its window), if it is there. The key
     /// words of the group's slots are compared into a mask without branching, so that where the
-    /// key sits costs no misprediction (and cache misses of consecutive decisions overlap). All
-    /// the group's words are read first (Acquire), then all its keys, so that a key found equal
-    /// was read after the word beside it (as `Slot::load_for` does) and the word is at hand
-    /// without a second, dependent load.
+    /// key sits costs no misprediction (and cache misses of consecutive decisions overlap). Then
+    /// the word of a slot whose key matched is read (Acquire) and its key compared again
+    /// (`Slot::load_for`): only a key read after the word vouches for it. The first compare
+    /// only picks the slot; a key it misses (one going live meanwhile) is found by the slow
+    /// path, as a key beyond the home is. (Reading all four words first, to have the word at
+    /// hand, kept them on the stack: nine more instructions on every decision.)
     #[inline(always)]
     pub(crate) fn probe<R: Rule>(&self, g: usize, words: W, now: &R, n: u64) -> Option<Decision> {
         let group = self.group(g);
-        let ws: [u64; GROUP] = core::array::from_fn(|i| group.slots[i].word.load(Acquire));
         let mut hits = 0u32;
         for (pos, slot) in group.slots.iter().enumerate() {
             hits |= u32::from(W::load(&slot.key, Relaxed) == words) << pos;
         }
         while hits != 0 {
-            let pos = hits.trailing_zeros() as usize % GROUP;
-            if let Some(d) = decide_on(&group.slots[pos], ws[pos], words, now, n) {
-                return Some(d);
+            let slot = &group.slots[hits.trailing_zeros() as usize % GROUP];
+            if let Some(w) = slot.load_for(words) {
+                if let Some(d) = decide_on(slot, w, words, now, n) {
+                    return Some(d);
+                }
             }
             hits &= hits - 1;
         }

@@ -72,6 +72,9 @@ pub(crate) struct Tiers {
     names: Box<[Box<str>]>,
     /// The quotas as built, read while `changed` is 0.
     built: Box<[TokenBucket]>,
+    /// `built[0]`, the default tier's, at a fixed place: the common decision reads it without
+    /// an index or a bounds check.
+    default: TokenBucket,
     cells: Box<[Cell]>,
     changed: AtomicU64,
     /// The largest fill, in units, any tier may have, fixed at construction: a stamp more
@@ -116,6 +119,7 @@ impl Tiers {
         Ok(Tiers {
             names: tiers.iter().map(|(n, _)| n.as_str().into()).collect(),
             cells: built.iter().map(Cell::new).collect(),
+            default: built[0],
             built,
             changed: AtomicU64::new(0),
             max_fill,
@@ -134,6 +138,17 @@ impl Tiers {
         // had; the cells are valid from construction on.
         if self.changed.load(Relaxed) == 0 {
             Some(&self.built[tier])
+        } else {
+            None
+        }
+    }
+
+    /// [`built`](Tiers::built) for the default tier.
+    #[inline]
+    pub(crate) fn built_default(&self) -> Option<&TokenBucket> {
+        // Relaxed: as in `built`.
+        if self.changed.load(Relaxed) == 0 {
+            Some(&self.default)
         } else {
             None
         }
