@@ -380,12 +380,10 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     /// key has an override and no tier has changed (no lookup, no index), out of line otherwise.
     #[inline(always)]
     fn decide_key(&self, t: &Target<'_, K::Words>, base: u64, n: u64) -> Decision {
-        if self.overrides.is_empty() {
-            if let Some(q) = self.params.tiers.built_default() {
-                return self.decide_in(q, t, base, n);
-            }
+        match self.params.tiers.built_default() {
+            Some(q) => self.decide_in(q, t, base, n),
+            None => self.decide_tiered(t.words, t.hash, base, n),
         }
-        self.decide_tiered(t.words, t.hash, base, n)
     }
 
     /// [`decide_key`](KeyedLimiter::decide_key) for a key that may have an override, or once a
@@ -418,7 +416,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     #[inline(always)]
     fn decide_in(&self, q: &TokenBucket, t: &Target<'_, K::Words>, base: u64, n: u64) -> Decision {
         let at = Self::at(q, base);
-        if n.wrapping_sub(1) >= q.burst() {
+        if q.takes_none(n) {
             return self.peek_located(q, t.words, t.hash, at, n);
         }
         let now = Now { p: &self.params, q, at };
@@ -499,12 +497,12 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         if tier.index() >= self.params.tiers.len() {
             return Err(UpdateError::UnknownTier { tier: tier.index(), tiers: self.params.tiers.len() });
         }
-        self.overrides.set(words, words.hash_with(&self.params.hasher), tier)
+        self.overrides.set(words, words.hash_with(&self.params.hasher), tier, &self.params.tiers)
     }
 
     /// Returns `key` to the default tier. Whether it had an override.
     pub(crate) fn clear_override_words(&self, words: K::Words) -> bool {
-        self.overrides.clear(words, words.hash_with(&self.params.hasher))
+        self.overrides.clear(words, words.hash_with(&self.params.hasher), &self.params.tiers)
     }
 
     /// The key's override, if it has one.

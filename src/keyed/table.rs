@@ -294,8 +294,7 @@ struct Counters {
 #[derive(Clone, Copy)]
 pub(crate) struct Shard<'a, W: Words> {
     t: &'a Table<W>,
-    index: usize,
-    /// The shard's first group.
+    /// The shard's first group (its index is `base >> shard_shift`).
     base: usize,
     /// Its groups, less one.
     mask: usize,
@@ -319,8 +318,9 @@ impl<'a, W: Words> Shard<'a, W> {
         // SAFETY: in bounds without a check on the decision path. The array holds
         // `shards · (group_mask + 1)` groups (`Table::new`: `slots / GROUP`, with `slots` and
         // `shards` powers of two), a shard's `base` is `index · (group_mask + 1)` with
-        // `index ≤ shard_mask = shards − 1` (`Table::shard_at`'s callers mask it), and
-        // `g & group_mask ≤ group_mask`.
+        // `index ≤ shard_mask = shards − 1` (`Table::shard_at`'s callers mask it, and
+        // `Table::shard` masks the hash with `shard_bits`, which is that product's largest
+        // value), and `g & group_mask ≤ group_mask`.
         unsafe { self.t.groups.get_unchecked(i) }
     }
 
@@ -341,7 +341,7 @@ impl<'a, W: Words> Shard<'a, W> {
 
     #[inline]
     fn c(&self) -> &'a Counters {
-        &self.t.counters[self.index]
+        &self.t.counters[self.base >> self.t.shard_shift]
     }
 
     fn groups(&self) -> &'a [Group<W>] {
@@ -960,6 +960,8 @@ pub(crate) struct Table<W: Words> {
     counters: Box<[CachePadded<Counters>]>,
     /// log2 of the groups per shard.
     shard_shift: u32,
+    /// The bits of a hash that pick its shard's first group: `shard_mask << shard_shift`.
+    shard_bits: usize,
     /// Groups per shard, less one.
     group_mask: usize,
     shard_mask: usize,
@@ -979,6 +981,7 @@ impl<W: Words> Table<W> {
             ghosts: Pages::zeroed(groups, "the table's ghosts")?,
             counters: (0..shards).map(|_| CachePadded::new(Counters::default())).collect(),
             shard_shift: (per_shard / GROUP).trailing_zeros(),
+            shard_bits: (shards - 1) << (per_shard / GROUP).trailing_zeros(),
             group_mask: per_shard / GROUP - 1,
             shard_mask: shards - 1,
             max_live: (per_shard - per_shard / 8) as u64,
@@ -987,12 +990,17 @@ impl<W: Words> Table<W> {
 
     #[inline]
     fn shard_at(&self, index: usize) -> Shard<'_, W> {
-        Shard { t: self, index, base: index << self.shard_shift, mask: self.group_mask }
+        Shard { t: self, base: index << self.shard_shift, mask: self.group_mask }
     }
 
+    /// The shard of a hash: the bits above its home's (`Shard::home_of`), so that a hash's
+    /// group in the whole array is `hash & (groups − 1)`: two masks and an add on the decision
+    /// path, where a shard index of its own took a shift, a mask and a shift more.
     #[inline]
     pub(crate) fn shard(&self, hash: u64) -> Shard<'_, W> {
-        self.shard_at((hash >> 32) as usize & self.shard_mask)
+        #[expect(clippy::cast_possible_truncation, reason = "masked to the shard bits")]
+        let base = hash as usize & self.shard_bits;
+        Shard { t: self, base, mask: self.group_mask }
     }
 
     pub(crate) fn shards(&self) -> impl Iterator<Item = Shard<'_, W>> {

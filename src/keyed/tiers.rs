@@ -66,16 +66,24 @@ impl Cell {
     }
 }
 
+/// `Tiers::changed`: a tier's quota has been replaced.
+const TIER_CHANGED: u64 = 1;
+/// `Tiers::changed`: some key has an override.
+const OVERRIDDEN: u64 = 2;
+
 /// The tier table.
 #[derive(Debug)]
 pub(crate) struct Tiers {
     names: Box<[Box<str>]>,
-    /// The quotas as built, read while `changed` is 0.
+    /// The quotas as built, read while no tier has changed (`changed & TIER_CHANGED` is 0).
     built: Box<[TokenBucket]>,
     /// `built[0]`, the default tier's, at a fixed place: the common decision reads it without
     /// an index or a bounds check.
     default: TokenBucket,
     cells: Box<[Cell]>,
+    /// `TIER_CHANGED` once any tier's quota has been replaced (for good), and `OVERRIDDEN`
+    /// while any key has an override: one word, so that the common decision (default tier,
+    /// quota as built) tests both with one load.
     changed: AtomicU64,
     /// The largest fill, in units, any tier may have, fixed at construction: a stamp more
     /// than this below now is a full bucket in every tier, whatever the tiers change to.
@@ -134,19 +142,20 @@ impl Tiers {
     /// [`get`](Tiers::get)). `tier` must be in range.
     #[inline]
     pub(crate) fn built(&self, tier: usize) -> Option<&TokenBucket> {
-        // Relaxed: a reader that still sees 0 reads the built quota, which is a quota this tier
-        // had; the cells are valid from construction on.
-        if self.changed.load(Relaxed) == 0 {
+        // Relaxed: a reader that still sees no change reads the built quota, which is a quota
+        // this tier had; the cells are valid from construction on.
+        if self.changed.load(Relaxed) & TIER_CHANGED == 0 {
             Some(&self.built[tier])
         } else {
             None
         }
     }
 
-    /// [`built`](Tiers::built) for the default tier.
+    /// [`built`](Tiers::built) for the default tier, and only while no key has an override
+    /// either: the quota of a key known to be in the default tier.
     #[inline]
     pub(crate) fn built_default(&self) -> Option<&TokenBucket> {
-        // Relaxed: as in `built`.
+        // Relaxed: as in `built`, and as `Overrides::is_empty` (whose count this bit follows).
         if self.changed.load(Relaxed) == 0 {
             Some(&self.default)
         } else {
@@ -172,15 +181,27 @@ impl Tiers {
             self.min_fill.store(q.fill_units(), Relaxed);
         }
         self.cells[tier].store(&q);
-        self.changed.store(1, Release);
+        self.changed.fetch_or(TIER_CHANGED, Release);
         Ok(())
     }
 
     /// The smallest fill any tier has had, in units.
     pub(crate) fn min_fill(&self) -> u64 {
         // Relaxed: see `set`. A decision under a newly lowered fill reads the cell after the
-        // Release store of `changed`, which follows the store of `min_fill` in the writer.
+        // Release RMW of `changed`, which follows the store of `min_fill` in the writer.
         self.min_fill.load(Relaxed)
+    }
+
+    /// Notes whether any key has an override (`Overrides::set` and `clear` call it under
+    /// their lock, with the count they leave, so that notes follow the count's order).
+    fn note_overrides(&self, count: u64) {
+        // Relaxed: as `Overrides::count`, which a decision read before this bit existed: a
+        // decision that misses a new override is one ordered before it.
+        if count == 0 {
+            self.changed.fetch_and(!OVERRIDDEN, Relaxed);
+        } else {
+            self.changed.fetch_or(OVERRIDDEN, Relaxed);
+        }
     }
 
     /// The largest fill any tier may have, in units.
@@ -286,8 +307,9 @@ impl<W: Words> Overrides<W> {
         None
     }
 
-    /// Sets the key's override. Fails when the map is full.
-    pub(crate) fn set(&self, words: W, hash: u64, tier: Tier) -> Result<(), UpdateError> {
+    /// Sets the key's override. Fails when the map is full. `tiers` is told whether any
+    /// override is set ([`Tiers::built_default`]).
+    pub(crate) fn set(&self, words: W, hash: u64, tier: Tier, tiers: &Tiers) -> Result<(), UpdateError> {
         let _guard = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let start = (hash >> 8) as usize;
         let mut free = None;
@@ -321,12 +343,12 @@ impl<W: Words> Overrides<W> {
         W::store(&e.key, words, Relaxed);
         // Release: the key words happen-before the LIVE state (pairs with the reader's Acquire).
         e.state.store(state(v + 2, KIND_LIVE, tier.0), Release);
-        self.count.fetch_add(1, Relaxed);
+        tiers.note_overrides(self.count.fetch_add(1, Relaxed) + 1);
         Ok(())
     }
 
-    /// Removes the key's override. Returns whether there was one.
-    pub(crate) fn clear(&self, words: W, hash: u64) -> bool {
+    /// Removes the key's override. Returns whether there was one. `tiers` as in `set`.
+    pub(crate) fn clear(&self, words: W, hash: u64, tiers: &Tiers) -> bool {
         let _guard = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let start = (hash >> 8) as usize;
         for probe in 0..=self.mask {
@@ -336,7 +358,7 @@ impl<W: Words> Overrides<W> {
                 KIND_EMPTY => return false,
                 KIND_LIVE if W::load(&e.key, Relaxed) == words => {
                     e.state.store(state((s >> 16) + 1, KIND_TOMB, 0), Release);
-                    self.count.fetch_sub(1, Relaxed);
+                    tiers.note_overrides(self.count.fetch_sub(1, Relaxed) - 1);
                     return true;
                 }
                 _ => {}

@@ -60,8 +60,9 @@ impl Algorithm for TokenBucket {
     #[inline(always)]
     fn direct_check(&self, bucket: &Self::State, now: Nanos, origin: Nanos, n: u64) -> Decision {
         let now = self.instant(now, origin);
-        // One comparison for both `n == 0` and `n > burst`: neither touches the word.
-        if n.wrapping_sub(1) >= self.burst() {
+        // One comparison for both `n == 0` and `n > burst` (none for `n = 1`): neither
+        // touches the word.
+        if self.takes_none(n) {
             return bucket.load().peek(self, now, n);
         }
         bucket.charge(self, now, n).0
@@ -113,7 +114,7 @@ fn charge_at(
 ) -> (Decision, Option<[u64; 2]>) {
     let now = q.instant(now, origin);
     // One comparison for both `n == 0` and `n > burst`: neither touches the word.
-    if n.wrapping_sub(1) >= q.burst() {
+    if q.takes_none(n) {
         return (bucket.load().peek(q, now, n), None);
     }
     let (d, stored) = bucket.charge(q, now, n);

@@ -192,7 +192,7 @@ impl Algorithm for Queued {
     fn direct_peek(&self, bucket: &Self::State, now: Nanos, origin: Nanos, n: u64) -> Decision {
         let (q, at) = (&self.bucket, self.bucket.instant(now, origin));
         let word = bucket.load();
-        if n.wrapping_sub(1) >= q.burst() {
+        if q.takes_none(n) {
             return word.peek(q, at, n);
         }
         match word.queue(q, at, n, self.queue) {
@@ -216,7 +216,7 @@ impl Algorithm for Queued {
         n: u64,
     ) -> (Decision, Option<[u64; 3]>) {
         let (q, at) = (&self.bucket, self.bucket.instant(now, origin));
-        if n.wrapping_sub(1) >= q.burst() {
+        if q.takes_none(n) {
             return (bucket.load().peek(q, at, n), None);
         }
         let (d, stored) = bucket.queue(q, at, n, self.queue);

@@ -314,6 +314,14 @@ impl TokenBucket {
     pub const fn burst(&self) -> u64 {
         self.burst
     }
+
+    /// Whether a request for `n` tokens takes none: `n = 0`, or `n` above the burst (never
+    /// fits). Written `n − 1 > burst − 1` (the burst is at least 1), so that for a constant
+    /// `n = 1` (`check`) it is false at compile time: no load, no branch.
+    #[inline(always)]
+    pub(crate) const fn takes_none(&self, n: u64) -> bool {
+        n.wrapping_sub(1) > self.burst.wrapping_sub(1)
+    }
     /// The level, in tokens, that a new bucket starts at.
     pub const fn initial(&self) -> u64 {
         self.initial
@@ -391,7 +399,7 @@ impl TokenBucket {
     pub fn decide_stored(&self, word: u64, now: u64, n: u64) -> Option<(Decision, Option<u64>)> {
         let at = self.stored_instant(now)?;
         let word = BucketWord::from_raw(word);
-        if n.wrapping_sub(1) >= self.burst {
+        if self.takes_none(n) {
             return Some((word.peek(self, at, n), None));
         }
         Some(match word.decide(self, at, n) {
