@@ -3,12 +3,13 @@
 //!
 //! # Layout
 //!
-//! A table is a power-of-two number of shards, chosen by the hash's bits 32 and up; each shard
-//! is an equal range of one array of slots (so a key's slots are one pointer away), with its
-//! own cache-padded counters. Slots come in *groups* of 4 (64 bytes, one cache line, for
-//! `u64` keys), with one 64-bit *header* and one *ghost* word per group in arrays beside them.
-//! A key's *home* is a group of its shard, chosen by the hash's low bits; the key lives in one
-//! of the 64 slots of its *window*: the home group and the 15 after it (wrapping in the shard).
+//! A table is a power-of-two number of shards, each an equal range of one array of slots (so
+//! a key's slots are one pointer away), with its own cache-padded counters. Slots come in
+//! *groups* of 4 (64 bytes, one cache line, for `u64` keys), with one 64-bit *header* and one
+//! *ghost* word per group in arrays beside them. A hash's low bits pick a group of the whole
+//! array, the key's *home*: the lowest ones a group of its shard, the next ones the shard. The
+//! key lives in one of the 64 slots of its *window*: the home group and the 15 after it
+//! (wrapping in the shard).
 //!
 //! ```text
 //!  slot word   63 62 61                                                   0

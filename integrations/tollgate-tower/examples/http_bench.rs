@@ -15,6 +15,12 @@
 //! response (tollgate's default IETF and `X-RateLimit-*`; tower-governor's `use_headers`), so
 //! two floors run beside them: no limiter, and no limiter writing the same five headers as
 //! constants (what the headers' bytes alone cost); and tollgate once without headers.
+//!
+//! Beside the rate, each cell reports the server's CPU time per request (this process's user
+//! and system time over the run, from `/proc/self/stat`, divided by the requests wrk counted;
+//! wrk is another process): what the server spends on a request, which the rate shows only in
+//! part when the server and wrk share the machine's cores, and which moves far less between
+//! runs than the rate does.
 
 #![allow(missing_docs)]
 
@@ -112,6 +118,8 @@ fn serve(subject: Subject, load: Load) -> (SocketAddr, tokio::runtime::Runtime) 
 
 struct Run {
     rps: f64,
+    /// The server's CPU time per request, µs.
+    cpu_us: f64,
     p50_us: f64,
     p99_us: f64,
     non_2xx: u64,
@@ -128,16 +136,31 @@ fn micros(s: &str) -> Option<f64> {
     })
 }
 
+/// This process's CPU time so far (user + system, all threads), in µs: `/proc/self/stat`'s
+/// `utime` and `stime`, in clock ticks of 10 ms (the kernel's `USER_HZ` on Linux).
+fn cpu_us() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    (ticks(11) + ticks(12)) * 10_000.0
+}
+
 fn wrk(addr: SocketAddr, seconds: u64) -> Run {
+    let cpu_before = cpu_us();
     let out = Command::new("wrk")
         .args(["-t2", "-c64", &format!("-d{seconds}s"), "--latency", &format!("http://{addr}/")])
         .output()
         .expect("wrk on the PATH (apt-get install wrk)");
     let text = String::from_utf8_lossy(&out.stdout);
-    let mut run = Run { rps: 0.0, p50_us: 0.0, p99_us: 0.0, non_2xx: 0 };
+    let cpu = cpu_us() - cpu_before;
+    let mut run = Run { rps: 0.0, cpu_us: 0.0, p50_us: 0.0, p99_us: 0.0, non_2xx: 0 };
     for line in text.lines() {
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
+            [n, "requests", "in", ..] => run.cpu_us = cpu / n.parse::<f64>().unwrap_or(f64::INFINITY),
             ["Requests/sec:", n] => run.rps = n.parse().unwrap_or(0.0),
             ["50%", v] => run.p50_us = micros(v).unwrap_or(0.0),
             ["99%", v] => run.p99_us = micros(v).unwrap_or(0.0),
@@ -194,18 +217,23 @@ fn main() {
         for (i, &(subject, load)) in cells.iter().enumerate() {
             let (addr, rt) = serve(subject, load);
             let r = wrk(addr, seconds);
-            eprintln!("  round {round}: {subject:?} {load:?}: {:.0} req/s", r.rps);
+            eprintln!("  round {round}: {subject:?} {load:?}: {:.0} req/s, {:.2} µs CPU/request", r.rps, r.cpu_us);
             drop(rt);
             runs[i].push(r);
         }
     }
     let base = median(runs[0].iter().map(|r| r.rps).collect());
+    let base_cpu = median(runs[0].iter().map(|r| r.cpu_us).collect());
     println!("CPU: {cpu}; wrk -t2 -c64 -d{seconds}s, median of {rounds} interleaved rounds\n");
-    println!("| subject | load | requests/s (spread) | vs no limiter | p50 µs | p99 µs | non-2xx |");
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| subject | load | requests/s (spread) | vs no limiter | server CPU µs/request (spread) | vs no limiter | p50 µs | p99 µs | non-2xx |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
     for (i, &(subject, load)) in cells.iter().enumerate() {
         let rps: Vec<f64> = runs[i].iter().map(|r| r.rps).collect();
-        let (lo, hi) = rps.iter().fold((f64::MAX, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        let cpu: Vec<f64> = runs[i].iter().map(|r| r.cpu_us).collect();
+        let spread = |v: &[f64]| v.iter().fold((f64::MAX, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        let ((lo, hi), (clo, chi)) = (spread(&rps), spread(&cpu));
         let name = match subject {
             Subject::None => "no limiter",
             Subject::NoneWithHeaders => "no limiter, tollgate's headers as constants",
@@ -219,9 +247,11 @@ fn main() {
             Load::Deny => "deny",
         };
         println!(
-            "| {name} | {load} | {:.0} ({lo:.0}–{hi:.0}) | {:+.1}% | {:.0} | {:.0} | {} |",
+            "| {name} | {load} | {:.0} ({lo:.0}–{hi:.0}) | {:+.1}% | {:.2} ({clo:.2}–{chi:.2}) | {:+.1}% | {:.0} | {:.0} | {} |",
             median(rps.clone()),
             (median(rps) / base - 1.0) * 100.0,
+            median(cpu.clone()),
+            (median(cpu) / base_cpu - 1.0) * 100.0,
             median(runs[i].iter().map(|r| r.p50_us).collect()),
             median(runs[i].iter().map(|r| r.p99_us).collect()),
             runs[i].iter().map(|r| r.non_2xx).sum::<u64>(),
