@@ -63,8 +63,8 @@ if [[ "${CALLGRIND:-0}" == 1 ]]; then
         "$(count 2 'abi_bench::every_field' "$rust")" "$(count 2 'abi_bench::allowed' "$rust")"
     printf '%-28s %s / %s / %s\n' "keyed check_n_at (every field)" "$(LD_LIBRARY_PATH=$lib count 1 tollgate_keyed_check_n_at "$scratch/abi")" \
         "$(count 1 'abi_bench::keyed_every_field' "$rust")" "$(count 1 'abi_bench::keyed_allowed' "$rust")"
-    printf '%-28s %s / %s / %s\n' "direct try" "$(LD_LIBRARY_PATH=$lib count 2 tollgate_limiter_try_n "$scratch/abi")" \
+    printf '%-28s %s / %s / %s\n' "direct try" "$(LD_LIBRARY_PATH=$lib count 2 tollgate_limiter_try "$scratch/abi")" \
         "$(count 2 'abi_bench::with_wait' "$rust")" "$(count 2 'abi_bench::allowed' "$rust")"
-    printf '%-28s %s / %s / %s\n' "keyed try" "$(LD_LIBRARY_PATH=$lib count 1 tollgate_keyed_try_n "$scratch/abi")" \
+    printf '%-28s %s / %s / %s\n' "keyed try" "$(LD_LIBRARY_PATH=$lib count 1 tollgate_keyed_try "$scratch/abi")" \
         "$(count 1 'abi_bench::keyed_with_wait' "$rust")" "$(count 1 'abi_bench::keyed_allowed_now' "$rust")"
 fi

@@ -213,6 +213,14 @@ int32_t tollgate_limiter_try_n(const struct tollgate_limiter *limiter,
                                uint64_t n,
                                uint64_t *wait_ns);
 
+// `tollgate_limiter_try_n` for one unit: the outcome (0 or more) or minus a status. Its own
+// function rather than a call with `n = 1`, so that the one unit is a constant the decision
+// folds in.
+//
+// # Safety
+// `limiter` is null or live; `wait_ns` is null or valid for a write.
+int32_t tollgate_limiter_try(const struct tollgate_limiter *limiter, uint64_t *wait_ns);
+
 // The limiter's clock now, in nanoseconds since its creation: the time base of the `_at`
 // functions, into `*out`.
 //
@@ -301,6 +309,12 @@ int32_t tollgate_keyed_try_n(const struct tollgate_keyed *table,
                              uint64_t n,
                              uint64_t *wait_ns);
 
+// `tollgate_keyed_try_n` for one unit (as `tollgate_limiter_try`).
+//
+// # Safety
+// `table` is null or live; `wait_ns` is null or valid for a write.
+int32_t tollgate_keyed_try(const struct tollgate_keyed *table, uint64_t key, uint64_t *wait_ns);
+
 // The table's clock now, in nanoseconds since its creation (the `_at` functions' time base),
 // into `*out`.
 //
@@ -373,6 +387,16 @@ int32_t tollgate_keyed_bytes_try_n(const struct tollgate_keyed_bytes *table,
                                    size_t key_len,
                                    uint64_t n,
                                    uint64_t *wait_ns);
+
+// `tollgate_keyed_bytes_try_n` for one unit (as `tollgate_limiter_try`).
+//
+// # Safety
+// `table` is null or live; `key` is null or valid for `key_len` reads; `wait_ns` is null or
+// valid for a write.
+int32_t tollgate_keyed_bytes_try(const struct tollgate_keyed_bytes *table,
+                                 const uint8_t *key,
+                                 size_t key_len,
+                                 uint64_t *wait_ns);
 
 // The table's clock now, in nanoseconds since its creation (the `_at` functions' time base),
 // into `*out`.

@@ -332,11 +332,35 @@ pub unsafe extern "C" fn tollgate_limiter_try_n(
     n: u64,
     wait_ns: *mut u64,
 ) -> i32 {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { limiter_try(limiter, || n, wait_ns) }
+}
+
+/// `tollgate_limiter_try_n` for one unit: the outcome (0 or more) or minus a status. Its own
+/// function rather than a call with `n = 1`, so that the one unit is a constant the decision
+/// folds in.
+///
+/// # Safety
+/// `limiter` is null or live; `wait_ns` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn tollgate_limiter_try(limiter: *const tollgate_limiter, wait_ns: *mut u64) -> i32 {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { limiter_try(limiter, || 1, wait_ns) }
+}
+
+/// The body of `tollgate_limiter_try_n` and `tollgate_limiter_try`, inlined into each. `n` is
+/// a closure so that each caller instantiates its own copy (one caller each, the panic guard's
+/// call is inlined; shared, it was not), with `n` a constant in `tollgate_limiter_try`.
+///
+/// # Safety
+/// As `tollgate_limiter_try_n`.
+#[inline(always)]
+unsafe fn limiter_try(limiter: *const tollgate_limiter, n: impl FnOnce() -> u64, wait_ns: *mut u64) -> i32 {
     guard_try(|| {
         // SAFETY: the caller's contract, passed on.
         let l = unsafe { get(limiter, "limiter")? };
         let wait_ns = wait_ptr(wait_ns)?;
-        let (outcome, wait) = try_direct(&l.0, n);
+        let (outcome, wait) = try_direct(&l.0, n());
         // SAFETY: checked by `wait_ptr`; valid for a write by the caller's contract.
         unsafe { put_wait(wait_ns, wait) };
         Ok(outcome)
@@ -534,11 +558,40 @@ pub unsafe extern "C" fn tollgate_keyed_try_n(
     n: u64,
     wait_ns: *mut u64,
 ) -> i32 {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { keyed_try(table, key, || n, wait_ns) }
+}
+
+/// `tollgate_keyed_try_n` for one unit (as `tollgate_limiter_try`).
+///
+/// # Safety
+/// `table` is null or live; `wait_ns` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn tollgate_keyed_try(
+    table: *const tollgate_keyed,
+    key: u64,
+    wait_ns: *mut u64,
+) -> i32 {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { keyed_try(table, key, || 1, wait_ns) }
+}
+
+/// The body of `tollgate_keyed_try_n` and `tollgate_keyed_try` (`n` as in `limiter_try`).
+///
+/// # Safety
+/// As `tollgate_keyed_try_n`.
+#[inline(always)]
+unsafe fn keyed_try(
+    table: *const tollgate_keyed,
+    key: u64,
+    n: impl FnOnce() -> u64,
+    wait_ns: *mut u64,
+) -> i32 {
     guard_try(|| {
         // SAFETY: the caller's contract, passed on.
         let t = unsafe { get(table, "table")? };
         let wait_ns = wait_ptr(wait_ns)?;
-        let (outcome, wait) = try_table(&t.0, &key, n);
+        let (outcome, wait) = try_table(&t.0, &key, n());
         // SAFETY: checked by `wait_ptr`; valid for a write by the caller's contract.
         unsafe { put_wait(wait_ns, wait) };
         Ok(outcome)
@@ -706,11 +759,44 @@ pub unsafe extern "C" fn tollgate_keyed_bytes_try_n(
     n: u64,
     wait_ns: *mut u64,
 ) -> i32 {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { keyed_bytes_try(table, key, key_len, || n, wait_ns) }
+}
+
+/// `tollgate_keyed_bytes_try_n` for one unit (as `tollgate_limiter_try`).
+///
+/// # Safety
+/// `table` is null or live; `key` is null or valid for `key_len` reads; `wait_ns` is null or
+/// valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn tollgate_keyed_bytes_try(
+    table: *const tollgate_keyed_bytes,
+    key: *const u8,
+    key_len: usize,
+    wait_ns: *mut u64,
+) -> i32 {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { keyed_bytes_try(table, key, key_len, || 1, wait_ns) }
+}
+
+/// The body of `tollgate_keyed_bytes_try_n` and `tollgate_keyed_bytes_try` (`n` as in
+/// `limiter_try`).
+///
+/// # Safety
+/// As `tollgate_keyed_bytes_try_n`.
+#[inline(always)]
+unsafe fn keyed_bytes_try(
+    table: *const tollgate_keyed_bytes,
+    key: *const u8,
+    key_len: usize,
+    n: impl FnOnce() -> u64,
+    wait_ns: *mut u64,
+) -> i32 {
     guard_try(|| {
         // SAFETY: the caller's contract, passed on.
         let (t, key) = unsafe { (get(table, "table")?, slice(key, key_len, "key")?) };
         let wait_ns = wait_ptr(wait_ns)?;
-        let (outcome, wait) = try_table(&t.0, key, n);
+        let (outcome, wait) = try_table(&t.0, key, n());
         // SAFETY: checked by `wait_ptr`; valid for a write by the caller's contract.
         unsafe { put_wait(wait_ns, wait) };
         Ok(outcome)

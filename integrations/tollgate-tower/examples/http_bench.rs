@@ -217,7 +217,10 @@ fn main() {
         for (i, &(subject, load)) in cells.iter().enumerate() {
             let (addr, rt) = serve(subject, load);
             let r = wrk(addr, seconds);
-            eprintln!("  round {round}: {subject:?} {load:?}: {:.0} req/s, {:.2} µs CPU/request", r.rps, r.cpu_us);
+            eprintln!(
+                "  round {round}: {subject:?} {load:?}: {:.0} req/s, {:.2} µs CPU/request",
+                r.rps, r.cpu_us
+            );
             drop(rt);
             runs[i].push(r);
         }

@@ -345,7 +345,11 @@ static void hot_path_and_clocks(void) {
     CHECK(strstr(tollgate_last_error(), "wait_ns") != NULL && strstr(tollgate_last_error(), "aligned") != NULL);
     FAILS(tollgate_limiter_check_n(fresh, 1, NULL), TOLLGATE_ERROR_NULL, "out");
     FAILS(tollgate_limiter_check_n_at(fresh, 1, 0, NULL), TOLLGATE_ERROR_NULL, "out");
-    CHECK(tollgate_limiter_try_n(fresh, 1, &wait) == TOLLGATE_ALLOWED); /* its token was still there */
+    CHECK(tollgate_limiter_try(fresh, (uint64_t *)(void *)((char *)words + 1)) == -TOLLGATE_ERROR_INVALID);
+    CHECK(tollgate_limiter_try(NULL, &wait) == -TOLLGATE_ERROR_NULL);
+    CHECK(tollgate_limiter_try(fresh, &wait) == TOLLGATE_ALLOWED && wait == 0); /* its token was still there */
+    CHECK(tollgate_limiter_try(fresh, &wait) == TOLLGATE_DENIED && wait > HOUR - 60 * SECOND && wait <= HOUR);
+    CHECK(tollgate_limiter_try(fresh, NULL) == TOLLGATE_DENIED);
     OK(tollgate_limiter_free(fresh));
     /* The clock: nanoseconds since creation, never backwards, the same time base as _at. */
     OK(tollgate_limiter_now(l, &now));
@@ -382,7 +386,11 @@ static void hot_path_and_clocks(void) {
     CHECK(tollgate_keyed_try_n(t, 7, 1, (uint64_t *)(void *)((char *)words + 1)) == -TOLLGATE_ERROR_INVALID);
     FAILS(tollgate_keyed_check_n(t, 7, 1, NULL), TOLLGATE_ERROR_NULL, "out");
     FAILS(tollgate_keyed_check_n_at(t, 7, 1, 0, NULL), TOLLGATE_ERROR_NULL, "out");
-    CHECK(tollgate_keyed_try_n(t, 7, 1, &wait) == TOLLGATE_ALLOWED); /* key 7 was not charged */
+    CHECK(tollgate_keyed_try(t, 7, (uint64_t *)(void *)((char *)words + 1)) == -TOLLGATE_ERROR_INVALID);
+    CHECK(tollgate_keyed_try(NULL, 7, &wait) == -TOLLGATE_ERROR_NULL);
+    CHECK(tollgate_keyed_try(t, 7, &wait) == TOLLGATE_ALLOWED && wait == 0); /* key 7 was not charged */
+    CHECK(tollgate_keyed_try(t, 7, &wait) == TOLLGATE_DENIED && wait > HOUR - 60 * SECOND && wait <= HOUR);
+    CHECK(tollgate_keyed_try(t, 8, NULL) == TOLLGATE_ALLOWED);
     OK(tollgate_keyed_now(t, &now));
     OK(tollgate_keyed_check_n_at(t, 5, 1, now, &d));
     CHECK(d.outcome == TOLLGATE_DENIED);
@@ -404,8 +412,15 @@ static void hot_path_and_clocks(void) {
     CHECK(tollgate_keyed_bytes_try_n(NULL, NULL, 0, 1, &wait) == -TOLLGATE_ERROR_NULL);
     CHECK(tollgate_keyed_bytes_try_n(b, (const uint8_t *)"erin", 4, 1, (uint64_t *)(void *)((char *)words + 1)) ==
           -TOLLGATE_ERROR_INVALID);
+    CHECK(tollgate_keyed_bytes_try(b, (const uint8_t *)"erin", 4, (uint64_t *)(void *)((char *)words + 1)) ==
+          -TOLLGATE_ERROR_INVALID);
+    CHECK(tollgate_keyed_bytes_try(NULL, (const uint8_t *)"erin", 4, &wait) == -TOLLGATE_ERROR_NULL);
+    CHECK(tollgate_keyed_bytes_try(b, NULL, 4, &wait) == -TOLLGATE_ERROR_NULL);
     OK(tollgate_keyed_bytes_peek_n(b, (const uint8_t *)"erin", 4, 0, &d));
     CHECK(d.remaining == 2); /* "erin" was not charged */
+    CHECK(tollgate_keyed_bytes_try(b, (const uint8_t *)"fred", 4, &wait) == TOLLGATE_ALLOWED && wait == 0);
+    CHECK(tollgate_keyed_bytes_try(b, (const uint8_t *)"fred", 4, NULL) == TOLLGATE_ALLOWED);
+    CHECK(tollgate_keyed_bytes_try(b, (const uint8_t *)"fred", 4, &wait) == TOLLGATE_DENIED && wait > 0);
     FAILS(tollgate_keyed_bytes_check(NULL, NULL, 0, &d), TOLLGATE_ERROR_NULL, "table");
     FAILS(tollgate_keyed_bytes_check(b, NULL, 1, &d), TOLLGATE_ERROR_NULL, "key");
     FAILS(tollgate_keyed_bytes_check(b, (const uint8_t *)"erin", 4, NULL), TOLLGATE_ERROR_NULL, "out");
