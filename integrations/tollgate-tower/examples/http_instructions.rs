@@ -1,0 +1,86 @@
+//! What a request costs in instructions, which this noisy host does not disturb (the `http_bench`
+//! rates move by ±7% between runs): an axum hello-world and a minimal keep-alive client in one
+//! process on one thread, `N` requests over one connection, for one subject. Run it under
+//! callgrind at two request counts; the difference over the difference in `N` is one request's
+//! user-space instructions, server and client (the client's share is the same in every subject):
+//!
+//! ```sh
+//! cargo build --release -p tollgate-tower --features axum --example http_instructions
+//! for n in 1000 3000; do N=$n valgrind --tool=callgrind --callgrind-out-file=cg.$n \
+//!     target/release/examples/http_instructions tollgate; done
+//! ```
+//!
+//! Subjects: `none` (no layer), `const` (the five headers tollgate writes, as constants),
+//! `tollgate` (its default headers), `xonly`, `ietf`, `noheaders`. Exclude the first TSC clock's
+//! calibration (`OnceCell::initialize`, `clock_gettime`) from the totals: it runs for a fixed
+//! time, so its instruction count varies between runs.
+
+#![allow(missing_docs)]
+
+use axum::routing::get;
+use axum::Router;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tollgate::{KeyedLimiter, Rate, TokenBucket};
+use tollgate_tower::{Headers, Limit, PeerIp, RateLimitLayer};
+
+fn app(subject: &str) -> Router {
+    let router = Router::new().route("/", get(|| async { "hello" }));
+    match subject {
+        "none" => router,
+        "const" => router.layer(tower::util::MapResponseLayer::new(|mut r: axum::response::Response| {
+            let h = r.headers_mut();
+            for (name, value) in [
+                ("ratelimit-policy", "\"per-ip\";q=4294967295;w=5"),
+                ("ratelimit", "\"per-ip\";r=4294967294"),
+                ("x-ratelimit-limit", "4294967295"),
+                ("x-ratelimit-remaining", "4294967294"),
+                ("x-ratelimit-reset", "1"),
+            ] {
+                h.insert(name, http::HeaderValue::from_static(value));
+            }
+            r
+        })),
+        _ => {
+            let q = TokenBucket::new(Rate::per_second(1_000_000_000), TokenBucket::MAX_BURST).unwrap();
+            let per_ip = Arc::new(KeyedLimiter::new(q, 100_000).unwrap());
+            let layer = RateLimitLayer::new([Limit::keyed("per-ip", per_ip, PeerIp::<64>)]);
+            let headers = match subject {
+                "tollgate" => Headers::default(),
+                "xonly" => Headers { x_ratelimit: true, ..Headers::NONE },
+                "ietf" => Headers { ietf: true, ..Headers::NONE },
+                _ => Headers::NONE,
+            };
+            router.layer(layer.headers(headers))
+        }
+    }
+}
+
+fn main() {
+    let subject = std::env::args().nth(1).expect("a subject: none, const, tollgate, xonly, ietf, noheaders");
+    let n: usize = std::env::var("N").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let service = app(&subject).into_make_service_with_connect_info::<SocketAddr>();
+        tokio::spawn(async move { axum::serve(listener, service).await });
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut bytes = 0;
+        for _ in 0..n {
+            s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+            let mut got = 0;
+            loop {
+                let k = s.read(&mut buf[got..]).await.unwrap();
+                got += k;
+                if buf[..got].ends_with(b"hello") {
+                    break;
+                }
+            }
+            bytes = got;
+        }
+        println!("{subject}: {bytes} bytes per response");
+    });
+}
