@@ -371,7 +371,7 @@ impl Server {
                     return write_throttle(out, &d, t.limiter.policy().burst());
                 }
             }
-            if let Err(e) = self.add_table(key) {
+            if let Err(e) = self.add_table_off_worker(key) {
                 return reply::error(out, &e);
             }
         }
@@ -384,6 +384,20 @@ impl Server {
         u64::try_from(e.as_millis())
             .unwrap_or(u64::MAX)
             .saturating_add(u64::from(e.subsec_nanos() % 1_000_000 != 0))
+    }
+
+    /// [`add_table`](Server::add_table) without holding up the connections that share this
+    /// worker thread: building a table writes every slot (tens of milliseconds for a million
+    /// keys), and a wait for another connection's build can be as long. On a multi-threaded
+    /// runtime the worker hands its other tasks to another thread first (`block_in_place`); on
+    /// a current-thread runtime (which cannot) the build runs in place.
+    fn add_table_off_worker(&self, key: QuotaKey) -> Result<(), String> {
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+                tokio::task::block_in_place(|| self.add_table(key))
+            }
+            _ => self.add_table(key),
+        }
     }
 
     /// Builds the table of this quota (on its first use). At `--max-quotas`, a table unused for

@@ -228,3 +228,46 @@ fn connections_are_bounded() {
     }
     assert!(ok);
 }
+
+/// Connections that each bring a new quota at once: every one is answered as its first use
+/// (the tables are built one at a time, each off the worker thread of the connection that
+/// asked), and the quotas then count apart.
+#[test]
+fn new_quotas_from_many_connections_at_once_are_all_built() {
+    let server = Running::start(&["--max-quotas", "16"]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let client = redis::Client::open(server.url()).unwrap();
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(Some(Duration::from_secs(30)));
+        let mut tasks = Vec::new();
+        for quota in 1..=12u64 {
+            let (client, config) = (client.clone(), config.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut c = client.get_multiplexed_async_connection_with_config(&config).await.unwrap();
+                let mut replies = Vec::new();
+                // A burst of `quota` (max_burst quota − 1) per hour: `quota` allowed, then limited.
+                for _ in 0..=quota {
+                    let r: Vec<i64> = redis::cmd("CL.THROTTLE")
+                        .arg("k")
+                        .arg(quota - 1)
+                        .arg(1)
+                        .arg(3600)
+                        .query_async(&mut c)
+                        .await
+                        .unwrap();
+                    replies.push(r[0]);
+                }
+                (quota, replies)
+            }));
+        }
+        for t in tasks {
+            let (quota, replies) = t.await.unwrap();
+            let want: Vec<i64> = (0..=quota).map(|i| i64::from(i == quota)).collect();
+            assert_eq!(replies, want, "quota {quota}");
+        }
+    });
+    let info = server.cli(&["INFO"]);
+    assert!(info.contains("quotas:12"), "{info}");
+}
