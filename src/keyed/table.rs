@@ -319,9 +319,9 @@ impl<'a, W: Words> Shard<'a, W> {
         // SAFETY: in bounds without a check on the decision path. The array holds
         // `shards · (group_mask + 1)` groups (`Table::new`: `slots / GROUP`, with `slots` and
         // `shards` powers of two), a shard's `base` is `index · (group_mask + 1)` with
-        // `index ≤ shard_mask = shards − 1` (`Table::shard_at`'s callers mask it, and
-        // `Table::shard` masks the hash with `shard_bits`, which is that product's largest
-        // value), and `g & group_mask ≤ group_mask`.
+        // `index ≤ shard_mask = shards − 1` (`Table::shards` passes `0..=shard_mask` to
+        // `shard_at`, and `Table::shard` masks the hash with `shard_bits`, which is that
+        // product's largest value), and `g & group_mask ≤ group_mask`.
         unsafe { self.t.groups.get_unchecked(i) }
     }
 
@@ -973,7 +973,8 @@ impl<W: Words> Table<W> {
     /// `slots` and `shards` are powers of two, `slots ≥ shards · WINDOW`.
     pub(crate) fn new(slots: usize, shards: usize) -> Result<Table<W>, ConfigError> {
         let per_shard = slots / shards;
-        debug_assert!(per_shard >= WINDOW && per_shard.is_power_of_two());
+        // Checked in release builds too: `Shard::group`'s unchecked index rests on it.
+        assert!(per_shard >= WINDOW && per_shard.is_power_of_two() && shards.is_power_of_two());
         let groups = slots / GROUP;
         Ok(Table {
             groups: alloc_groups(groups)?,

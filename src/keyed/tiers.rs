@@ -187,8 +187,10 @@ impl Tiers {
 
     /// The smallest fill any tier has had, in units.
     pub(crate) fn min_fill(&self) -> u64 {
-        // Relaxed: see `set`. A decision under a newly lowered fill reads the cell after the
-        // Release RMW of `changed`, which follows the store of `min_fill` in the writer.
+        // Relaxed: see `set`. `min_fill` is lowered before the cell is stored, and the cell
+        // synchronizes itself (its Release publication pairs with a reader's Acquire load; the
+        // Relaxed load of `changed` pairs with nothing): a decision that reads the new quota
+        // from the cell sees the lowered fill.
         self.min_fill.load(Relaxed)
     }
 
@@ -341,9 +343,13 @@ impl<W: Words> Overrides<W> {
         // the reader's Acquire fence).
         fence(Release);
         W::store(&e.key, words, Relaxed);
-        // Release: the key words happen-before the LIVE state (pairs with the reader's Acquire).
-        e.state.store(state(v + 2, KIND_LIVE, tier.0), Release);
+        // Counted (and noted in `tiers`) before it goes live: a reader that sees the LIVE state
+        // (Acquire) sees the note too, so that a decision after `override_of` has found the
+        // override never skips the lookup.
         tiers.note_overrides(self.count.fetch_add(1, Relaxed) + 1);
+        // Release: the key words, and the note, happen-before the LIVE state (pairs with the
+        // reader's Acquire).
+        e.state.store(state(v + 2, KIND_LIVE, tier.0), Release);
         Ok(())
     }
 

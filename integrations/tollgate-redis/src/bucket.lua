@@ -20,9 +20,9 @@
 --            m              units per nanosecond
 --            offset (2)     the clock's offset for a new bucket; at least the fill
 --            fill (2)       burst·t
---            last (2)       the last whole microsecond of the quota's lifetime (below 2^53)
+--            last (2)       the last whole microsecond of the quota's lifetime (at most 2^53)
 --            lifetime (2)   lifetime_ns·m: the clock stops there
---            at (2)         the replayed instant, µs since the Unix epoch (below 2^53)
+--            at (2)         the replayed instant, µs since the Unix epoch (at most 2^53)
 --
 -- Returns 20 bytes, five big-endian 32-bit words: taken (0/1), the stamp as it was before the
 -- decision (2), and the bucket clock the decision was taken at (2).

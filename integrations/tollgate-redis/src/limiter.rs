@@ -227,7 +227,10 @@ impl Builder {
         let m = quota.units_per_nano();
         let [oh, ol] = limbs(quota.clock_offset_units());
         let [fh, fl] = limbs(fill_units(&quota));
-        let [th, tl] = limbs((lifetime / 1000).min(MAX_MICROS - 1));
+        // At most MAX_MICROS, not below it: a replayed instant may be MAX_MICROS itself, and a
+        // lifetime beyond it must not stop the clock there (it stopped one microsecond early,
+        // so a decision at 2^53 µs after a key's start was taken at the lifetime's end).
+        let [th, tl] = limbs((lifetime / 1000).min(MAX_MICROS));
         let [lh, ll] = limbs(lifetime.saturating_mul(m));
         #[expect(clippy::cast_possible_truncation, reason = "m ≤ 64")]
         let quota_words = [m as u32, oh, ol, fh, fl, th, tl, lh, ll];
