@@ -24,6 +24,8 @@
 
 #![allow(missing_docs)]
 
+mod shared;
+
 use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::Arc;
@@ -59,21 +61,7 @@ fn app(subject: Subject, load: Load) -> Router {
     let router = Router::new().route("/", get(|| async { "hello" }));
     match subject {
         Subject::None => router,
-        Subject::NoneWithHeaders => {
-            router.layer(tower::util::MapResponseLayer::new(|mut r: axum::response::Response| {
-                let h = r.headers_mut();
-                for (name, value) in [
-                    ("ratelimit-policy", "\"per-ip\";q=4294967295;w=5"),
-                    ("ratelimit", "\"per-ip\";r=4294967294"),
-                    ("x-ratelimit-limit", "4294967295"),
-                    ("x-ratelimit-remaining", "4294967294"),
-                    ("x-ratelimit-reset", "1"),
-                ] {
-                    h.insert(name, http::HeaderValue::from_static(value));
-                }
-                r
-            }))
-        }
+        Subject::NoneWithHeaders => shared::constant_headers(router),
         Subject::Tollgate | Subject::TollgateXOnly | Subject::TollgateNoHeaders => {
             let q = match load {
                 Load::Allow => TokenBucket::new(Rate::per_second(1_000_000_000), TokenBucket::MAX_BURST),

@@ -17,6 +17,8 @@
 
 #![allow(missing_docs)]
 
+mod shared;
+
 use axum::routing::get;
 use axum::Router;
 use std::net::SocketAddr;
@@ -29,19 +31,7 @@ fn app(subject: &str) -> Router {
     let router = Router::new().route("/", get(|| async { "hello" }));
     match subject {
         "none" => router,
-        "const" => router.layer(tower::util::MapResponseLayer::new(|mut r: axum::response::Response| {
-            let h = r.headers_mut();
-            for (name, value) in [
-                ("ratelimit-policy", "\"per-ip\";q=4294967295;w=5"),
-                ("ratelimit", "\"per-ip\";r=4294967294"),
-                ("x-ratelimit-limit", "4294967295"),
-                ("x-ratelimit-remaining", "4294967294"),
-                ("x-ratelimit-reset", "1"),
-            ] {
-                h.insert(name, http::HeaderValue::from_static(value));
-            }
-            r
-        })),
+        "const" => shared::constant_headers(router),
         _ => {
             let q = TokenBucket::new(Rate::per_second(1_000_000_000), TokenBucket::MAX_BURST).unwrap();
             let per_ip = Arc::new(KeyedLimiter::new(q, 100_000).unwrap());
