@@ -43,8 +43,14 @@ impl Running {
         s
     }
 
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+    /// A `redis` crate client of the server, and a connection configuration without a
+    /// response timeout (the crate's default is 500 ms): a loaded machine is slow, not wrong.
+    fn redis_client(&self) -> (redis::Client, redis::AsyncConnectionConfig) {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.port)).unwrap();
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(Some(Duration::from_secs(30)));
+        (client, config)
     }
 }
 
@@ -103,11 +109,7 @@ fn the_redis_crate_pipelines_and_many_connections_share_the_tables() {
     let server = Running::start(&[]);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
-        let client = redis::Client::open(server.url()).unwrap();
-        // No response timeout (the crate's default is 500 ms): a loaded machine is slow, not wrong.
-        let config = redis::AsyncConnectionConfig::new()
-            .set_response_timeout(None)
-            .set_connection_timeout(Some(Duration::from_secs(30)));
+        let (client, config) = server.redis_client();
         let mut conn = client.get_multiplexed_async_connection_with_config(&config).await.unwrap();
         // One pipeline of 30 on one key of 10 per minute: 10 allowed, then limited, in order.
         let mut pipe = redis::pipe();
@@ -237,10 +239,7 @@ fn new_quotas_from_many_connections_at_once_are_all_built() {
     let server = Running::start(&["--max-quotas", "16"]);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
-        let client = redis::Client::open(server.url()).unwrap();
-        let config = redis::AsyncConnectionConfig::new()
-            .set_response_timeout(None)
-            .set_connection_timeout(Some(Duration::from_secs(30)));
+        let (client, config) = server.redis_client();
         let mut tasks = Vec::new();
         for quota in 1..=12u64 {
             let (client, config) = (client.clone(), config.clone());
