@@ -1,9 +1,11 @@
 //! What a limiter answers: a small `Copy` decision. A denial is an outcome, not an error.
 
 use core::fmt;
+use core::hash::{Hash, Hasher};
 use core::num::NonZeroU64;
 use core::time::Duration;
 
+use crate::policies::token_bucket::Divisor;
 use crate::{Nanos, TokenBucket};
 
 /// Whether a request conforms.
@@ -35,10 +37,13 @@ pub enum Outcome {
 
 /// The outcome of a decision, with what a caller needs for headers and back-off.
 ///
-/// `Copy` and 24 bytes. It is built without a hardware division: `remaining` comes from a
-/// precomputed reciprocal, and the two waits stay in the bucket's exact fixed-point units until
-/// an accessor converts them. Every field is exact and rounded toward denial: `remaining` down,
+/// `Copy` and 32 bytes, built with no arithmetic beyond the bucket's own: a token bucket's
+/// decision keeps the two waits in the bucket's exact fixed-point units and the quota's
+/// reciprocal of a token, and the accessors derive the rest when asked (`remaining` with one
+/// multiply, no division). Every field is exact and rounded toward denial: `remaining` down,
 /// `retry_after` and `reset_after` up to the next nanosecond.
+///
+/// Two decisions are equal when every accessor answers the same, whatever form they hold.
 ///
 /// `#[must_use]`: `check` takes tokens whether or not its answer is read, so dropping the
 /// answer is almost always a bug.
@@ -48,64 +53,66 @@ pub enum Outcome {
 /// let limiter = tollgate::Limiter::new(tollgate::TokenBucket::per_second(1).unwrap());
 /// limiter.check(); // error: unused `Decision` that must be used
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy)]
 #[must_use = "a decision says whether the request may proceed; `check` has already taken its tokens"]
 pub struct Decision {
-    /// The outcome, the quota's `m` (units per nanosecond, ≤ 64) and the whole tokens left
-    /// (≤ burst ≤ u32::MAX), packed into one word (`META_*`): built in a register and stored
-    /// with one instruction. Three narrow fields were three narrow stores, which a caller that
-    /// copies the decision (any `black_box`, any return through memory) reads back as one wide
-    /// load: a failed store forward, a stall of a dozen cycles on every decision. Never zero
-    /// (bit `META_SET`), so that `Option<Decision>` stays 24 bytes.
+    /// The outcome, the quota's `m` (units per nanosecond, ≤ 64), and either the whole tokens
+    /// left or, with `magic`, the burst and the divisor's shift, packed into one word
+    /// (`META_*`), so that a token bucket's decision ORs the outcome into a word the quota
+    /// keeps ready ([`TokenBucket::decision_meta`]). Never zero (bit `META_SET`), so that
+    /// `Option<Decision>` is as small as `Decision`.
     meta: NonZeroU64,
+    /// The multiplier that divides by the quota's `t` (units per token; see `Divisor`), when
+    /// `meta` holds the burst: then `remaining = burst − ⌈until_full / t⌉`. Zero when `meta`
+    /// holds the remaining tokens themselves (every decision not made by a token bucket).
+    magic: u64,
     /// Credit still missing (Denied) or the delay (Delayed), in units; zero otherwise.
     missing: u64,
     /// Units until the bucket is full.
     until_full: u64,
 }
 
-/// `Decision::meta`: bits 0–31 the whole tokens left, 32–39 the quota's `m`, 40–47 the outcome,
-/// and bit 48 always set.
-const META_M: u32 = 32;
+/// `Decision::meta`: bits 0–31 the whole tokens left (or the burst), 32–39 the quota's `m`,
+/// 40–47 the outcome, bit 48 always set, bits 49–54 the divisor's shift.
+pub(crate) const META_M: u32 = 32;
 const META_OUTCOME: u32 = 40;
-const META_SET: u32 = 48;
+pub(crate) const META_SET: u32 = 48;
+pub(crate) const META_SHIFT: u32 = 49;
+
+/// An outcome's code in `Decision::meta`. Every variant by name: a new one cannot be added
+/// without a code here and in `Decision::outcome`.
+#[inline(always)]
+const fn code(outcome: Outcome) -> u64 {
+    match outcome {
+        Outcome::Allowed => 0,
+        Outcome::Denied => 1,
+        Outcome::Insufficient => 2,
+        Outcome::Delayed => 3,
+        Outcome::TableFull => 4,
+        Outcome::Untracked => 5,
+    }
+}
 
 impl Decision {
-    /// A decision: `left` units of credit remain, `missing` more were needed (zero when allowed),
-    /// and the bucket is full again after `until_full` units.
-    #[inline]
-    pub(crate) fn new(
-        q: &TokenBucket,
-        outcome: Outcome,
-        left: u64,
-        missing: u64,
-        until_full: u64,
-    ) -> Decision {
-        // `left ≤ fill = burst·t` for every state (the base is never below `now − fill`).
-        #[expect(clippy::cast_possible_truncation, reason = "left / t ≤ burst ≤ u32::MAX")]
-        let remaining = q.tokens_in(left) as u32;
-        Decision::packed(outcome, q.units_per_nano(), remaining, missing, until_full)
+    /// A token bucket's decision: `missing` more units of credit were needed (zero when
+    /// allowed), and the bucket is full again after `until_full` units. The tokens left follow
+    /// from `until_full` (`left = fill − until_full`, or none while in debt), when asked.
+    #[inline(always)]
+    pub(crate) fn new(q: &TokenBucket, outcome: Outcome, missing: u64, until_full: u64) -> Decision {
+        let meta = q.decision_meta() | code(outcome) << META_OUTCOME;
+        Decision { meta, magic: q.per_token_magic(), missing, until_full }
     }
 
     #[inline(always)]
     const fn packed(outcome: Outcome, m: u64, remaining: u32, missing: u64, until_full: u64) -> Decision {
         debug_assert!(m <= 64, "a quota's m is at most 64: its byte in `meta` needs no mask");
-        // Every variant by name: a new one cannot be added without a code here and in `outcome`.
-        let code: u64 = match outcome {
-            Outcome::Allowed => 0,
-            Outcome::Denied => 1,
-            Outcome::Insufficient => 2,
-            Outcome::Delayed => 3,
-            Outcome::TableFull => 4,
-            Outcome::Untracked => 5,
-        };
-        let meta = remaining as u64 | m << META_M | code << META_OUTCOME | 1 << META_SET;
+        let meta = remaining as u64 | m << META_M | code(outcome) << META_OUTCOME | 1 << META_SET;
         // Bit META_SET makes the word nonzero: the `None` arm is never taken (and compiled out).
         let meta = match NonZeroU64::new(meta) {
             Some(meta) => meta,
             None => NonZeroU64::MIN,
         };
-        Decision { meta, missing, until_full }
+        Decision { meta, magic: 0, missing, until_full }
     }
 
     /// A decision whose times are already whole nanoseconds.
@@ -148,6 +155,12 @@ impl Decision {
         Decision::from_nanos(outcome, self.remaining_u32(), missing, self.reset_after_nanos())
     }
 
+    /// What the accessors answer, for equality and hashing.
+    fn observed(&self) -> (Outcome, u32, Option<Nanos>, Nanos, Nanos) {
+        let delay = Nanos::from_duration_saturating(self.delay());
+        (self.outcome(), self.remaining_u32(), self.retry_after_nanos(), delay, self.reset_after_nanos())
+    }
+
     /// The two waits in the quota's units, as stored: `(missing, until_full)`.
     #[inline]
     pub(crate) fn units(&self) -> (u64, u64) {
@@ -171,10 +184,27 @@ impl Decision {
         m
     }
 
+    /// The whole tokens left: held in `meta`, or `burst − ⌈until_full / t⌉` (none once that
+    /// is negative: a bucket in debt) for a token bucket's decision. `until_full ≤ 2^63`
+    /// (a stamp is at most one fill, ≤ 2^62 units, past its `now`, and `until_full` counts
+    /// from one fill before it), so the divisor's range (below 2^63) holds `until_full − 1`;
+    /// anything larger would mean more than a fill owed, no tokens, and is answered so.
     #[inline]
     const fn remaining_u32(&self) -> u32 {
         #[expect(clippy::cast_possible_truncation, reason = "the low half of `meta`")]
-        let r = self.meta.get() as u32;
+        let low = self.meta.get() as u32;
+        if self.magic == 0 || self.until_full == 0 {
+            return low; // the remaining itself, or a full bucket (the burst)
+        }
+        let u = self.until_full - 1;
+        if u >= 1 << 63 {
+            return 0;
+        }
+        // ⌈until_full / t⌉ = ⌊(until_full − 1) / t⌋ + 1 for until_full ≥ 1.
+        let shift = (self.meta.get() >> META_SHIFT) & 63;
+        let owed = Divisor::from_words([self.magic, shift]).div(u) + 1;
+        #[expect(clippy::cast_possible_truncation, reason = "below `low`, a u32")]
+        let r = (low as u64).saturating_sub(owed) as u32;
         r
     }
 
@@ -322,6 +352,22 @@ impl Decision {
     }
 }
 
+/// Equal when every accessor answers the same: a token bucket's decision and one built from
+/// the same whole fields compare equal.
+impl PartialEq for Decision {
+    fn eq(&self, other: &Decision) -> bool {
+        self.observed() == other.observed()
+    }
+}
+
+impl Eq for Decision {}
+
+impl Hash for Decision {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.observed().hash(state);
+    }
+}
+
 impl fmt::Debug for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Decision")
@@ -339,9 +385,9 @@ mod tests {
     use super::Decision;
 
     #[test]
-    fn a_decision_is_24_bytes() {
-        assert_eq!(core::mem::size_of::<Decision>(), 24);
-        assert_eq!(core::mem::size_of::<Option<Decision>>(), 24);
+    fn a_decision_is_32_bytes() {
+        assert_eq!(core::mem::size_of::<Decision>(), 32);
+        assert_eq!(core::mem::size_of::<Option<Decision>>(), 32);
     }
 
     #[test]

@@ -207,7 +207,7 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
     }
 
     /// [`check_n`](Direct::check_n) at a caller-supplied `now`.
-    // Always inline: out of line, its 24-byte decision is returned through memory (see
+    // Always inline: out of line, its 32-byte decision is returned through memory (see
     // `policy.rs`).
     #[inline(always)]
     pub fn check_n_at(&self, now: Nanos, n: u64) -> Decision {

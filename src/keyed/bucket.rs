@@ -269,13 +269,7 @@ impl Rule for Reserve<'_> {
     fn taken(&self, next: BucketWord) -> Decision {
         let (at, stamp) = (self.now.at, next.raw());
         let outcome = if stamp > at.now { Outcome::Delayed } else { Outcome::Allowed };
-        Decision::new(
-            self.now.q,
-            outcome,
-            at.now.saturating_sub(stamp),
-            stamp.saturating_sub(at.now),
-            stamp - at.floor,
-        )
+        Decision::new(self.now.q, outcome, stamp.saturating_sub(at.now), stamp - at.floor)
     }
 
     #[inline]

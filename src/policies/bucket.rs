@@ -105,8 +105,7 @@ impl BucketWord {
         if base <= limit {
             Verdict::Take { next: BucketWord(base + cost) }
         } else {
-            let left = at.now.saturating_sub(base);
-            Verdict::Final(Decision::new(q, Outcome::Denied, left, base - limit, base - at.floor))
+            Verdict::Final(Decision::new(q, Outcome::Denied, base - limit, base - at.floor))
         }
     }
 
@@ -164,13 +163,7 @@ impl BucketWord {
             Err(wait_ns) => {
                 let base = self.base(at);
                 let missing = wait_ns.saturating_mul(q.units_per_nano()).saturating_sub(queue).max(1);
-                Verdict::Final(Decision::new(
-                    q,
-                    Outcome::Denied,
-                    at.now.saturating_sub(base),
-                    missing,
-                    base - at.floor,
-                ))
+                Verdict::Final(Decision::new(q, Outcome::Denied, missing, base - at.floor))
             }
         }
     }
@@ -182,13 +175,13 @@ impl BucketWord {
         if self.0 <= at.now {
             return self.taken(q, at);
         }
-        Decision::new(q, Outcome::Delayed, 0, self.0 - at.now, self.0 - at.floor)
+        Decision::new(q, Outcome::Delayed, self.0 - at.now, self.0 - at.floor)
     }
 
     /// The decision once the stamp moved to `self` at `at`.
     #[inline]
     pub(crate) fn taken(self, q: &TokenBucket, at: At) -> Decision {
-        Decision::new(q, Outcome::Allowed, at.now - self.0, 0, self.0 - at.floor)
+        Decision::new(q, Outcome::Allowed, 0, self.0 - at.floor)
     }
 
     /// What deciding `n` tokens (any `n`) would answer, without taking anything. The remaining
@@ -196,16 +189,15 @@ impl BucketWord {
     #[inline]
     pub(crate) fn peek(self, q: &TokenBucket, at: At, n: u64) -> Decision {
         let base = self.base(at);
-        let left = at.now.saturating_sub(base);
         let until_full = base - at.floor;
         if n > q.burst() {
-            return Decision::new(q, Outcome::Insufficient, left, 0, until_full);
+            return Decision::new(q, Outcome::Insufficient, 0, until_full);
         }
         let limit = at.now - q.cost_units(n);
         if n == 0 || base <= limit {
-            Decision::new(q, Outcome::Allowed, left, 0, until_full)
+            Decision::new(q, Outcome::Allowed, 0, until_full)
         } else {
-            Decision::new(q, Outcome::Denied, left, base - limit, until_full)
+            Decision::new(q, Outcome::Denied, base - limit, until_full)
         }
     }
 }
@@ -260,6 +252,34 @@ mod tests {
                         prop_assert!(d.retry_after().unwrap() > Duration::ZERO);
                     }
                 }
+            }
+        }
+
+        /// `remaining`, derived on demand from `until_full` and the quota's reciprocal, is the
+        /// exact credit in whole tokens, `⌊(now − max(stamp, floor)) / t⌋` (none in debt), for
+        /// every stamp from far below the floor to a fill of debt, and every decision kind.
+        #[test]
+        fn remaining_is_the_exact_credit(
+            q in quotas(),
+            elapsed in any::<u64>(),
+            offset in any::<u64>(),
+            n in any::<u64>(),
+        ) {
+            let now = q.now_units(Nanos::new(elapsed));
+            // A stamp anywhere in [floor − fill, now + fill], both ends included often.
+            let span = 3 * u128::from(q.fill_units()) + 1;
+            let raw = u64::try_from(u128::from(now.floor - q.fill_units().min(now.floor)) + u128::from(offset) % span)
+                .unwrap();
+            let exact = |stamp: u64| now.now.saturating_sub(stamp.max(now.floor)) / q.units_per_token();
+            let word = BucketWord::from_raw(raw);
+            prop_assert_eq!(word.peek(&q, now, n).remaining(), exact(raw));
+            let n = n % q.burst() + 1;
+            match word.decide(&q, now, n) {
+                Verdict::Take { next } => prop_assert_eq!(next.taken(&q, now).remaining(), exact(next.raw())),
+                Verdict::Final(d) => prop_assert_eq!(d.remaining(), exact(raw)),
+            }
+            if let Ok((next, _)) = word.reserve(&q, now, n, q.fill_units()) {
+                prop_assert_eq!(next.queued(&q, now).remaining(), exact(next.raw()));
             }
         }
 

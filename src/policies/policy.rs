@@ -94,7 +94,7 @@ impl<P: Policy> Algorithm for P {
         CachePadded::new(AtomicU64::new(0))
     }
 
-    // Always inline: out of line, its 24-byte decision is returned through memory, and a
+    // Always inline: out of line, its 32-byte decision is returned through memory, and a
     // caller that copies it (16 bytes at a time) reads it back across two of the callee's
     // 8-byte stores: a failed store forward, a dozen cycles, on every decision.
     #[inline(always)]

@@ -14,6 +14,7 @@
 //! above the configured one. The search stops at the smallest `m` that is exact or within 2⁻²⁴
 //! of `T`, which keeps the bucket's lifetime (below) as long as possible.
 
+use core::num::NonZeroU64;
 use core::time::Duration;
 
 use crate::engine::config::WORDS;
@@ -113,6 +114,17 @@ impl Divisor {
     }
 }
 
+/// `Decision::meta` for a token bucket of `burst` (≤ 2^32 − 1) tokens at `m` units per ns
+/// whose token divides by `per_token`: the burst, `m`, the shift, and the bit that is always set.
+const fn decision_meta(burst: u64, m: u64, per_token: Divisor) -> NonZeroU64 {
+    use crate::engine::decision::{META_M, META_SET, META_SHIFT};
+    let word = burst | m << META_M | 1 << META_SET | (per_token.shift as u64) << META_SHIFT;
+    match NonZeroU64::new(word) {
+        Some(word) => word,
+        None => NonZeroU64::MIN, // never: bit META_SET is set
+    }
+}
+
 /// A bucket instant: `now = fill + elapsed·m` units, and `floor = now − fill`, the stamp of a
 /// bucket that is exactly full. Both are kept so that neither sits on the critical path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,6 +191,9 @@ pub struct TokenBucket {
     max_elapsed: u64,
     /// Divides by `units_per_token`.
     per_token: Divisor,
+    /// The word a token bucket's [`Decision`] starts from: the burst, `m` and the divisor's
+    /// shift, packed (`decision_meta`), so that a decision only ORs its outcome in.
+    decision_meta: NonZeroU64,
     /// Where a direct limiter's clock starts, in units: the largest fill time the limiter may
     /// be given at runtime ([`with_max_fill_time`](TokenBucket::with_max_fill_time); its own
     /// fill by default). A bucket's clock is `offset + elapsed·m`, so its empty instant means
@@ -227,6 +242,7 @@ impl TokenBucket {
             fill_units,
             max_elapsed: (u64::MAX - 2 * fill_units) / m,
             per_token: Divisor::new(t),
+            decision_meta: decision_meta(burst, m, Divisor::new(t)),
             offset: fill_units,
             lead: 0,
         })
@@ -465,6 +481,7 @@ impl TokenBucket {
             fill_units: fill,
             max_elapsed: lifetime,
             per_token: Divisor::new(t),
+            decision_meta: decision_meta(self.burst, m, Divisor::new(t)),
             offset: fill,
             lead: 0,
             ..self
@@ -511,6 +528,7 @@ impl TokenBucket {
             fill_units: burst * t,
             max_elapsed,
             per_token: Divisor { magic, shift },
+            decision_meta: decision_meta(burst, m_shift & 0xffff_ffff, Divisor { magic, shift }),
             offset,
             lead: offset - burst * t,
         }
@@ -518,15 +536,16 @@ impl TokenBucket {
 
     // ---- crate-internal fixed-point helpers, all exact ----
 
-    /// Whole tokens in `units` (at most the fill, so below 2^63), rounded down. An empty bucket
-    /// (the common case when denying) skips the multiply.
-    #[inline]
-    pub(crate) const fn tokens_in(&self, units: u64) -> u64 {
-        if units < self.units_per_token {
-            0
-        } else {
-            self.per_token.div(units)
-        }
+    /// [`Decision`]'s packed word for this quota, outcome `Allowed` (code 0).
+    #[inline(always)]
+    pub(crate) const fn decision_meta(&self) -> NonZeroU64 {
+        self.decision_meta
+    }
+
+    /// The multiplier that divides by `t` (never zero: see [`Divisor::new`]).
+    #[inline(always)]
+    pub(crate) const fn per_token_magic(&self) -> u64 {
+        self.per_token.magic
     }
 
     /// `n` tokens in units. Callers guarantee `n ≤ burst`, so this is at most `fill_units`.
