@@ -102,9 +102,11 @@ pub fn floor_step(clock: &impl Clock, word: &AtomicU64) {
 }
 
 /// The keyed floor: one clock read, one ahash of the key, and one load + CAS on a slot of a
-/// preallocated table with as many 16-byte slots as tollgate's, with no key check.
+/// preallocated table with as many 16-byte slots as tollgate's, with no key check. The slots
+/// are on huge pages where tollgate's are ([`HugeSlots`]), so that the floor pays no page walks
+/// tollgate does not.
 pub struct Floor<C: Clock> {
-    slots: Vec<[AtomicU64; 2]>,
+    slots: HugeSlots,
     mask: usize,
     hasher: ahash::RandomState,
     clock: C,
@@ -114,7 +116,7 @@ impl<C: Clock> Floor<C> {
     pub fn new(slots: usize, clock: C) -> Floor<C> {
         let slots = slots.next_power_of_two();
         Floor {
-            slots: (0..slots).map(|_| [AtomicU64::new(0), AtomicU64::new(0)]).collect(),
+            slots: HugeSlots::new(slots),
             mask: slots - 1,
             hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
             clock,
@@ -154,6 +156,64 @@ impl<C: Clock> Floor<C> {
         while let Err(seen) = word.compare_exchange_weak(cur, cur.wrapping_add(now | 1), Relaxed, Relaxed) {
             cur = seen;
         }
+    }
+}
+
+/// Zeroed 16-byte slots in an anonymous mapping of their own, advised onto transparent huge
+/// pages before the first touch (as tollgate's table is): from the heap, a large array can
+/// come back as memory already faulted in 4 KiB pages, where the advice does nothing.
+pub struct HugeSlots {
+    map: *mut libc::c_void,
+    map_len: usize,
+    slots: *const [AtomicU64; 2],
+    len: usize,
+}
+
+// SAFETY: the slots are atomics, shared as `&[[AtomicU64; 2]]`; the mapping is owned.
+unsafe impl Send for HugeSlots {}
+// SAFETY: as above.
+unsafe impl Sync for HugeSlots {}
+
+impl HugeSlots {
+    const HUGE: usize = 2 << 20;
+
+    pub fn new(len: usize) -> HugeSlots {
+        let bytes = (len * 16).next_multiple_of(Self::HUGE).max(Self::HUGE);
+        let map_len = bytes + Self::HUGE;
+        // SAFETY: a new private anonymous mapping at an address of the kernel's choosing.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert!(map != libc::MAP_FAILED, "mapping {map_len} bytes for the floor's slots failed");
+        let start = (map as usize).next_multiple_of(Self::HUGE);
+        // SAFETY: `[start, start + bytes)` lies in the mapping (`start − map < HUGE`), not yet
+        // touched. A failed advice (THP off) leaves ordinary pages.
+        unsafe { libc::madvise(start as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE) };
+        HugeSlots { map, map_len, slots: start as *const [AtomicU64; 2], len }
+    }
+}
+
+impl std::ops::Deref for HugeSlots {
+    type Target = [[AtomicU64; 2]];
+
+    fn deref(&self) -> &[[AtomicU64; 2]] {
+        // SAFETY: `len` slots of zero bytes (a valid `AtomicU64`), aligned (2 MiB), inside
+        // the mapping, which lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.slots, self.len) }
+    }
+}
+
+impl Drop for HugeSlots {
+    fn drop(&mut self) {
+        // SAFETY: the whole mapping made in `new`; no slice of it outlives `self`.
+        unsafe { libc::munmap(self.map, self.map_len) };
     }
 }
 
