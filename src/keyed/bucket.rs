@@ -285,11 +285,28 @@ impl Rule for Reserve<'_> {
 
 impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     /// Units since the limiter's creation (before the offset), saturating at the lifetime.
+    ///
+    /// One compare and a branch that is never taken, not two saturations: a time before the
+    /// origin wraps above the lifetime, so both ends go to the cold path. The branch keeps the
+    /// two conditional moves off the chain from the clock read to the CAS, which on every
+    /// admission is the decision's critical path.
     #[inline]
     fn base(&self, now: Nanos) -> u64 {
         let tiers = &self.params.tiers;
-        let e = now.saturating_sub(self.origin).as_u64().min(tiers.lifetime());
+        let e = now.as_u64().wrapping_sub(self.origin.as_u64());
+        if e > tiers.lifetime() {
+            return self.base_saturated(now);
+        }
         e * tiers.units_per_nano()
+    }
+
+    /// [`base`](KeyedLimiter::base) for a time before the origin (skew, or a caller's `now`)
+    /// or past the lifetime.
+    #[cold]
+    #[inline(never)]
+    fn base_saturated(&self, now: Nanos) -> u64 {
+        let tiers = &self.params.tiers;
+        now.saturating_sub(self.origin).as_u64().min(tiers.lifetime()) * tiers.units_per_nano()
     }
 
     /// The bucket instant of `base` under `q`.
