@@ -294,15 +294,20 @@ impl Report {
             }
         }
         // The keyed issue.
-        for w in ["1K-keys", "1M-keys"] {
+        // Issue 14: ≤ 1.2× the floor at 1 key and 1K keys, ≤ 1.3× at 1M (a miss per decision).
+        for (w, most) in [("1-key", 1.2), ("1K-keys", 1.2), ("1M-keys", 1.3)] {
             if let (Some(t), Some(f), Some(g)) =
                 (ns(w, a, "tollgate", 1), ns(w, a, "floor", 1), ns(w, a, "governor", 1))
             {
                 out.push(Target {
                     what: format!("keyed {w}, TSC clock, 1 thread"),
-                    goal: "≤ 1.2× floor, ≥ 1.6× governor".into(),
-                    measured: format!("{t:.1} ns: {:.2}× floor, governor {g:.1} ({:.2}×)", t / f, g / t),
-                    met: t / f <= 1.2 && g / t >= 1.6,
+                    goal: format!("≤ {most}× floor, ≥ 1.6× governor"),
+                    measured: format!(
+                        "{t:.1} ns: {:.2}× floor ({f:.1}), governor {g:.1} ({:.2}×)",
+                        t / f,
+                        g / t
+                    ),
+                    met: t / f <= most && g / t >= 1.6,
                 });
             }
         }
@@ -375,9 +380,12 @@ impl Report {
                         )
                     })
                 };
+                // Issue 14: the tail against the floor's in the same run (the floor's own
+                // p99.9/p50 is the machine's memory, 4–17× on the hosts measured).
+                let floor_p999 = floor.map(|f| f.call.p999);
                 out.push(Target {
-                    what: format!("keyed 1M-keys, {max_t} threads, tail latency"),
-                    goal: "tollgate p99.9 ≤ 3× its p50".into(),
+                    what: format!("keyed 1M-keys, {max_t} threads, tail latency, single calls"),
+                    goal: "tollgate p99.9 ≤ 1.5× the floor's p99.9".into(),
                     measured: format!(
                         "single calls p50/p99.9: tollgate {:.0}/{:.0} ns ({:.1}×), batches {:.1}×{}{}",
                         c.call.p50,
@@ -387,7 +395,7 @@ impl Report {
                         tail("governor", gov),
                         tail("floor", floor),
                     ),
-                    met: c.call.p999 <= 3.0 * c.call.p50 && c.batched.p999 <= 3.0 * c.batched.p50,
+                    met: floor_p999.is_some_and(|f| c.call.p999 <= 1.5 * f),
                 });
             }
         }
