@@ -279,8 +279,8 @@ pub fn direct_subjects() -> Vec<(&'static str, Maker)> {
 struct KeyedFloor<C: Clock>(Floor<C>);
 
 impl<C: Clock + Sync> Subject for KeyedFloor<C> {
-    /// The slot is loaded before the clock is read, the order tollgate uses: where a TSC read
-    /// holds back later loads, the other order measures that, not a floor (BENCHMARKS.md).
+    /// The slot is prefetched before the clock is read, the order tollgate uses: where a TSC
+    /// read waits for earlier loads, another order measures that, not a floor (BENCHMARKS.md).
     fn run(&self, keys: &[u64]) {
         for &k in keys {
             self.0.step_prefetched(k);
