@@ -41,6 +41,10 @@ use tower_governor::GovernorLayer;
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Subject {
     None,
+    /// No limiter, but a tower layer that passes every response through unchanged: what
+    /// mounting any layer on an axum router costs (`Router::layer` wraps the route's service
+    /// and boxes it again), the floor of a layer that writes no headers.
+    NonePassThrough,
     /// No limiter, but the same five headers tollgate writes, constant: the floor of any
     /// limiter that writes them (their bytes cost the server and the client).
     NoneWithHeaders,
@@ -62,6 +66,7 @@ fn app(subject: Subject, load: Load) -> Router {
     match subject {
         Subject::None => router,
         Subject::NoneWithHeaders => shared::constant_headers(router),
+        Subject::NonePassThrough => shared::pass_through(router),
         Subject::Tollgate | Subject::TollgateXOnly | Subject::TollgateNoHeaders => {
             let q = match load {
                 Load::Allow => TokenBucket::new(Rate::per_second(1_000_000_000), TokenBucket::MAX_BURST),
@@ -182,6 +187,7 @@ fn main() {
     let (seconds, rounds) = (arg("--seconds", 10), arg("--rounds", 2).max(1));
     let cells = [
         (Subject::None, Load::Allow),
+        (Subject::NonePassThrough, Load::Allow),
         (Subject::NoneWithHeaders, Load::Allow),
         (Subject::Tollgate, Load::Allow),
         (Subject::TollgateXOnly, Load::Allow),
@@ -228,6 +234,7 @@ fn main() {
         let name = match subject {
             Subject::None => "no limiter",
             Subject::NoneWithHeaders => "no limiter, tollgate's headers as constants",
+            Subject::NonePassThrough => "no limiter, a pass-through layer",
             Subject::Tollgate => "tollgate-tower",
             Subject::TollgateXOnly => "tollgate-tower, X-RateLimit-* only",
             Subject::TollgateNoHeaders => "tollgate-tower, Headers::NONE",

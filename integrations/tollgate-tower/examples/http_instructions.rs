@@ -10,7 +10,8 @@
 //!     target/release/examples/http_instructions tollgate; done
 //! ```
 //!
-//! Subjects: `none` (no layer), `const` (the five headers tollgate writes, as constants),
+//! Subjects: `none` (no layer), `pass` (a layer that passes responses through), `const` (the
+//! five headers tollgate writes, as constants),
 //! `tollgate` (its default headers), `xonly`, `ietf`, `noheaders`. Exclude the first TSC clock's
 //! calibration (`OnceCell::initialize`, `clock_gettime`) from the totals: it runs for a fixed
 //! time, so its instruction count varies between runs.
@@ -32,6 +33,7 @@ fn app(subject: &str) -> Router {
     match subject {
         "none" => router,
         "const" => shared::constant_headers(router),
+        "pass" => shared::pass_through(router),
         _ => {
             let q = TokenBucket::new(Rate::per_second(1_000_000_000), TokenBucket::MAX_BURST).unwrap();
             let per_ip = Arc::new(KeyedLimiter::new(q, 100_000).unwrap());

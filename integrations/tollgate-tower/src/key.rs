@@ -66,13 +66,17 @@ where
 
 /// The connection's peer address, from the request's extensions: a [`SocketAddr`] or a
 /// [`PeerAddr`] the server inserted for each accepted connection.
+///
+/// With the `axum` feature axum's `ConnectInfo` is looked up first (where axum serves, it is
+/// the one there: one lookup instead of two); a server inserts one of them, so the order only
+/// matters to a request carrying several, which then gets the first found.
 pub(crate) fn peer_addr(req: &Parts) -> Option<SocketAddr> {
-    if let Some(addr) = req.extensions.get::<SocketAddr>() {
-        return Some(*addr);
-    }
     #[cfg(feature = "axum")]
     if let Some(info) = req.extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
         return Some(info.0);
+    }
+    if let Some(addr) = req.extensions.get::<SocketAddr>() {
+        return Some(*addr);
     }
     req.extensions.get::<PeerAddr>().map(|p| p.0)
 }

@@ -294,6 +294,9 @@ struct Out {
 impl Out {
     /// Inserts the headers into `h`.
     fn write(self, h: &mut HeaderMap) {
+        if self.policy.is_none() && self.ratelimit.is_none() && self.legacy.is_none() {
+            return; // `Headers::NONE`, or nothing to describe
+        }
         static LEGACY: [[HeaderName; 3]; 2] = [
             [
                 HeaderName::from_static("ratelimit-limit"),
@@ -346,7 +349,15 @@ impl Config {
                 continue;
             }
             let n = limit.cost_of(req);
-            let (decision, receipt) = match limit.limit.charge(req, n) {
+            // The last limit's charge is never given back (nothing after it can refuse the
+            // request) unless the layer refuses its delays: a plain check, without the receipt
+            // a refund would need.
+            let charged = if index + 1 == self.limits.len() && self.delays != Delays::Refuse {
+                limit.limit.check(req, n).map(|d| (d, None))
+            } else {
+                limit.limit.charge(req, n)
+            };
+            let (decision, receipt) = match charged {
                 Ok(charged) => charged,
                 Err(e) => {
                     self.refund(req, receipts);

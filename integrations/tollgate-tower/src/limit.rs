@@ -116,6 +116,11 @@ pub(crate) enum Taken {
 pub(crate) trait HttpLimit: Send + Sync {
     /// Takes `n` units for the request.
     fn charge(&self, req: &Parts, n: u64) -> Result<(Decision, Option<Taken>), KeyError>;
+    /// Takes `n` units for the request, never to be given back: the last limit's charge (no
+    /// later limit can refuse the request after it). A plain decision, without a receipt.
+    fn check(&self, req: &Parts, n: u64) -> Result<Decision, KeyError> {
+        self.charge(req, n).map(|(d, _)| d)
+    }
     /// Gives back a charge of this request's.
     fn refund(&self, req: &Parts, taken: Taken);
     /// What `n` more units would get, taking nothing.
@@ -137,6 +142,9 @@ where
     fn charge(&self, _: &Parts, n: u64) -> Result<(Decision, Option<Taken>), KeyError> {
         let (d, r) = Admit::charge(&*self.0, n);
         Ok((d, r.map(Taken::Receipt)))
+    }
+    fn check(&self, _: &Parts, n: u64) -> Result<Decision, KeyError> {
+        Ok(self.0.check_n(n))
     }
     fn refund(&self, _: &Parts, taken: Taken) {
         if let Taken::Receipt(r) = taken {
@@ -164,6 +172,10 @@ where
         let key = self.key.extract(req)?;
         let (d, r) = Admit::charge(&self.limiter.limit(&key), n);
         Ok((d, r.map(Taken::Receipt)))
+    }
+    fn check(&self, req: &Parts, n: u64) -> Result<Decision, KeyError> {
+        let key = self.key.extract(req)?;
+        Ok(self.limiter.check_n(&key, n))
     }
     fn refund(&self, req: &Parts, taken: Taken) {
         if let (Ok(key), Taken::Receipt(r)) = (self.key.extract(req), taken) {

@@ -19,3 +19,10 @@ pub(crate) fn constant_headers(router: Router) -> Router {
         r
     }))
 }
+
+/// `router` behind a tower layer that passes every response through unchanged: the cost of
+/// mounting any layer with `Router::layer` (axum wraps the route's service and boxes it again),
+/// the floor of a limiter layer that writes no headers.
+pub(crate) fn pass_through(router: Router) -> Router {
+    router.layer(tower::util::MapResponseLayer::new(|r: axum::response::Response| r))
+}
