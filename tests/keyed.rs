@@ -519,3 +519,32 @@ fn tables_larger_than_the_machine_are_refused_not_aborted() {
     // A table that fits is built as before.
     assert!(KeyedLimiter::<u64>::builder(q).capacity(1 << 10).build().is_ok());
 }
+
+/// A time before the table's origin reads as the origin, however far before it and wherever
+/// the origin is: no refill from a difference that wraps around `u64` (an origin late on a
+/// manual clock and a caller's `now` of zero are 2^64 − origin apart once wrapped, a span the
+/// table could otherwise take for elapsed time).
+#[test]
+fn a_time_before_the_origin_never_refills() {
+    for origin in [1, 1 << 40, 1 << 62, (1 << 63) + (1 << 62), u64::MAX - (1 << 50), u64::MAX - 1] {
+        let clock = ManualClock::new();
+        clock.set(tollgate::Nanos::new(origin));
+        let l = KeyedLimiter::<u64, _>::builder(TokenBucket::per_hour(1).unwrap())
+            .capacity(16)
+            .build_with_clock(clock.clone())
+            .unwrap();
+        assert!(l.check(&7).is_allowed(), "origin {origin}: the first token");
+        for now in [0, 1, origin / 2, origin - 1] {
+            let d = l.check_n_at(&7, tollgate::Nanos::new(now), 1);
+            assert_eq!(d.outcome(), Outcome::Denied, "origin {origin}, now {now}");
+        }
+        assert!(!l.check(&7).is_allowed(), "origin {origin}: still spent at the origin");
+        // The direct limiter, the same.
+        let d = tollgate::Limiter::with_clock(TokenBucket::per_hour(1).unwrap(), clock.clone());
+        assert!(d.check().is_allowed(), "origin {origin}: the first token, direct");
+        for now in [0, 1, origin / 2, origin - 1] {
+            let r = d.check_n_at(tollgate::Nanos::new(now), 1);
+            assert_eq!(r.outcome(), Outcome::Denied, "origin {origin}, now {now}, direct");
+        }
+    }
+}

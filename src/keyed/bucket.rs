@@ -286,15 +286,14 @@ impl Rule for Reserve<'_> {
 impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     /// Units since the limiter's creation (before the offset), saturating at the lifetime.
     ///
-    /// One compare and a branch that is never taken, not two saturations: a time before the
-    /// origin wraps above the lifetime, so both ends go to the cold path. The branch keeps the
-    /// two conditional moves off the chain from the clock read to the CAS, which on every
-    /// admission is the decision's critical path.
+    /// Branches that are never taken, not two saturations: both ends go to the cold path, and
+    /// the two conditional moves stay off the chain from the clock read to the CAS, which on
+    /// every admission is the decision's critical path (as `TokenBucket::instant` does).
     #[inline]
     fn base(&self, now: Nanos) -> u64 {
         let tiers = &self.params.tiers;
-        let e = now.as_u64().wrapping_sub(self.origin.as_u64());
-        if e > tiers.lifetime() {
+        let (e, before_origin) = now.as_u64().overflowing_sub(self.origin.as_u64());
+        if before_origin || e > tiers.lifetime() {
             return self.base_saturated(now);
         }
         e * tiers.units_per_nano()
