@@ -185,10 +185,12 @@ impl Decision {
     }
 
     /// The whole tokens left: held in `meta`, or `burst − ⌈until_full / t⌉` (none once that
-    /// is negative: a bucket in debt) for a token bucket's decision. `until_full ≤ 2^63`
-    /// (a stamp is at most one fill, ≤ 2^62 units, past its `now`, and `until_full` counts
-    /// from one fill before it), so the divisor's range (below 2^63) holds `until_full − 1`;
-    /// anything larger would mean more than a fill owed, no tokens, and is answered so.
+    /// is negative: a bucket in debt) for a token bucket's decision. The limiters' own stamps
+    /// keep `until_full ≤ 2^63` (a stamp is at most one fill, ≤ 2^62 units, past its `now`,
+    /// and `until_full` counts from one fill before it), within the divisor's range (below
+    /// 2^63) for `until_full − 1`; a word from elsewhere (a stored state decided again, a
+    /// clock that ran back) can be larger, and is caught by the guard below: more than a fill
+    /// owed, so no tokens.
     #[inline]
     const fn remaining_u32(&self) -> u32 {
         #[expect(clippy::cast_possible_truncation, reason = "the low half of `meta`")]

@@ -34,8 +34,9 @@
 //!
 //! # Invariants
 //!
-//! * Every stored stamp is `≤ max(now) ≤ 2^64 − 1 − fill` over all readers' clocks. A take is
-//!   tested as `max(stamp, now − fill) ≤ now − cost` before `+ cost` is computed, so no
+//! * Every stored stamp is `≤ max(now) ≤ 2^64 − 1 − fill` over all readers' clocks. A take of
+//!   `cost ≤ fill` is tested as `stamp ≤ now − cost` (the same test as `max(stamp, now − fill)
+//!   ≤ now − cost`, the floor being at most `now − cost`) before `+ cost` is computed, so no
 //!   arithmetic can overflow for any `u64` word, stored or not.
 //! * Credit left after any decision is at most `fill = burst·t`, so whole tokens fit in a `u32`.
 //!
@@ -104,6 +105,8 @@ impl BucketWord {
     /// waits on one compare and move after the clock read instead of three steps.
     #[inline]
     pub(crate) fn decide(self, q: &TokenBucket, at: At, n: u64) -> Verdict {
+        // The take's test below relies on it (every caller refuses larger `n` first).
+        debug_assert!(n >= 1 && n <= q.burst(), "decide takes 1 ≤ n ≤ burst, got {n}");
         let cost = q.cost_units(n);
         let limit = at.now - cost;
         if self.0 <= limit {
