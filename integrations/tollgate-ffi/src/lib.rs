@@ -91,7 +91,9 @@ pub struct tollgate_decision {
 }
 
 impl tollgate_decision {
-    #[inline]
+    // Always inline: out of line (as it fell with the 32-byte `Decision`), the decision goes
+    // through memory into a call of 60 instructions, 25 more per check than inline.
+    #[inline(always)]
     fn from(d: &Decision) -> tollgate_decision {
         // The outcome decoded once, and the one wait it has (a refusal's retry-after or a
         // delay) converted once: the same numbers as `retry_after_nanos` and `delay`.
