@@ -386,6 +386,33 @@ impl fmt::Debug for Decision {
 mod tests {
     use super::Decision;
 
+    /// A token bucket's decision (the reciprocal form) and one built from the same whole
+    /// fields are equal and hash alike; any field that differs makes them unequal.
+    #[test]
+    fn equality_and_hashing_are_by_what_the_accessors_answer() {
+        use super::Outcome;
+        use crate::TokenBucket;
+        use core::hash::BuildHasher;
+        let same_hasher = std::collections::hash_map::RandomState::new();
+        let q = TokenBucket::per_second(10).unwrap(); // t = 1e8 units, m = 1, burst 10
+        for until_full in [0, 1, 99_999_999, 100_000_000, 100_000_001, 999_999_999, 1_000_000_000] {
+            let d = Decision::new(&q, Outcome::Allowed, 0, until_full);
+            let whole = Decision::allowed(
+                u32::try_from(d.remaining()).unwrap(),
+                core::time::Duration::from_nanos(until_full),
+            );
+            assert_eq!(d, whole, "until_full {until_full}");
+            assert_eq!(same_hasher.hash_one(d), same_hasher.hash_one(whole));
+            // One unit nearer full is one more token exactly at each token's boundary.
+            let expected = 10 - until_full.div_ceil(100_000_000);
+            assert_eq!(d.remaining(), expected, "until_full {until_full}");
+            let other = Decision::allowed(u32::try_from(expected).unwrap() + 1, d.reset_after());
+            assert_ne!(d, other);
+            let denied = Decision::new(&q, Outcome::Denied, 5, until_full);
+            assert_ne!(d, denied);
+        }
+    }
+
     #[test]
     fn a_decision_is_32_bytes() {
         assert_eq!(core::mem::size_of::<Decision>(), 32);
