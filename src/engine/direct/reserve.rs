@@ -206,6 +206,7 @@ const SPIN_NANOS: u64 = 100_000;
 
 impl<C: Clock> Direct<TokenBucket, C> {
     /// One token, now or in the future: [`reserve_n`](Direct::reserve_n) of 1.
+    #[inline]
     pub fn reserve(&self) -> Result<Reservation, ReserveError> {
         self.reserve_n_at(self.clock.now(), 1, Duration::MAX)
     }
@@ -232,6 +233,7 @@ impl<C: Clock> Direct<TokenBucket, C> {
     /// assert_eq!(l.peek().retry_after(), Some(Duration::from_millis(100)));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[inline(always)]
     pub fn reserve_n(&self, n: u64) -> Result<Reservation, ReserveError> {
         self.reserve_n_at(self.clock.now(), n, Duration::MAX)
     }
@@ -239,12 +241,13 @@ impl<C: Clock> Direct<TokenBucket, C> {
     /// [`reserve_n`](Direct::reserve_n), refused at once (taking nothing) if the tokens would
     /// be due more than `max_wait` from now: Guava's `tryAcquire(n, timeout)`, without the
     /// sleep. A `max_wait` of zero reserves only what is there now.
+    #[inline]
     pub fn reserve_n_within(&self, n: u64, max_wait: Duration) -> Result<Reservation, ReserveError> {
         self.reserve_n_at(self.clock.now(), n, max_wait)
     }
 
     /// [`reserve_n_within`](Direct::reserve_n_within) at a caller-supplied `now`.
-    #[inline]
+    #[inline(always)]
     pub fn reserve_n_at(&self, now: Nanos, n: u64, max_wait: Duration) -> Result<Reservation, ReserveError> {
         // Relaxed: as in `check_n_at`.
         if self.flags.load(Relaxed) & super::CHANGED == 0 {
