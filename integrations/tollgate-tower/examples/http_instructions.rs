@@ -35,7 +35,7 @@ fn app(subject: &str) -> Router {
         "const" => shared::constant_headers(router),
         "pass" => shared::pass_through(router),
         _ => {
-            let q = TokenBucket::new(Rate::per_second(1_000_000_000), 1000).unwrap();
+            let q = TokenBucket::new(Rate::per_second(1_000_000), 1000).unwrap();
             let per_ip = Arc::new(KeyedLimiter::new(q, 100_000).unwrap());
             let layer = RateLimitLayer::new([Limit::keyed("per-ip", per_ip, PeerIp::<64>)]);
             let headers = match subject {

@@ -3,7 +3,7 @@
 use axum::Router;
 
 /// `router` writing the five headers tollgate's default layer writes, as constants (the values
-/// of the benchmarks' allow-heavy quota: a billion a second, a burst of 1,000): the floor of
+/// of the benchmarks' allow-heavy quota: a million a second, a burst of 1,000): the floor of
 /// any limiter that writes them (their bytes cost the server and the client).
 pub(crate) fn constant_headers(router: Router) -> Router {
     router.layer(tower::util::MapResponseLayer::new(|mut r: axum::response::Response| {
