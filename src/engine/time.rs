@@ -3,6 +3,13 @@
 use core::fmt;
 use core::time::Duration;
 
+/// [`Nanos::units_since`] for a time before the origin or past `most`.
+#[cold]
+#[inline(never)]
+fn units_since_held(now: Nanos, origin: Nanos, most: u64, m: u64) -> u64 {
+    now.saturating_sub(origin).0.min(most) * m
+}
+
 /// A count of nanoseconds: an instant on a [`Clock`](crate::Clock)'s timeline, or a span.
 ///
 /// Arithmetic saturates; it never wraps and never panics. `u64` nanoseconds cover 584 years.
@@ -31,6 +38,19 @@ impl Nanos {
     #[inline]
     pub const fn saturating_sub(self, earlier: Nanos) -> Nanos {
         Nanos(self.0.saturating_sub(earlier.0))
+    }
+
+    /// `m ×` the nanoseconds from `origin` to `self`, held to `0 ..= most` (a time before the
+    /// origin is the origin; past `most`, time stops): a limiter's clock in its units. Both
+    /// holds sit behind branches that are never taken, on a cold path, which keeps them off
+    /// the chain from the clock read to the CAS (two conditional moves were on it).
+    #[inline(always)]
+    pub(crate) fn units_since(self, origin: Nanos, most: u64, m: u64) -> u64 {
+        let (e, before_origin) = self.0.overflowing_sub(origin.0);
+        if before_origin || e > most {
+            return units_since_held(self, origin, most, m);
+        }
+        e * m
     }
 
     /// `self + span`, saturating at [`Nanos::MAX`].

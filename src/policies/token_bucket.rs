@@ -233,6 +233,7 @@ impl TokenBucket {
             period_nanos: period,
         })?;
         let fill_units = burst * t;
+        let per_token = Divisor::new(t);
         Ok(TokenBucket {
             rate,
             burst,
@@ -241,8 +242,8 @@ impl TokenBucket {
             units_per_token: t,
             fill_units,
             max_elapsed: (u64::MAX - 2 * fill_units) / m,
-            per_token: Divisor::new(t),
-            decision_meta: decision_meta(burst, m, Divisor::new(t)),
+            per_token,
+            decision_meta: decision_meta(burst, m, per_token),
             offset: fill_units,
             lead: 0,
         })
@@ -475,13 +476,14 @@ impl TokenBucket {
         }
         #[expect(clippy::cast_possible_truncation, reason = "t ≤ fill ≤ max_fill, a u64")]
         let (t, fill) = (t as u64, fill as u64);
+        let per_token = Divisor::new(t);
         Ok(TokenBucket {
             units_per_nano: m,
             units_per_token: t,
             fill_units: fill,
             max_elapsed: lifetime,
-            per_token: Divisor::new(t),
-            decision_meta: decision_meta(self.burst, m, Divisor::new(t)),
+            per_token,
+            decision_meta: decision_meta(self.burst, m, per_token),
             offset: fill,
             lead: 0,
             ..self
@@ -519,16 +521,17 @@ impl TokenBucket {
     pub(crate) fn from_words(w: [u64; WORDS]) -> TokenBucket {
         let [tokens, period, burst, initial, m_shift, t, max_elapsed, magic, offset, _] = w;
         let shift = (m_shift >> 32) as u32;
+        let (m, per_token) = (m_shift & 0xffff_ffff, Divisor { magic, shift });
         TokenBucket {
             rate: Rate::per(tokens, Duration::from_nanos(period)),
             burst,
             initial,
-            units_per_nano: m_shift & 0xffff_ffff,
+            units_per_nano: m,
             units_per_token: t,
             fill_units: burst * t,
             max_elapsed,
-            per_token: Divisor { magic, shift },
-            decision_meta: decision_meta(burst, m_shift & 0xffff_ffff, Divisor { magic, shift }),
+            per_token,
+            decision_meta: decision_meta(burst, m, per_token),
             offset,
             lead: offset - burst * t,
         }
@@ -564,21 +567,10 @@ impl TokenBucket {
     }
 
     /// [`now_units`](TokenBucket::now_units) of `now − origin`, with `now` before `origin` read as
-    /// `origin`. Predicted branches for both saturations, keeping the dependency chain from
-    /// the clock read to the CAS short.
+    /// `origin` ([`Nanos::units_since`]).
     #[inline]
     pub(crate) fn instant(&self, now: Nanos, origin: Nanos) -> At {
-        let (e, before_origin) = now.as_u64().overflowing_sub(origin.as_u64());
-        if before_origin || e > self.max_elapsed {
-            return self.instant_out_of_range(now, origin);
-        }
-        At::new(self, e * self.units_per_nano)
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn instant_out_of_range(&self, now: Nanos, origin: Nanos) -> At {
-        self.now_units(now.saturating_sub(origin))
+        At::new(self, now.units_since(origin, self.max_elapsed, self.units_per_nano))
     }
 }
 
