@@ -23,7 +23,7 @@ pub use key::{Hashed, IpPrefix, Key, KeyHasher, Words};
 pub(crate) use policy::sealed;
 pub use policy::KeyedPolicy;
 use policy::PolicyTable;
-use table::{Shard, Table, TableStats, WINDOW};
+use table::{Group, Shard, Table, TableStats, WINDOW};
 pub use tiers::Tier;
 
 use crate::engine::admit::{Admit, Receipt};
@@ -1196,13 +1196,21 @@ struct Target<'a, W: Words> {
     hash: u64,
     shard: Shard<'a, W>,
     home: usize,
+    /// The home group itself (`shard`'s group `home`).
+    group: &'a Group<W>,
 }
 
 impl<'a, W: Words> Target<'a, W> {
     #[inline]
     fn new(table: &'a Table<W>, words: W, hash: u64) -> Target<'a, W> {
         let shard = table.shard(hash);
-        Target { words, hash, shard, home: shard.home_of(hash) }
+        Target { words, hash, shard, home: shard.home_of(hash), group: table.home_group(hash) }
+    }
+
+    /// The home group's address, to prefetch.
+    #[inline]
+    fn home_ptr(&self) -> *const u8 {
+        (self.group as *const Group<W>).cast()
     }
 }
 
@@ -1236,7 +1244,7 @@ where
         if let Some((key, _)) = items[..count].get(i) {
             let (words, h) = hash(key.borrow());
             let t = Target::new(table, words, h);
-            prefetch(t.shard.home_ptr(t.home));
+            prefetch(t.home_ptr());
             ring[at] = (words, h);
         }
     }

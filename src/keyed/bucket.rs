@@ -6,7 +6,7 @@ use core::fmt;
 use core::marker::PhantomData;
 
 use super::key::{Key, KeyHasher, Words};
-use super::table::{evictable, Now, Params, Rule, Table, MAX_UNITS};
+use super::table::{evictable, Now, Params, Rule, Shard, Table, MAX_UNITS};
 use super::tiers::{Overrides, Tier, Tiers};
 use super::{
     batch, hashers, prefetch, shard_count, stats_of, table_slots, KeyedBuilder, KeyedStats, Target, WhenFull,
@@ -81,7 +81,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     pub(crate) fn charge_words(&self, words: K::Words, n: u64) -> (Decision, Option<Receipt>) {
         let l = self;
         let t = l.target(words);
-        prefetch(t.shard.home_ptr(t.home));
+        prefetch(t.home_ptr());
         let q = l.params.tiers.get(l.tier_of(t.words, t.hash));
         let base = l.base(l.clock.now());
         let d = l.decide_in(&q, &t, base, n);
@@ -163,7 +163,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         // slot holds (only near the end of the table's lifetime).
         let limit = q.fill_units().min(max_wait_ns.saturating_mul(m)).min(MAX_UNITS - at.now);
         let rule = Reserve { now: Now { p: &self.params, q: &q, at }, max_wait: limit };
-        let d = match t.shard.probe(t.home, t.words, &rule, n) {
+        let d = match Shard::probe_group(t.group, t.words, &rule, n) {
             Some(d) => d,
             None => t.shard.acquire_next(t.words, t.hash, t.home, &rule, n),
         };
@@ -348,7 +348,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         // Hash and start fetching the key's group before reading the clock: on CPUs where a
         // TSC read holds back later loads, the cache miss then overlaps the clock read.
         let t = self.target(words);
-        prefetch(t.shard.home_ptr(t.home));
+        prefetch(t.home_ptr());
         self.decide_key(&t, self.base(self.clock.now()), n)
     }
 
@@ -375,7 +375,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     #[inline(always)]
     pub(crate) fn prefetch_words(&self, words: K::Words) {
         let t = self.target(words);
-        prefetch(t.shard.home_ptr(t.home));
+        prefetch(t.home_ptr());
     }
 
     /// A key's identity, hash, shard and home group, computed once per decision.
@@ -434,7 +434,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
             return self.peek_located(q, t.words, t.hash, at, n);
         }
         let now = Now { p: &self.params, q, at };
-        match t.shard.probe(t.home, t.words, &now, n) {
+        match Shard::probe_group(t.group, t.words, &now, n) {
             Some(d) => d,
             None => self.decide_beyond_home(q, t.words, t.hash, base, n),
         }

@@ -35,7 +35,7 @@ use core::fmt;
 use core::marker::PhantomData;
 
 use super::key::{Key, KeyHasher, Words};
-use super::table::{Rule, Table};
+use super::table::{Rule, Shard, Table};
 use super::{
     deny_or_allow, hashers, prefetch, shard_count, stats_of, table_slots, KeyedBuilder, KeyedStats, Target,
     WhenFull,
@@ -208,7 +208,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
     pub(crate) fn charge_words(&self, words: K::Words, n: u64) -> (Decision, Option<Receipt>) {
         let l = self;
         let t = l.target(words);
-        prefetch(t.shard.home_ptr(t.home));
+        prefetch(t.home_ptr());
         let elapsed = l.elapsed(l.clock.now());
         let current = l.current();
         let rule = ChargeNow { rule: l.rule_under(&current, elapsed), stored: Cell::new(None) };
@@ -338,7 +338,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
     #[inline(always)]
     pub(crate) fn prefetch_words(&self, words: K::Words) {
         let t = self.target(words);
-        prefetch(t.shard.home_ptr(t.home));
+        prefetch(t.home_ptr());
     }
 
     #[inline]
@@ -357,7 +357,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
     pub(crate) fn check_n_words(&self, words: K::Words, n: u64) -> Decision {
         // Hash and start fetching the key's group before reading the clock, as the bucket does.
         let t = self.target(words);
-        prefetch(t.shard.home_ptr(t.home));
+        prefetch(t.home_ptr());
         self.decide(&t, self.elapsed(self.clock.now()), n)
     }
 
@@ -386,7 +386,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
         if self.beyond_reach(n) {
             return self.peek_located(t.words, t.hash, elapsed, n);
         }
-        let d = match t.shard.probe(t.home, t.words, &self.rule(elapsed), n) {
+        let d = match Shard::probe_group(t.group, t.words, &self.rule(elapsed), n) {
             Some(d) => d,
             None => self.decide_beyond_home(t.words, t.hash, elapsed, n),
         };

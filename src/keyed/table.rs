@@ -266,13 +266,17 @@ impl<W: Words> Slot<W> {
         // Acquire: pairs with the Release that made the word live (after the key was written,
         // `Shard::acquire_slow` and `Shard::help`), so the key read below is at least that key.
         let w = self.word.load(Acquire);
-        (W::load(&self.key, Relaxed) == words).then_some(w)
+        if W::load(&self.key, Relaxed) != words {
+            rare();
+            return None;
+        }
+        Some(w)
     }
 }
 
 /// A group of slots, aligned to a cache line (one line for `u64` keys).
 #[repr(C, align(64))]
-struct Group<W: Words> {
+pub(crate) struct Group<W: Words> {
     slots: [Slot<W>; GROUP],
 }
 
@@ -361,12 +365,6 @@ impl<'a, W: Words> Shard<'a, W> {
         home
     }
 
-    /// A pointer to a key's home group, to prefetch.
-    #[inline]
-    pub(crate) fn home_ptr(&self, home: usize) -> *const u8 {
-        (self.group(home) as *const Group<W>).cast()
-    }
-
     /// Keys this shard tracks.
     pub(crate) fn len(&self) -> u64 {
         self.live()
@@ -408,36 +406,58 @@ impl<'a, W: Words> Shard<'a, W> {
         self.acquire_next(words, hash, home, now, n)
     }
 
-    /// Decides on the key's live slot in group `g` (of its window), if it is there. The key
-    /// words of the group's slots are compared into a mask without branching, so that where the
-    /// key sits costs no misprediction (and cache misses of consecutive decisions overlap). Then
-    /// the word of a slot whose key matched is read (Acquire) and its key compared again
-    /// (`Slot::load_for`): only a key read after the word vouches for it. The first compare
+    /// Decides on the key's live slot in group `g` (of its window), if it is the group's first
+    /// slot holding the key's words. That slot is picked without branching (a select per
+    /// slot), so that where the key sits costs no misprediction (and cache misses of
+    /// consecutive decisions overlap). Then its word is read (Acquire) and its key compared
+    /// again (`Slot::load_for`): only a key read after the word vouches for it. The compare
     /// only picks the slot; a key it misses (one going live meanwhile) is found by the slow
-    /// path, as a key beyond the home is. (Reading all four words first, to have the word at
-    /// hand, kept them on the stack: nine more instructions on every decision.)
+    /// path, as a key beyond the home is.
+    ///
+    /// A group can hold a key's words in more than one slot: a slot keeps an evicted key's
+    /// words until it is claimed again, and the key may come back in another slot of the
+    /// group. When the first is not the live one, the caller's fallback,
+    /// [`acquire_next`](Shard::acquire_next), walks them all. (Walking a mask of every match
+    /// here cost six instructions more on every decision, and a call for the walk that takes
+    /// `now` by reference stored it to the stack on every decision; reading all four words
+    /// first, to have the word at hand, kept them on the stack: nine more.)
     #[inline(always)]
     pub(crate) fn probe<R: Rule>(&self, g: usize, words: W, now: &R, n: u64) -> Option<Decision> {
-        let group = self.group(g);
-        let mut hits = 0u32;
-        for (pos, slot) in group.slots.iter().enumerate() {
-            hits |= u32::from(W::load(&slot.key, Relaxed) == words) << pos;
-        }
-        while hits != 0 {
-            let slot = &group.slots[hits.trailing_zeros() as usize % GROUP];
-            if let Some(w) = slot.load_for(words) {
-                if let Some(d) = decide_on(slot, w, words, now, n) {
-                    return Some(d);
-                }
-            }
-            hits &= hits - 1;
-        }
-        None
+        Self::probe_group(self.group(g), words, now, n)
     }
 
-    /// The group after the home, still without the header (the prefetch brought its line with
-    /// the home's for one-word keys): where most keys that overflow their home sit. Then the
-    /// slow path, and the refusal of a full table.
+    /// [`probe`](Shard::probe) in a group found already (a key's home, [`Table::home_group`]).
+    #[inline(always)]
+    pub(crate) fn probe_group<R: Rule>(group: &Group<W>, words: W, now: &R, n: u64) -> Option<Decision> {
+        let mut first = GROUP;
+        for pos in (0..GROUP).rev() {
+            let hit = W::load(&group.slots[pos].key, Relaxed) == words;
+            first = if hit { pos } else { first };
+        }
+        if first == GROUP {
+            return None;
+        }
+        let slot = &group.slots[first % GROUP];
+        decide_on(slot, slot.load_for(words)?, words, now, n)
+    }
+
+    /// Decides on the key's live slot in group `g`, if it is there: every slot holding the
+    /// key's words, in order.
+    #[inline]
+    fn probe_all<R: Rule>(&self, g: usize, words: W, now: &R, n: u64) -> Option<Decision> {
+        self.group(g).slots.iter().find_map(|slot| {
+            if W::load(&slot.key, Relaxed) != words {
+                return None;
+            }
+            decide_on(slot, slot.load_for(words)?, words, now, n)
+        })
+    }
+
+    /// Where a key goes when [`probe`](Shard::probe) did not decide it: its home group again,
+    /// every match (the first may have been an evicted copy), then the group after the home,
+    /// still without the header (the prefetch brought its line with the home's for one-word
+    /// keys): where most keys that overflow their home sit. Then the slow path, and the
+    /// refusal of a full table.
     #[inline(never)]
     pub(crate) fn acquire_next<R: Rule>(
         &self,
@@ -447,7 +467,10 @@ impl<'a, W: Words> Shard<'a, W> {
         now: &R,
         n: u64,
     ) -> Decision {
-        if let Some(d) = self.probe(home + 1, words, now, n) {
+        if let Some(d) = self.probe_all(home, words, now, n) {
+            return d;
+        }
+        if let Some(d) = self.probe_all(home + 1, words, now, n) {
             return d;
         }
         self.acquire_slow(words, hash, home, now, n).unwrap_or_else(|| refusal(now.when_full()))
@@ -892,6 +915,7 @@ pub(crate) fn refusal(when_full: WhenFull) -> Decision {
 fn decide_on<W: Words, R: Rule>(slot: &Slot<W>, mut w: u64, words: W, now: &R, n: u64) -> Option<Decision> {
     loop {
         if w & STATE != LIVE {
+            rare();
             return None;
         }
         let (next, taken) = match now.decide(w, n) {
@@ -931,6 +955,14 @@ fn decide_on<W: Words, R: Rule>(slot: &Slot<W>, mut w: u64, words: W, now: &R, n
     }
 }
 
+/// Marks the branch that calls it as rarely taken (`core::hint::cold_path`, which is newer
+/// than this crate's minimum Rust). On the decision path it keeps two tests that lead to the
+/// same fallback as two predicted branches, instead of merged into flags (four instructions
+/// more).
+#[cold]
+#[inline]
+fn rare() {}
+
 /// Figures of a whole table.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct TableStats {
@@ -965,6 +997,8 @@ pub(crate) struct Table<W: Words> {
     shard_bits: usize,
     /// Groups per shard, less one.
     group_mask: usize,
+    /// Groups in all, less one: `shard_bits | group_mask`.
+    home_mask: usize,
     shard_mask: usize,
     max_live: u64,
 }
@@ -985,6 +1019,7 @@ impl<W: Words> Table<W> {
             shard_shift: (per_shard / GROUP).trailing_zeros(),
             shard_bits: (shards - 1) << (per_shard / GROUP).trailing_zeros(),
             group_mask: per_shard / GROUP - 1,
+            home_mask: groups - 1,
             shard_mask: shards - 1,
             max_live: (per_shard - per_shard / 8) as u64,
         })
@@ -1003,6 +1038,22 @@ impl<W: Words> Table<W> {
         #[expect(clippy::cast_possible_truncation, reason = "masked to the shard bits")]
         let base = hash as usize & self.shard_bits;
         Shard { t: self, base, mask: self.group_mask }
+    }
+
+    /// A hash's home group, the one its shard's `group(home_of(hash))` names: the shard's
+    /// bits of a hash lie above its home's, so the two masks and the add that sum them are one
+    /// mask (three instructions less on every decision).
+    #[inline]
+    pub(crate) fn home_group(&self, hash: u64) -> &Group<W> {
+        #[expect(clippy::cast_possible_truncation, reason = "masked to the group count")]
+        let i = hash as usize & self.home_mask;
+        debug_assert!(core::ptr::eq(
+            self.groups.get(i).unwrap(),
+            self.shard(hash).group(self.shard(hash).home_of(hash))
+        ));
+        // SAFETY: `home_mask` is the array's length less one (`new`: `groups`, a power of two,
+        // since `slots` and `GROUP` are), so `i` is in bounds.
+        unsafe { self.groups.get_unchecked(i) }
     }
 
     pub(crate) fn shards(&self) -> impl Iterator<Item = Shard<'_, W>> {
