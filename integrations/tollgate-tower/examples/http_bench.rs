@@ -5,7 +5,10 @@
 //! ```sh
 //! cargo run --release -p tollgate-tower --features axum --example http_bench            # 10 s per cell
 //! cargo run --release -p tollgate-tower --features axum --example http_bench -- --seconds 2 --rounds 1
+//! cargo run --release -p tollgate-tower --features axum --example http_bench -- --cells 1,5  # some rows
 //! ```
+//!
+//! `--cells` takes the rows to run by their index in the table (0, no limiter, always runs).
 //!
 //! Needs `wrk` on the PATH (Debian: `apt-get install wrk`). Every cell runs `--rounds` times
 //! (default 2), the rounds interleaved so that the machine's drift touches every subject alike;
@@ -52,6 +55,10 @@ enum Subject {
     /// `X-RateLimit-*` only: about the header set tower-governor's `use_headers` writes.
     TollgateXOnly,
     TollgateNoHeaders,
+    /// `Headers::NONE`, keyed by the connection (its peer port) instead of the peer IP: 64 keys
+    /// instead of one, so that no two server threads decide on one bucket's cache line. Tells
+    /// whether the one hot key of the other rows costs anything (measured: it does not).
+    TollgatePerConn,
     TowerGovernor,
 }
 
@@ -72,7 +79,10 @@ fn app(subject: Subject, load: Load) -> Router {
         Subject::None => router,
         Subject::NoneWithHeaders => shared::constant_headers(router),
         Subject::NonePassThrough => shared::pass_through(router),
-        Subject::Tollgate | Subject::TollgateXOnly | Subject::TollgateNoHeaders => {
+        Subject::Tollgate
+        | Subject::TollgateXOnly
+        | Subject::TollgateNoHeaders
+        | Subject::TollgatePerConn => {
             let q = match load {
                 // A million a second, five times the rate served here, refills 1,000 in a
                 // millisecond: a decision whose clock read went stale longer than that (its
@@ -82,6 +92,15 @@ fn app(subject: Subject, load: Load) -> Router {
                 Load::Deny => TokenBucket::per_hour(1),
             }
             .expect("a valid quota");
+            if subject == Subject::TollgatePerConn {
+                let per = Arc::new(KeyedLimiter::new(q, 100_000).expect("a valid table"));
+                let key = |req: &http::request::Parts| -> Result<u64, tollgate_tower::KeyError> {
+                    let info = req.extensions.get::<axum::extract::ConnectInfo<SocketAddr>>();
+                    info.map(|i| u64::from(i.0.port())).ok_or(tollgate_tower::KeyError::NoPeerAddress)
+                };
+                let layer = RateLimitLayer::new([Limit::keyed("per-conn", per, key)]);
+                return router.layer(layer.headers(Headers::NONE));
+            }
             let per_ip = Arc::new(KeyedLimiter::new(q, 100_000).expect("a valid table"));
             let layer = RateLimitLayer::new([Limit::keyed("per-ip", per_ip, PeerIp::<64>)]);
             let headers = match subject {
@@ -201,6 +220,7 @@ fn main() {
         (Subject::Tollgate, Load::Allow),
         (Subject::TollgateXOnly, Load::Allow),
         (Subject::TollgateNoHeaders, Load::Allow),
+        (Subject::TollgatePerConn, Load::Allow),
         (Subject::TowerGovernor, Load::Allow),
         (Subject::Tollgate, Load::Deny),
         (Subject::TollgateXOnly, Load::Deny),
@@ -214,6 +234,17 @@ fn main() {
                 .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
         })
         .unwrap_or_else(|| "unknown CPU".into());
+    let only: Option<Vec<usize>> = args
+        .iter()
+        .position(|a| a == "--cells")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').filter_map(|c| c.parse().ok()).collect());
+    let cells: Vec<_> = match &only {
+        Some(keep) => {
+            cells.iter().enumerate().filter(|(i, _)| *i == 0 || keep.contains(i)).map(|(_, c)| *c).collect()
+        }
+        None => cells.to_vec(),
+    };
     eprintln!("http: {} cells × {rounds} rounds × {seconds} s, wrk -t2 -c64, on {cpu}", cells.len());
     let mut runs: Vec<Vec<Run>> = cells.iter().map(|_| Vec::new()).collect();
     for round in 0..rounds {
@@ -247,6 +278,7 @@ fn main() {
             Subject::Tollgate => "tollgate-tower",
             Subject::TollgateXOnly => "tollgate-tower, X-RateLimit-* only",
             Subject::TollgateNoHeaders => "tollgate-tower, Headers::NONE",
+            Subject::TollgatePerConn => "tollgate-tower, Headers::NONE, per connection",
             Subject::TowerGovernor => "tower-governor 0.7",
         };
         let load = match load {

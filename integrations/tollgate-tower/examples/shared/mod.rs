@@ -4,18 +4,22 @@ use axum::Router;
 
 /// `router` writing the five headers tollgate's default layer writes, as constants (the values
 /// of the benchmarks' allow-heavy quota: a million a second, a burst of 1,000): the floor of
-/// any limiter that writes them (their bytes cost the server and the client).
+/// any limiter that writes them (their bytes cost the server and the client). Written the
+/// cheapest way `http` allows: static names and values, room reserved once.
 pub(crate) fn constant_headers(router: Router) -> Router {
+    use http::{HeaderName, HeaderValue};
+    static HEADERS: [(HeaderName, HeaderValue); 5] = [
+        (HeaderName::from_static("ratelimit-policy"), HeaderValue::from_static("\"per-ip\";q=1000;w=1")),
+        (HeaderName::from_static("ratelimit"), HeaderValue::from_static("\"per-ip\";r=999")),
+        (HeaderName::from_static("x-ratelimit-limit"), HeaderValue::from_static("1000")),
+        (HeaderName::from_static("x-ratelimit-remaining"), HeaderValue::from_static("999")),
+        (HeaderName::from_static("x-ratelimit-reset"), HeaderValue::from_static("1")),
+    ];
     router.layer(tower::util::MapResponseLayer::new(|mut r: axum::response::Response| {
         let h = r.headers_mut();
-        for (name, value) in [
-            ("ratelimit-policy", "\"per-ip\";q=1000;w=1"),
-            ("ratelimit", "\"per-ip\";r=999"),
-            ("x-ratelimit-limit", "1000"),
-            ("x-ratelimit-remaining", "999"),
-            ("x-ratelimit-reset", "1"),
-        ] {
-            h.insert(name, http::HeaderValue::from_static(value));
+        h.reserve(HEADERS.len());
+        for (name, value) in &HEADERS {
+            h.insert(name.clone(), value.clone());
         }
         r
     }))
