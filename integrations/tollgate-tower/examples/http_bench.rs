@@ -57,7 +57,8 @@ enum Subject {
     TollgateNoHeaders,
     /// `Headers::NONE`, keyed by the connection (its peer port) instead of the peer IP: 64 keys
     /// instead of one, so that no two server threads decide on one bucket's cache line. Tells
-    /// whether the one hot key of the other rows costs anything (measured: it does not).
+    /// whether the one hot key of the other rows costs anything (measured: within the spread;
+    /// BENCHMARKS.md, "HTTP").
     TollgatePerConn,
     TowerGovernor,
 }
