@@ -260,4 +260,26 @@ fn counters_count_every_outcome_without_walking_the_table() {
     let _ = table.check_batch(&[(100u64, 1), (101, 1)], &mut out);
     assert!(check_all(&[&table.limit(&7u64) as &dyn Admit], 1).is_allowed());
     assert_eq!(table.counters().unwrap().decisions(), c.decisions() + 3);
+
+    // The token bucket table tests for counters with its tier flags: every check is counted
+    // once, under the default tier as built, with a key overridden, and after a tier changed.
+    let tiered = KeyedLimiter::<u64>::builder(TokenBucket::per_minute(2).unwrap())
+        .tier("gold", TokenBucket::per_minute(1).unwrap())
+        .counters(true)
+        .build_with_clock(clock.clone())
+        .unwrap();
+    let gold = tiered.tier("gold").unwrap();
+    let outcomes = |t: &KeyedLimiter<u64, ManualClock>, key: u64| -> Vec<Outcome> {
+        (0..3).map(|_| t.check(&key).outcome()).collect()
+    };
+    assert_eq!(outcomes(&tiered, 1), [Outcome::Allowed, Outcome::Allowed, Outcome::Denied]);
+    tiered.set_override(&2u64, gold).unwrap();
+    assert_eq!(outcomes(&tiered, 2), [Outcome::Allowed, Outcome::Denied, Outcome::Denied]);
+    tiered.set_tier_quota(gold, TokenBucket::per_minute(3).unwrap()).unwrap();
+    assert_eq!(outcomes(&tiered, 3), [Outcome::Allowed, Outcome::Allowed, Outcome::Denied]);
+    let c = tiered.counters().unwrap();
+    assert_eq!((c.allowed, c.denied, c.decisions()), (5, 4, 9), "{c:?}");
+    let uncounted = KeyedLimiter::<u64>::new(TokenBucket::per_minute(1).unwrap(), 8).unwrap();
+    let _ = uncounted.check(&1);
+    assert!(uncounted.counters().is_none());
 }

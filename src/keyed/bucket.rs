@@ -4,6 +4,7 @@
 use core::borrow::Borrow;
 use core::fmt;
 use core::marker::PhantomData;
+use std::sync::Arc;
 
 use super::key::{Key, KeyHasher, Words};
 use super::table::{evictable, Now, Params, Rule, Shard, Table, MAX_UNITS};
@@ -19,8 +20,8 @@ use crate::engine::direct::reserve::KeyedParts;
 use crate::policies::bucket::BucketWord;
 use crate::policies::token_bucket::At;
 use crate::{
-    Cancelled, Clock, ConfigError, Decision, Nanos, Outcome, Reservation, ReserveError, TokenBucket,
-    UpdateError,
+    Cancelled, Clock, ConfigError, Counters, Decision, Nanos, Outcome, Reservation, ReserveError,
+    TokenBucket, UpdateError,
 };
 
 /// Bucket instants in a table count from this many units, the largest fill time any tier may
@@ -352,6 +353,45 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         self.decide_key(&t, self.base(self.clock.now()), n)
     }
 
+    /// [`check_n_words`](KeyedLimiter::check_n_words), counted into `counters` if the table
+    /// counts its decisions (built with [`counters`](crate::KeyedBuilder::counters), which
+    /// passes them here). One flag says "not the default tier's quota as built, or counted":
+    /// the uncounted common decision tests it once, where a test of its own for the counters
+    /// cost three instructions more on every decision.
+    #[inline(always)]
+    pub(crate) fn check_n_words_counted(
+        &self,
+        words: K::Words,
+        n: u64,
+        counters: &Option<Arc<Counters>>,
+    ) -> Decision {
+        let t = self.target(words);
+        prefetch(t.home_ptr());
+        let base = self.base(self.clock.now());
+        match self.params.tiers.built_default() {
+            Some(q) => self.decide_in(q, &t, base, n),
+            None => self.decide_counted(t.words, t.hash, base, n, counters),
+        }
+    }
+
+    /// [`check_n_words_counted`](KeyedLimiter::check_n_words_counted) off the common path: a
+    /// key that may have an override, a tier changed, or counted decisions.
+    #[inline(never)]
+    fn decide_counted(
+        &self,
+        words: K::Words,
+        hash: u64,
+        base: u64,
+        n: u64,
+        counters: &Option<Arc<Counters>>,
+    ) -> Decision {
+        let d = self.decide(&self.locate(words, hash), self.tier_of(words, hash), base, n);
+        if let Some(c) = counters {
+            c.record_code(d.outcome_code());
+        }
+        d
+    }
+
     /// [`check_n`](KeyedLimiter::check_n) at a caller-supplied `now`.
     ///
     /// Times must not run ahead of the ones later decisions use: the table reclaims a bucket
@@ -632,6 +672,9 @@ pub(crate) fn build<K: Key + ?Sized, C: Clock>(
             overrides: b.max_overrides as u64,
             max: MAX_CAPACITY as u64,
         });
+    }
+    if b.counters {
+        tiers.count_decisions();
     }
     let (place, fingerprint) = hashers(b.seeds);
     let origin = clock.now();

@@ -70,6 +70,9 @@ impl Cell {
 const TIER_CHANGED: u64 = 1;
 /// `Tiers::changed`: some key has an override.
 const OVERRIDDEN: u64 = 2;
+/// `Tiers::changed`: the table's decisions are counted (set at construction, for good), so
+/// that the uncounted common decision tests this with the other two, in the same load.
+const COUNTED: u64 = 4;
 
 /// The tier table.
 #[derive(Debug)]
@@ -81,9 +84,10 @@ pub(crate) struct Tiers {
     /// an index or a bounds check.
     default: TokenBucket,
     cells: Box<[Cell]>,
-    /// `TIER_CHANGED` once any tier's quota has been replaced (for good), and `OVERRIDDEN`
-    /// while any key has an override: one word, so that the common decision (default tier,
-    /// quota as built) tests both with one load.
+    /// `TIER_CHANGED` once any tier's quota has been replaced (for good), `OVERRIDDEN` while
+    /// any key has an override, and `COUNTED` if decisions are counted: one word, so that the
+    /// common decision (default tier, quota as built, not counted) tests all three with one
+    /// load.
     changed: AtomicU64,
     /// The largest fill, in units, any tier may have, fixed at construction: a stamp more
     /// than this below now is a full bucket in every tier, whatever the tiers change to.
@@ -151,8 +155,16 @@ impl Tiers {
         }
     }
 
+    /// Marks the table's decisions as counted: [`built_default`](Tiers::built_default) is
+    /// `None` from now on, so that every decision takes the path that counts it.
+    pub(crate) fn count_decisions(&self) {
+        // Relaxed: called while the table is built, before any other thread can see it.
+        self.changed.fetch_or(COUNTED, Relaxed);
+    }
+
     /// [`built`](Tiers::built) for the default tier, and only while no key has an override
-    /// either: the quota of a key known to be in the default tier.
+    /// and decisions are not counted: the quota of a key known to be in the default tier, for
+    /// a decision nothing else need see.
     #[inline]
     pub(crate) fn built_default(&self) -> Option<&TokenBucket> {
         // Relaxed: as in `built`, and as `Overrides::is_empty` (whose count this bit follows).
