@@ -367,8 +367,9 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     ) -> Decision {
         let t = self.target(words);
         prefetch(t.home_ptr());
+        debug_assert_eq!(counters.is_some(), self.params.tiers.counted(), "counters iff built to count");
         let base = self.base(self.clock.now());
-        match self.params.tiers.built_default() {
+        match self.params.tiers.uncounted_default() {
             Some(q) => self.decide_in(q, &t, base, n),
             None => self.decide_counted(t.words, t.hash, base, n, counters),
         }
@@ -432,6 +433,8 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
 
     /// Decides under the key's tier: inline under the default tier's quota as built while no
     /// key has an override and no tier has changed (no lookup, no index), out of line otherwise.
+    /// Counting is the caller's ([`check_n_words_counted`](KeyedLimiter::check_n_words_counted)
+    /// merges its test into this one's).
     #[inline(always)]
     fn decide_key(&self, t: &Target<'_, K::Words>, base: u64, n: u64) -> Decision {
         match self.params.tiers.built_default() {

@@ -411,8 +411,8 @@ impl<'a, W: Words> Shard<'a, W> {
     /// slot), so that where the key sits costs no misprediction (and cache misses of
     /// consecutive decisions overlap). Then its word is read (Acquire) and its key compared
     /// again (`Slot::load_for`): only a key read after the word vouches for it. The compare
-    /// only picks the slot; a key it misses (one going live meanwhile) is found by the slow
-    /// path, as a key beyond the home is.
+    /// only picks the slot; a key it misses (one going live meanwhile) is found by the
+    /// fallback, as a key beyond the home is.
     ///
     /// A group can hold a key's words in more than one slot: a slot keeps an evicted key's
     /// words until it is claimed again, and the key may come back in another slot of the
@@ -1007,8 +1007,14 @@ impl<W: Words> Table<W> {
     /// `slots` and `shards` are powers of two, `slots ≥ shards · WINDOW`.
     pub(crate) fn new(slots: usize, shards: usize) -> Result<Table<W>, ConfigError> {
         let per_shard = slots / shards;
-        // Checked in release builds too: `Shard::group`'s unchecked index rests on it.
-        assert!(per_shard >= WINDOW && per_shard.is_power_of_two() && shards.is_power_of_two());
+        // Checked in release builds too: `Shard::group`'s and `Table::home_group`'s unchecked
+        // indices rest on it.
+        assert!(
+            per_shard >= WINDOW
+                && per_shard.is_power_of_two()
+                && shards.is_power_of_two()
+                && slots.is_power_of_two()
+        );
         let groups = slots / GROUP;
         Ok(Table {
             groups: alloc_groups(groups)?,
@@ -1031,8 +1037,9 @@ impl<W: Words> Table<W> {
     }
 
     /// The shard of a hash: the bits above its home's (`Shard::home_of`), so that a hash's
-    /// group in the whole array is `hash & (groups − 1)`: two masks and an add on the decision
-    /// path, where a shard index of its own took a shift, a mask and a shift more.
+    /// group in the whole array is `hash & (groups − 1)` ([`home_group`](Table::home_group):
+    /// one mask on the decision path, where a shard index of its own took a shift, a mask and
+    /// a shift more).
     #[inline]
     pub(crate) fn shard(&self, hash: u64) -> Shard<'_, W> {
         #[expect(clippy::cast_possible_truncation, reason = "masked to the shard bits")]
@@ -1078,5 +1085,48 @@ impl<W: Words> Table<W> {
 impl<W: Words> fmt::Debug for Table<W> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Table").field("shards", &(self.shard_mask + 1)).finish_non_exhaustive()
+    }
+}
+
+#[cfg(all(test, not(tollgate_loom)))]
+mod tests {
+    use super::*;
+    use crate::keyed::tiers::Tiers;
+    use crate::WhenFull;
+
+    /// A key whose live slot sits after an evicted copy of its words in the same group (a
+    /// slot keeps a key's words until it is claimed again): the first match the probe selects
+    /// is the copy, and the fallback must decide on the live slot, once, inserting nothing.
+    #[test]
+    fn a_stale_copy_before_the_live_slot_is_passed_over() {
+        const KEY: [u64; 1] = [0xfeed];
+        let q = TokenBucket::per_second(10).unwrap();
+        let tiers =
+            Tiers::new(&[("default".to_owned(), q)], Nanos::ZERO, 1 << 60, MAX_UNITS - (1 << 60)).unwrap();
+        let p =
+            Params { tiers, when_full: WhenFull::Deny, hasher: ahash::RandomState::with_seeds(1, 2, 3, 4) };
+        let q = p.tiers.get(0);
+        let now = (1 << 60) + 5 * q.fill_units();
+        let rule = Now { p: &p, q: &q, at: At { now, floor: now - q.fill_units() } };
+
+        let table = Table::<[u64; 1]>::new(WINDOW, 1).unwrap();
+        let shard = table.shard(0);
+        let slots = &shard.group(0).slots;
+        let copy = VACANT | 7;
+        let stamp = now - q.fill_units(); // a full bucket
+        for (pos, word) in [(0, copy), (2, LIVE | stamp)] {
+            <[u64; 1]>::store(&slots[pos].key, KEY, Relaxed);
+            slots[pos].word.store(word, Relaxed);
+        }
+
+        let d = shard.acquire(KEY, 0, 0, &rule, 1);
+        assert_eq!(d.outcome(), Outcome::Allowed, "{d:?}");
+        assert_eq!(slots[0].word.load(Relaxed), copy, "the copy is left alone");
+        assert_eq!(slots[2].word.load(Relaxed), stamp + q.cost_units(1), "one take, on the live slot");
+        // Nothing was claimed or inserted: every other slot of the window is as built.
+        for pos in (0..WINDOW).filter(|&p| p != 0 && p != 2) {
+            assert_eq!(shard.slot(0, pos).word.load(Relaxed), VACANT, "slot {pos}");
+        }
+        assert_eq!(shard.c().inserts.load(Relaxed), 0);
     }
 }

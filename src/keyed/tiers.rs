@@ -155,19 +155,35 @@ impl Tiers {
         }
     }
 
-    /// Marks the table's decisions as counted: [`built_default`](Tiers::built_default) is
-    /// `None` from now on, so that every decision takes the path that counts it.
+    /// Marks the table's decisions as counted: [`uncounted_default`](Tiers::uncounted_default)
+    /// is `None` from now on, so that every `check` takes the path that counts it.
     pub(crate) fn count_decisions(&self) {
         // Relaxed: called while the table is built, before any other thread can see it.
         self.changed.fetch_or(COUNTED, Relaxed);
     }
 
+    /// Whether [`count_decisions`](Tiers::count_decisions) was called.
+    pub(crate) fn counted(&self) -> bool {
+        self.changed.load(Relaxed) & COUNTED != 0
+    }
+
     /// [`built`](Tiers::built) for the default tier, and only while no key has an override
-    /// and decisions are not counted: the quota of a key known to be in the default tier, for
-    /// a decision nothing else need see.
+    /// either: the quota of a key known to be in the default tier.
     #[inline]
     pub(crate) fn built_default(&self) -> Option<&TokenBucket> {
         // Relaxed: as in `built`, and as `Overrides::is_empty` (whose count this bit follows).
+        if self.changed.load(Relaxed) & (TIER_CHANGED | OVERRIDDEN) == 0 {
+            Some(&self.default)
+        } else {
+            None
+        }
+    }
+
+    /// [`built_default`](Tiers::built_default), and only while decisions are not counted
+    /// either: for a `check` that nothing else need see (one load and one test for all three).
+    #[inline]
+    pub(crate) fn uncounted_default(&self) -> Option<&TokenBucket> {
+        // Relaxed: as in `built_default`.
         if self.changed.load(Relaxed) == 0 {
             Some(&self.default)
         } else {
