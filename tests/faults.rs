@@ -212,3 +212,57 @@ fn a_flood_of_new_keys_leaves_the_well_behaved_keys_their_quota() {
         );
     }
 }
+
+/// A clock whose readings are given in advance, one per read (the last one repeats): a thread
+/// that read the clock and was then descheduled while others decided at later readings is
+/// played as a stale reading followed by a fresh one.
+struct Scripted(std::sync::Mutex<std::collections::VecDeque<u64>>);
+
+impl Scripted {
+    fn new(ms: &[u64]) -> Scripted {
+        Scripted(std::sync::Mutex::new(ms.iter().map(|ms| ms * MS).collect()))
+    }
+    fn left(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+}
+
+impl tollgate::Clock for Scripted {
+    fn now(&self) -> Nanos {
+        let mut q = self.0.lock().unwrap();
+        let ns = if q.len() > 1 { q.pop_front().unwrap() } else { q[0] };
+        Nanos::new(ns)
+    }
+}
+
+/// Ten a second, a burst of one: after a take at 1,000 ms the stamp is 1,000 ms. A check that
+/// read 950 ms (stale: that take read a later clock) finds the stamp ahead of its reading and
+/// decides again at a fresh one, 1,200 ms, where a token is there: allowed, where the stale
+/// reading alone refused it. A denial at a fresh reading (1,250 ms: the stamp, 1,200, is not
+/// ahead of it) reads the clock once. `check_at` never reads the clock.
+#[test]
+fn a_denial_on_a_stale_reading_is_decided_again_at_a_fresh_one() {
+    let q = TokenBucket::new(Rate::per_second(10), 1).unwrap();
+    // The first reading is the limiter's origin.
+    let script = [0, 1_000, 950, 1_200, 1_250, 1_250];
+    let expect = [Outcome::Allowed, Outcome::Allowed, Outcome::Denied];
+
+    let direct = Limiter::with_clock(q, Scripted::new(&script));
+    assert_eq!([direct.check(), direct.check(), direct.check()].map(|d| d.outcome()), expect);
+    assert_eq!(direct.clock().left(), 1, "one reading per check, two for the stale one");
+    assert_eq!(direct.check_at(Nanos::new(1_000 * MS)).outcome(), Outcome::Denied);
+
+    for counted in [false, true] {
+        let keyed = KeyedBuilder::<TokenBucket, u64>::new(q)
+            .counters(counted)
+            .build_with_clock(Scripted::new(&script))
+            .unwrap();
+        assert_eq!([keyed.check(&7u64), keyed.check(&7u64), keyed.check(&7u64)].map(|d| d.outcome()), expect);
+        assert_eq!(keyed.clock().left(), 1, "one reading per check, two for the stale one");
+        if counted {
+            let c = keyed.counters().unwrap();
+            assert_eq!((c.allowed, c.denied, c.decisions()), (2, 1, 3), "counted once each: {c:?}");
+        }
+        assert_eq!(keyed.check_at(&7u64, Nanos::new(1_000 * MS)).outcome(), Outcome::Denied);
+    }
+}

@@ -35,6 +35,22 @@ pub trait Algorithm {
     /// Decides and commits `n` units at `now` on a limiter created at `origin`.
     #[doc(hidden)]
     fn direct_check(&self, state: &Self::State, now: Nanos, origin: Nanos, n: u64) -> Decision;
+    /// [`direct_check`](Algorithm::direct_check) at a reading of `clock`, the limiter's own:
+    /// an algorithm that can tell a denial made on a reading gone stale (its thread descheduled
+    /// between the reading and the state's load while others decided at later readings)
+    /// decides it again at a fresh one. The token bucket can
+    /// ([`AtomicBucket::charge_fresh`](crate::policies::bucket::atomic::AtomicBucket)).
+    #[doc(hidden)]
+    #[inline(always)]
+    fn direct_check_clock<C: Clock>(
+        &self,
+        state: &Self::State,
+        clock: &C,
+        origin: Nanos,
+        n: u64,
+    ) -> Decision {
+        self.direct_check(state, clock.now(), origin, n)
+    }
     /// What `n` units would get at `now`, taking nothing.
     #[doc(hidden)]
     fn direct_peek(&self, state: &Self::State, now: Nanos, origin: Nanos, n: u64) -> Decision;
@@ -190,14 +206,22 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
     /// One unit now, or how long to wait.
     #[inline]
     pub fn check(&self) -> Decision {
-        self.check_n_at(self.clock.now(), 1)
+        self.check_n(1)
     }
 
     /// `n` units now, all or none. `n = 0` is always allowed and takes nothing; an `n` the
     /// limit can never admit at once is [`Outcome::Insufficient`](crate::Outcome::Insufficient).
-    #[inline]
+    ///
+    /// A token bucket's denial made on a clock reading that went stale before the bucket was
+    /// read (the thread descheduled between the two while other threads decided at later
+    /// readings) is decided again at a fresh reading, once.
+    #[inline(always)]
     pub fn check_n(&self, n: u64) -> Decision {
-        self.check_n_at(self.clock.now(), n)
+        // Relaxed: as in `check_n_at`.
+        if self.flags.load(Relaxed) == 0 {
+            return self.algorithm.direct_check_clock(&self.state, &self.clock, self.origin, n);
+        }
+        self.check_flagged(None, n)
     }
 
     /// [`check`](Direct::check) at a caller-supplied `now`.
@@ -217,17 +241,24 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
         if self.flags.load(Relaxed) == 0 {
             return self.algorithm.direct_check(&self.state, now, self.origin, n);
         }
-        self.check_flagged(now, n)
+        self.check_flagged(Some(now), n)
     }
 
     /// [`check_n_at`](Direct::check_n_at) with counters or a replaced configuration: out of
     /// line. Inline, the two configurations' paths merged with the common one, which then
     /// read every field through a pointer chosen between them and spilled to the stack (a
     /// dependent load more on each of its steps: 8.2 → 10.9 ns on a coarse clock).
+    ///
+    /// `now`: the caller's time ([`check_n_at`](Direct::check_n_at)), or `None` to read the
+    /// limiter's clock ([`check_n`](Direct::check_n)).
     #[inline(never)]
-    fn check_flagged(&self, now: Nanos, n: u64) -> Decision {
+    fn check_flagged(&self, now: Option<Nanos>, n: u64) -> Decision {
         let replaced = if self.flags.load(Relaxed) & CHANGED != 0 { self.published().0 } else { None };
-        let d = replaced.as_ref().unwrap_or(&self.algorithm).direct_check(&self.state, now, self.origin, n);
+        let a = replaced.as_ref().unwrap_or(&self.algorithm);
+        let d = match now {
+            Some(now) => a.direct_check(&self.state, now, self.origin, n),
+            None => a.direct_check_clock(&self.state, &self.clock, self.origin, n),
+        };
         if let Some(c) = &self.counters {
             c.record(&d);
         }

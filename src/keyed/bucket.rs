@@ -370,9 +370,23 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         debug_assert_eq!(counters.is_some(), self.params.tiers.counted(), "counters iff built to count");
         let base = self.base(self.clock.now());
         match self.params.tiers.uncounted_default() {
-            Some(q) => self.decide_in(q, &t, base, n),
+            Some(q) => {
+                let d = self.decide_in(q, &t, base, n);
+                if stale(q, &d, n) {
+                    return self.decide_late(words, n);
+                }
+                d
+            }
             None => self.decide_counted(t.words, t.hash, base, n, counters),
         }
+    }
+
+    /// A check's denial on a reading gone stale, decided again at a fresh one (see [`stale`]).
+    #[cold]
+    #[inline(never)]
+    fn decide_late(&self, words: K::Words, n: u64) -> Decision {
+        let t = self.target(words);
+        self.decide_key(&t, self.base(self.clock.now()), n)
     }
 
     /// [`check_n_words_counted`](KeyedLimiter::check_n_words_counted) off the common path: a
@@ -386,7 +400,11 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         n: u64,
         counters: &Option<Arc<Counters>>,
     ) -> Decision {
-        let d = self.decide(&self.locate(words, hash), self.tier_of(words, hash), base, n);
+        let tier = self.tier_of(words, hash);
+        let mut d = self.decide(&self.locate(words, hash), tier, base, n);
+        if d.units().0 != 0 && stale(&self.params.tiers.get(tier), &d, n) {
+            d = self.decide(&self.locate(words, hash), tier, self.base(self.clock.now()), n);
+        }
         if let Some(c) = counters {
             c.record_code(d.outcome_code());
         }
@@ -659,6 +677,23 @@ impl<K: Key + ?Sized, C: Clock> fmt::Debug for BucketTable<K, C> {
             .field("when_full", &self.params.when_full)
             .finish_non_exhaustive()
     }
+}
+
+/// Whether `d`, a check's decision on `n` tokens under `q`, is a denial on a stamp ahead of
+/// the clock reading it was made at: `missing = stamp − (now − cost) > cost`. A decision that
+/// takes leaves its stamp at or below its own reading (`max(stamp, floor) + cost ≤ now`), so
+/// such a stamp was stored at a later reading than this one: the reading went stale before
+/// the word was read (the thread descheduled between the two while others decided), and the
+/// bucket may hold the tokens by now. Only a key in debt to a reservation, or one started
+/// from a ghost (rounded up), has such stamps otherwise: deciding its denial again costs a
+/// clock read. The direct limiter makes the same test on the word itself
+/// (`AtomicBucket::charge_fresh`). On the admission path `missing` is 0: one compare.
+#[inline(always)]
+fn stale(q: &TokenBucket, d: &Decision, n: u64) -> bool {
+    // Only a denial misses time, and only an `n` within the burst is denied (a larger one is
+    // insufficient, missing nothing): `cost_units` is not asked for more than a fill.
+    let missing = d.units().0;
+    missing != 0 && missing > q.cost_units(n)
 }
 
 /// Builds the token bucket's table.

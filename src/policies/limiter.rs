@@ -7,7 +7,7 @@ use crate::engine::config::WORDS;
 use crate::engine::direct::{Algorithm, Direct};
 use crate::policies::bucket::atomic::AtomicBucket;
 use crate::policies::bucket::BucketWord;
-use crate::{Decision, DefaultClock, Nanos, TokenBucket, UpdateError};
+use crate::{Clock, Decision, DefaultClock, Nanos, TokenBucket, UpdateError};
 
 /// A single token bucket shared by any number of threads: [`Direct`] running a [`TokenBucket`].
 ///
@@ -66,6 +66,23 @@ impl Algorithm for TokenBucket {
             return bucket.load().peek(self, now, n);
         }
         bucket.charge(self, now, n).0
+    }
+
+    /// `direct_check`, where a denial on a stamp ahead of the reading is decided again at a
+    /// fresh one ([`AtomicBucket::charge_fresh`]).
+    #[inline(always)]
+    fn direct_check_clock<C: Clock>(
+        &self,
+        bucket: &Self::State,
+        clock: &C,
+        origin: Nanos,
+        n: u64,
+    ) -> Decision {
+        let now = self.instant(clock.now(), origin);
+        if self.takes_none(n) {
+            return bucket.load().peek(self, now, n);
+        }
+        bucket.charge_fresh(self, now, n, Some(|| self.instant(clock.now(), origin))).0
     }
 
     #[inline]
