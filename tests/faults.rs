@@ -247,10 +247,21 @@ fn a_denial_on_a_stale_reading_is_decided_again_at_a_fresh_one() {
     let script = [0, 1_000, 950, 1_200, 1_250, 1_250];
     let expect = [Outcome::Allowed, Outcome::Allowed, Outcome::Denied];
 
-    let direct = Limiter::with_clock(q, Scripted::new(&script));
-    assert_eq!([direct.check(), direct.check(), direct.check()].map(|d| d.outcome()), expect);
-    assert_eq!(direct.clock().left(), 1, "one reading per check, two for the stale one");
-    assert_eq!(direct.check_at(Nanos::new(1_000 * MS)).outcome(), Outcome::Denied);
+    for counted in [false, true] {
+        let direct = Limiter::with_clock(q, Scripted::new(&script));
+        let direct = if counted { direct.with_counters() } else { direct };
+        assert_eq!([direct.check(), direct.check(), direct.check()].map(|d| d.outcome()), expect);
+        assert_eq!(direct.clock().left(), 1, "one reading per check, two for the stale one");
+        if counted {
+            let c = direct.counters().unwrap();
+            assert_eq!((c.allowed, c.denied, c.decisions()), (2, 1, 3), "counted once each: {c:?}");
+        }
+        // A caller's time is not read again, even where the stamp is ahead of it.
+        let at = Limiter::with_clock(q, Scripted::new(&[0, 1_000, 2_000]));
+        assert_eq!(at.check().outcome(), Outcome::Allowed);
+        assert_eq!(at.check_at(Nanos::new(950 * MS)).outcome(), Outcome::Denied);
+        assert_eq!(at.clock().left(), 1, "check_at read the clock");
+    }
 
     for counted in [false, true] {
         let keyed = KeyedBuilder::<TokenBucket, u64>::new(q)
@@ -263,6 +274,12 @@ fn a_denial_on_a_stale_reading_is_decided_again_at_a_fresh_one() {
             let c = keyed.counters().unwrap();
             assert_eq!((c.allowed, c.denied, c.decisions()), (2, 1, 3), "counted once each: {c:?}");
         }
-        assert_eq!(keyed.check_at(&7u64, Nanos::new(1_000 * MS)).outcome(), Outcome::Denied);
+        let at = KeyedBuilder::<TokenBucket, u64>::new(q)
+            .counters(counted)
+            .build_with_clock(Scripted::new(&[0, 1_000, 2_000]))
+            .unwrap();
+        assert_eq!(at.check(&7u64).outcome(), Outcome::Allowed);
+        assert_eq!(at.check_at(&7u64, Nanos::new(950 * MS)).outcome(), Outcome::Denied);
+        assert_eq!(at.clock().left(), 1, "check_at read the clock");
     }
 }

@@ -386,6 +386,9 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     #[inline(never)]
     fn decide_late(&self, words: K::Words, n: u64) -> Decision {
         let t = self.target(words);
+        // The word was loaded with Acquire (`Slot::load_for`), pairing with the Release CAS
+        // that stored the stamp: the clock read after it is no earlier than that decision's.
+        crate::sync::clock_after_loads();
         self.decide_key(&t, self.base(self.clock.now()), n)
     }
 
@@ -403,6 +406,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         let tier = self.tier_of(words, hash);
         let mut d = self.decide(&self.locate(words, hash), tier, base, n);
         if d.units().0 != 0 && stale(&self.params.tiers.get(tier), &d, n) {
+            crate::sync::clock_after_loads(); // as in `decide_late`
             d = self.decide(&self.locate(words, hash), tier, self.base(self.clock.now()), n);
         }
         if let Some(c) = counters {
@@ -684,16 +688,18 @@ impl<K: Key + ?Sized, C: Clock> fmt::Debug for BucketTable<K, C> {
 /// takes leaves its stamp at or below its own reading (`max(stamp, floor) + cost ≤ now`), so
 /// such a stamp was stored at a later reading than this one: the reading went stale before
 /// the word was read (the thread descheduled between the two while others decided), and the
-/// bucket may hold the tokens by now. Only a key in debt to a reservation, or one started
-/// from a ghost (rounded up), has such stamps otherwise: deciding its denial again costs a
-/// clock read. The direct limiter makes the same test on the word itself
-/// (`AtomicBucket::charge_fresh`). On the admission path `missing` is 0: one compare.
+/// bucket may hold the tokens by now. A key in debt to a reservation, one started from a
+/// ghost (rounded up), and one decided at a later time (a caller's `check_n_at`, a core whose
+/// clock leads) have such stamps too: deciding those denials again costs a clock read. The
+/// direct limiter makes the same test on the word itself (`AtomicBucket::charge_fresh`). On
+/// the admission path `missing` is 0: one compare.
 #[inline(always)]
 fn stale(q: &TokenBucket, d: &Decision, n: u64) -> bool {
-    // Only a denial misses time, and only an `n` within the burst is denied (a larger one is
-    // insufficient, missing nothing): `cost_units` is not asked for more than a fill.
+    // Saturating: on the counted path `q` is read again after the decision, and a tier's
+    // quota replaced meanwhile may cost far more per token than the one `n` was checked
+    // against (then the test only decides whether to read the clock again).
     let missing = d.units().0;
-    missing != 0 && missing > q.cost_units(n)
+    missing != 0 && missing > n.saturating_mul(q.units_per_token())
 }
 
 /// Builds the token bucket's table.

@@ -59,8 +59,10 @@ impl AtomicBucket {
     /// (`max(stamp, floor) + cost ≤ now`), so a stamp ahead of ours was stored at a later
     /// reading than ours: ours went stale before the load (the thread was descheduled between
     /// the two while others decided), and refusing on it could refuse what the bucket holds
-    /// now. Only a bucket in debt to a reservation has such stamps otherwise; deciding its
-    /// denial again costs a clock read. The test is on the denial's path alone. (Always
+    /// now. A bucket in debt to a reservation has such stamps too, and so does one decided
+    /// at a later time by a caller's `check_n_at` or by a core whose clock leads: deciding
+    /// those denials again costs a clock read (on a core whose clock lags, every denial
+    /// reads it twice). The test is on the denial's path alone. (Always
     /// inline: with the refresher's closure the compiler made it a call, 26 instructions more
     /// on every decision.)
     #[inline(always)]
@@ -78,6 +80,11 @@ impl AtomicBucket {
                 Verdict::Final(denied) => {
                     if cur.raw() > at.now {
                         if let Some(fresh) = fresh.take() {
+                            // Acquire, then the clock after it: pairs with the Release CAS that
+                            // stored the stamp we saw (or a later one), so that the new reading
+                            // is no earlier than its decision's (`clock_after_loads`).
+                            cur = BucketWord::from_raw(self.word.load(Acquire));
+                            crate::sync::clock_after_loads();
                             at = fresh();
                             continue;
                         }
