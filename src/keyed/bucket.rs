@@ -372,7 +372,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         match self.params.tiers.uncounted_default() {
             Some(q) => {
                 let d = self.decide_in(q, &t, base, n);
-                if stale(q, &d, n) {
+                if q.stale(&d, n) {
                     return self.decide_late(words, n);
                 }
                 d
@@ -381,7 +381,8 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         }
     }
 
-    /// A check's denial on a reading gone stale, decided again at a fresh one (see [`stale`]).
+    /// A check's denial on a reading gone stale, decided again at a fresh one
+    /// ([`TokenBucket::stale`]).
     #[cold]
     #[inline(never)]
     fn decide_late(&self, words: K::Words, n: u64) -> Decision {
@@ -405,7 +406,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     ) -> Decision {
         let tier = self.tier_of(words, hash);
         let mut d = self.decide(&self.locate(words, hash), tier, base, n);
-        if d.units().0 != 0 && stale(&self.params.tiers.get(tier), &d, n) {
+        if d.units().0 != 0 && self.params.tiers.get(tier).stale(&d, n) {
             crate::sync::clock_after_loads(); // as in `decide_late`
             d = self.decide(&self.locate(words, hash), tier, self.base(self.clock.now()), n);
         }
@@ -681,25 +682,6 @@ impl<K: Key + ?Sized, C: Clock> fmt::Debug for BucketTable<K, C> {
             .field("when_full", &self.params.when_full)
             .finish_non_exhaustive()
     }
-}
-
-/// Whether `d`, a check's decision on `n` tokens under `q`, is a denial on a stamp ahead of
-/// the clock reading it was made at: `missing = stamp − (now − cost) > cost`. A decision that
-/// takes leaves its stamp at or below its own reading (`max(stamp, floor) + cost ≤ now`), so
-/// such a stamp was stored at a later reading than this one: the reading went stale before
-/// the word was read (the thread descheduled between the two while others decided), and the
-/// bucket may hold the tokens by now. A key in debt to a reservation, one started from a
-/// ghost (rounded up), and one decided at a later time (a caller's `check_n_at`, a core whose
-/// clock leads) have such stamps too: deciding those denials again costs a clock read. The
-/// direct limiter makes the same test on the word itself (`AtomicBucket::charge_fresh`). On
-/// the admission path `missing` is 0: one compare.
-#[inline(always)]
-fn stale(q: &TokenBucket, d: &Decision, n: u64) -> bool {
-    // Saturating: on the counted path `q` is read again after the decision, and a tier's
-    // quota replaced meanwhile may cost far more per token than the one `n` was checked
-    // against (then the test only decides whether to read the clock again).
-    let missing = d.units().0;
-    missing != 0 && missing > n.saturating_mul(q.units_per_token())
 }
 
 /// Builds the token bucket's table.

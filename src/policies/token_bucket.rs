@@ -551,6 +551,25 @@ impl TokenBucket {
         self.per_token.magic
     }
 
+    /// Whether `d`, a check's decision on `n` tokens under this quota, is a denial on a stamp
+    /// ahead of the clock reading it was made at: `missing = stamp − (now − cost) > cost`. A
+    /// decision that takes leaves its stamp at or below its own reading
+    /// (`max(stamp, floor) + cost ≤ now`), so such a stamp was stored at a later reading than
+    /// this one: the reading went stale before the word was read (the thread descheduled
+    /// between the two while others decided), and the bucket may hold the tokens by now. A
+    /// bucket in debt to a reservation, a key started from a ghost (rounded up), and one
+    /// decided at a later time (a caller's `check_n_at`, a core whose clock leads) have such
+    /// stamps too: deciding those denials again costs a clock read. On the admission path
+    /// `missing` is 0: one compare.
+    #[inline(always)]
+    pub(crate) fn stale(&self, d: &Decision, n: u64) -> bool {
+        // Saturating: the keyed counted path reads a tier's quota again for this test, and one
+        // replaced meanwhile may cost far more per token than the one `n` was checked against
+        // (then the test only decides whether to read the clock again).
+        let missing = d.units().0;
+        missing != 0 && missing > n.saturating_mul(self.units_per_token)
+    }
+
     /// `n` tokens in units. Callers guarantee `n ≤ burst`, so this is at most `fill_units`.
     #[inline]
     pub(crate) const fn cost_units(&self, n: u64) -> u64 {
