@@ -1321,6 +1321,6 @@ fn prefetch(p: *const u8) {
 
 /// [`Keyed::record`]'s count, out of line.
 #[inline(never)]
-fn count(c: &Counters, code: usize) {
+pub(super) fn count(c: &Counters, code: usize) {
     c.record_code(code);
 }
