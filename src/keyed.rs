@@ -130,9 +130,8 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized> KeyedBuilder<A, K> {
     /// Count decisions by outcome ([`Keyed::counters`]); off by default. A table without
     /// counters pays at most one predicted branch per decision (the token bucket's `check`
     /// tests them with its tier flags, at no cost of their own); one with them, an atomic add
-    /// on a cache line of the deciding thread's own (the token bucket's `check` then also
-    /// leaves its inline path: about 2 ns more). What the table itself did (inserts, clean and
-    /// forced evictions) is counted either way.
+    /// on a cache line of the deciding thread's own, out of line. What the table itself did
+    /// (inserts, clean and forced evictions) is counted either way.
     pub fn counters(mut self, on: bool) -> Self {
         self.counters = on;
         self
