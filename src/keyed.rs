@@ -276,17 +276,9 @@ pub trait KeyedTable<K: Key + ?Sized, C: Clock> {
     type Config;
     fn fingerprint(&self) -> &KeyHasher;
     fn clock(&self) -> &C;
-    fn check_n_words(&self, words: K::Words, n: u64) -> Decision;
-    /// [`check_n_words`](KeyedTable::check_n_words), counted into `counters` when given (they
-    /// are the table's own, given iff it was built to count).
-    #[inline(always)]
-    fn check_n_words_counted(&self, words: K::Words, n: u64, counters: &Option<Arc<Counters>>) -> Decision {
-        let d = self.check_n_words(words, n);
-        if let Some(c) = counters {
-            count(c, d.outcome_code());
-        }
-        d
-    }
+    /// `n` units for the key now, counted into `counters` when given (they are the table's
+    /// own, given iff it was built to count).
+    fn check_n_words(&self, words: K::Words, n: u64, counters: &Option<Arc<Counters>>) -> Decision;
     fn check_n_at_words(&self, words: K::Words, now: Nanos, n: u64) -> Decision;
     fn peek_n_at_words(&self, words: K::Words, now: Nanos, n: u64) -> Decision;
     fn charge_words(&self, words: K::Words, n: u64) -> (Decision, Option<Receipt>);
@@ -320,8 +312,8 @@ macro_rules! forward_table {
             self.clock()
         }
         #[inline(always)]
-        fn check_n_words(&self, words: K::Words, n: u64) -> Decision {
-            self.check_n_words(words, n)
+        fn check_n_words(&self, words: K::Words, n: u64, counters: &Option<Arc<Counters>>) -> Decision {
+            self.check_n_words(words, n, counters)
         }
         #[inline(always)]
         fn check_n_at_words(&self, words: K::Words, now: Nanos, n: u64) -> Decision {
@@ -387,11 +379,6 @@ macro_rules! forward_table {
 
 impl<K: Key + ?Sized, C: Clock> KeyedTable<K, C> for BucketTable<K, C> {
     forward_table!(TokenBucket, |t: &Self| t.quota());
-    // The bucket tests for counters with its tier flags, in one load.
-    #[inline(always)]
-    fn check_n_words_counted(&self, words: K::Words, n: u64, counters: &Option<Arc<Counters>>) -> Decision {
-        self.check_n_words_counted(words, n, counters)
-    }
 }
 
 impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> KeyedTable<K, C> for PolicyTable<P, K, C> {
@@ -577,7 +564,7 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Keyed<A, K, C> {
         K: Borrow<Q>,
         Q: Key<Words = K::Words> + ?Sized,
     {
-        self.table.check_n_words_counted(key.words(self.table.fingerprint()), n, &self.counters)
+        self.table.check_n_words(key.words(self.table.fingerprint()), n, &self.counters)
     }
 
     /// [`check`](Keyed::check) at a caller-supplied `now` ([`now`](Keyed::now)).
@@ -1322,4 +1309,13 @@ fn prefetch(p: *const u8) {
 #[inline(never)]
 pub(super) fn count(c: &Counters, code: usize) {
     c.record_code(code);
+}
+
+/// `d`, counted into `counters` if the table counts its decisions.
+#[inline(always)]
+pub(crate) fn tally(d: Decision, counters: &Option<Arc<Counters>>) -> Decision {
+    if let Some(c) = counters {
+        count(c, d.outcome_code());
+    }
+    d
 }

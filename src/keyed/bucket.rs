@@ -339,37 +339,36 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         }
     }
 
-    /// Takes `n` tokens from `key`'s bucket now, all or none. `n = 0` is always allowed and
-    /// takes nothing; `n` above the burst is [`Outcome::Insufficient`]. Neither inserts the key.
+    /// Takes `n` tokens from `key`'s bucket now, all or none, counted into `counters` if the
+    /// table counts its decisions (built with [`counters`](crate::KeyedBuilder::counters),
+    /// which passes them here). `n = 0` is always allowed and takes nothing; `n` above the
+    /// burst is [`Outcome::Insufficient`]. Neither inserts the key.
+    ///
+    /// One flag says "not the default tier's quota as built, or counted": the uncounted common
+    /// decision tests it once, where a test of its own for the counters cost three
+    /// instructions more on every decision. A counted one under the default tier is decided
+    /// inline as well, and counted out of line by its outcome's code alone (a decision
+    /// returned from an out-of-line call comes back through memory: 4 ns more).
     // Always inline (as `check_n_at`, `Keyed`'s and `Direct::check_n_at`): out of line, the
     // decision is returned through memory and the call saves and restores six registers:
     // 1.17× the floor at 1K keys in the criterion bench, 1.12× inline.
     #[inline(always)]
-    pub(crate) fn check_n_words(&self, words: K::Words, n: u64) -> Decision {
-        // Hash and start fetching the key's group before reading the clock: on CPUs where a
-        // TSC read holds back later loads, the cache miss then overlaps the clock read.
-        let t = self.target(words);
-        prefetch(t.home_ptr());
-        self.decide_key(&t, self.base(self.clock.now()), n)
-    }
-
-    /// [`check_n_words`](KeyedLimiter::check_n_words), counted into `counters` if the table
-    /// counts its decisions (built with [`counters`](crate::KeyedBuilder::counters), which
-    /// passes them here). One flag says "not the default tier's quota as built, or counted":
-    /// the uncounted common decision tests it once, where a test of its own for the counters
-    /// cost three instructions more on every decision.
-    #[inline(always)]
-    pub(crate) fn check_n_words_counted(
+    pub(crate) fn check_n_words(
         &self,
         words: K::Words,
         n: u64,
         counters: &Option<Arc<Counters>>,
     ) -> Decision {
+        // Hash and start fetching the key's group before reading the clock: on CPUs where a
+        // TSC read holds back later loads, the cache miss then overlaps the clock read.
         let t = self.target(words);
         prefetch(t.home_ptr());
         debug_assert_eq!(counters.is_some(), self.params.tiers.counted(), "counters iff built to count");
         let base = self.base(self.clock.now());
         match self.params.tiers.uncounted_default() {
+            // `decide_fresh` written out: called here too, the compiler merged the two arms'
+            // copies and the uncounted decision paid for the counted one's branch (101 → 106
+            // instructions).
             Some(q) => {
                 let d = self.decide_in(q, &t, base, n);
                 if q.stale(&d, n) {
@@ -378,20 +377,25 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
                 d
             }
             None => match (counters, self.params.tiers.built_default()) {
-                // Counted, under the default tier as built: decided inline as the uncounted,
-                // counted out of line by its outcome's code alone (a decision returned from
-                // an out-of-line call comes back through memory: 4 ns more).
                 (Some(c), Some(q)) => {
-                    let mut d = self.decide_in(q, &t, base, n);
-                    if q.stale(&d, n) {
-                        d = self.decide_late(words, n);
-                    }
+                    let d = self.decide_fresh(q, &t, base, n);
                     super::count(c, d.outcome_code());
                     d
                 }
                 _ => self.decide_counted(t.words, t.hash, base, n, counters),
             },
         }
+    }
+
+    /// [`decide_in`](KeyedLimiter::decide_in) at `base`, a reading of the table's clock: a
+    /// denial on a stamp ahead of it ([`TokenBucket::stale`]) is decided again at a fresh one.
+    #[inline(always)]
+    fn decide_fresh(&self, q: &TokenBucket, t: &Target<'_, K::Words>, base: u64, n: u64) -> Decision {
+        let d = self.decide_in(q, t, base, n);
+        if q.stale(&d, n) {
+            return self.decide_late(t.words, n);
+        }
+        d
     }
 
     /// A check's denial on a reading gone stale, decided again at a fresh one
@@ -406,8 +410,8 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         self.decide_key(&t, self.base(self.clock.now()), n)
     }
 
-    /// [`check_n_words_counted`](KeyedLimiter::check_n_words_counted) off the common path: a
-    /// key that may have an override, a tier changed, or counted decisions.
+    /// [`check_n_words`](KeyedLimiter::check_n_words) off the common path: a key that may have
+    /// an override, or a tier changed.
     #[inline(never)]
     fn decide_counted(
         &self,
@@ -419,9 +423,9 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     ) -> Decision {
         let tier = self.tier_of(words, hash);
         let mut d = self.decide(&self.locate(words, hash), tier, base, n);
+        // The quota is read again only for a decision that missed time (a denial).
         if d.units().0 != 0 && self.params.tiers.get(tier).stale(&d, n) {
-            crate::sync::clock_after_loads(); // as in `decide_late`
-            d = self.decide(&self.locate(words, hash), tier, self.base(self.clock.now()), n);
+            d = self.decide_late(words, n);
         }
         if let Some(c) = counters {
             c.record_code(d.outcome_code());
@@ -469,8 +473,8 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
 
     /// Decides under the key's tier: inline under the default tier's quota as built while no
     /// key has an override and no tier has changed (no lookup, no index), out of line otherwise.
-    /// Counting is the caller's ([`check_n_words_counted`](KeyedLimiter::check_n_words_counted)
-    /// merges its test into this one's).
+    /// Counting is the caller's ([`check_n_words`](KeyedLimiter::check_n_words) merges its
+    /// test into this one's).
     #[inline(always)]
     fn decide_key(&self, t: &Target<'_, K::Words>, base: u64, n: u64) -> Decision {
         match self.params.tiers.built_default() {

@@ -40,7 +40,7 @@ use super::{
     deny_or_allow, hashers, prefetch, shard_count, stats_of, table_slots, KeyedBuilder, KeyedStats, Target,
     WhenFull,
 };
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::engine::admit::Receipt;
 use crate::engine::config::{ConfigCell, WORDS};
@@ -48,7 +48,7 @@ use crate::sync::{
     AtomicU64,
     Ordering::{Relaxed, Release},
 };
-use crate::{Clock, ConfigError, Decision, Nanos, Outcome, Policy, UpdateError};
+use crate::{Clock, ConfigError, Counters, Decision, Nanos, Outcome, Policy, UpdateError};
 
 pub(crate) mod sealed {
     use crate::{Decision, Nanos, Policy};
@@ -354,11 +354,16 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
     /// `n` units for `key` now, all or none, with the policy's answer for `n = 0` and for
     /// more than it can ever admit (neither inserts the key).
     #[inline(always)]
-    pub(crate) fn check_n_words(&self, words: K::Words, n: u64) -> Decision {
+    pub(crate) fn check_n_words(
+        &self,
+        words: K::Words,
+        n: u64,
+        counters: &Option<Arc<Counters>>,
+    ) -> Decision {
         // Hash and start fetching the key's group before reading the clock, as the bucket does.
         let t = self.target(words);
         prefetch(t.home_ptr());
-        self.decide(&t, self.elapsed(self.clock.now()), n)
+        super::tally(self.decide(&t, self.elapsed(self.clock.now()), n), counters)
     }
 
     /// [`check_n`](Keyed::check_n) at a caller-supplied `now`. Times must not run back: a key

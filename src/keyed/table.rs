@@ -441,11 +441,12 @@ impl<'a, W: Words> Shard<'a, W> {
         decide_on(slot, slot.load_for(words)?, words, now, n)
     }
 
-    /// Decides on the key's live slot in group `g`, if it is there: every slot holding the
-    /// key's words, in order.
+    /// Decides on the key's live slot among the first `slots` of its window, if it is there:
+    /// every slot holding the key's words, in order.
     #[inline]
-    fn probe_all<R: Rule>(&self, g: usize, words: W, now: &R, n: u64) -> Option<Decision> {
-        self.group(g).slots.iter().find_map(|slot| {
+    fn probe_all<R: Rule>(&self, home: usize, slots: usize, words: W, now: &R, n: u64) -> Option<Decision> {
+        (0..slots).find_map(|pos| {
+            let slot = self.slot(home, pos);
             if W::load(&slot.key, Relaxed) != words {
                 return None;
             }
@@ -467,10 +468,7 @@ impl<'a, W: Words> Shard<'a, W> {
         now: &R,
         n: u64,
     ) -> Decision {
-        if let Some(d) = self.probe_all(home, words, now, n) {
-            return d;
-        }
-        if let Some(d) = self.probe_all(home + 1, words, now, n) {
+        if let Some(d) = self.probe_all(home, 2 * GROUP, words, now, n) {
             return d;
         }
         self.acquire_slow(words, hash, home, now, n).unwrap_or_else(|| refusal(now.when_full()))

@@ -7,6 +7,7 @@ use crate::engine::config::WORDS;
 use crate::engine::direct::{Algorithm, Direct};
 use crate::policies::bucket::atomic::AtomicBucket;
 use crate::policies::bucket::BucketWord;
+use crate::policies::token_bucket::At;
 use crate::{Clock, Decision, DefaultClock, Nanos, TokenBucket, UpdateError};
 
 /// A single token bucket shared by any number of threads: [`Direct`] running a [`TokenBucket`].
@@ -59,13 +60,7 @@ impl Algorithm for TokenBucket {
 
     #[inline(always)]
     fn direct_check(&self, bucket: &Self::State, now: Nanos, origin: Nanos, n: u64) -> Decision {
-        let now = self.instant(now, origin);
-        // One comparison for both `n == 0` and `n > burst` (none for `n = 1`): neither
-        // touches the word.
-        if self.takes_none(n) {
-            return bucket.load().peek(self, now, n);
-        }
-        bucket.charge(self, now, n).0
+        check_at(self, bucket, self.instant(now, origin), n, None::<fn() -> At>)
     }
 
     /// `direct_check`, where a denial on a stamp ahead of the reading is decided again at a
@@ -78,11 +73,8 @@ impl Algorithm for TokenBucket {
         origin: Nanos,
         n: u64,
     ) -> Decision {
-        let now = self.instant(clock.now(), origin);
-        if self.takes_none(n) {
-            return bucket.load().peek(self, now, n);
-        }
-        bucket.charge_fresh(self, now, n, Some(|| self.instant(clock.now(), origin))).0
+        let fresh = || self.instant(clock.now(), origin);
+        check_at(self, bucket, self.instant(clock.now(), origin), n, Some(fresh))
     }
 
     #[inline]
@@ -117,6 +109,24 @@ impl Algorithm for TokenBucket {
     ) {
         bucket.refund(self, floor, stamp, n, || self.instant(now(), origin));
     }
+}
+
+/// `n` tokens at the bucket instant `now`; with `fresh`, a denial on a stamp ahead of it is
+/// decided again at a new reading ([`AtomicBucket::charge_fresh`]).
+#[inline(always)]
+fn check_at(
+    q: &TokenBucket,
+    bucket: &AtomicBucket,
+    now: At,
+    n: u64,
+    fresh: Option<impl FnOnce() -> At>,
+) -> Decision {
+    // One comparison for both `n == 0` and `n > burst` (none for `n = 1`): neither touches
+    // the word.
+    if q.takes_none(n) {
+        return bucket.load().peek(q, now, n);
+    }
+    bucket.charge_fresh(q, now, n, fresh).0
 }
 
 /// `n` tokens at `now`, also returning, when tokens were taken, the floor of the instant they

@@ -9,7 +9,7 @@
 use core::borrow::Borrow;
 use core::fmt;
 use core::marker::PhantomData;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crossbeam_utils::CachePadded;
 
@@ -17,7 +17,7 @@ use super::{SlidingLog, MAX_ELAPSED};
 use crate::engine::admit::Receipt;
 use crate::keyed::pages::Pages;
 use crate::keyed::{Key, KeyHasher, KeyedBuilder, KeyedStats, Words};
-use crate::{Clock, ConfigError, Decision, Nanos, Outcome, UpdateError, WhenFull};
+use crate::{Clock, ConfigError, Counters, Decision, Nanos, Outcome, UpdateError, WhenFull};
 
 /// Slots probed from a key's home.
 const PROBE: usize = 32;
@@ -155,8 +155,13 @@ impl<K: Key + ?Sized, C: Clock> LogTable<K, C> {
     }
 
     /// `n` units for the key now: the clock is read under the shard's lock.
-    pub(crate) fn check_n_words(&self, words: K::Words, n: u64) -> Decision {
-        self.decide(words, || self.clock.now(), n, true).0
+    pub(crate) fn check_n_words(
+        &self,
+        words: K::Words,
+        n: u64,
+        counters: &Option<Arc<Counters>>,
+    ) -> Decision {
+        crate::keyed::tally(self.decide(words, || self.clock.now(), n, true).0, counters)
     }
 
     /// `n` units for the key at `now`.
