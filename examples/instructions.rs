@@ -1,0 +1,102 @@
+//! Instructions per decision, counted by callgrind (which a shared, noisy host does not disturb,
+//! where it moves wall time): a loop of one kind of decision, in a function of its own that
+//! callgrind counts alone, divided by the iterations.
+//!
+//! ```sh
+//! cargo build --release --example instructions
+//! for s in keyed_allow keyed_deny direct_allow direct_deny reserve_deny floor; do
+//!     valgrind --tool=callgrind --toggle-collect="*${s%_*}_loop*" --callgrind-out-file=/dev/null \
+//!         target/release/examples/instructions "$s" 20000 2>&1 | grep -o 'Collected : [0-9]*'
+//! done    # divide each by 20000
+//! ```
+//!
+//! Subjects: `keyed_allow` / `keyed_deny` (`KeyedLimiter<u64>::check` over 1,024 keys), the
+//! same for `direct_*` (`Limiter::check`), `reserve_deny` (a refused `reserve_n(1)`), and
+//! `floor` (a TSC read, an ahash of the key and a CAS on a slot: the keyed floor). Each loop
+//! keeps its decision by reference (`black_box(&d)`), as the benchmark suite does: by value,
+//! the copy itself costs a failed store forward no caller pays. The counts include the loop's
+//! own few instructions.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use tollgate::{Clock, KeyedLimiter, Limiter, ReserveError, TokenBucket, TscClock};
+
+/// Keys the keyed loops cycle through (a power of two: the index is one mask).
+const KEYS: usize = 1024;
+
+#[inline(never)]
+fn keyed_loop(l: &KeyedLimiter<u64>, keys: &[u64], iters: usize) {
+    for i in 0..iters {
+        let d = l.check(&keys[i & (KEYS - 1)]);
+        black_box(&d);
+    }
+}
+
+#[inline(never)]
+fn direct_loop(l: &Limiter, iters: usize) {
+    for _ in 0..iters {
+        let d = l.check();
+        black_box(&d);
+    }
+}
+
+#[inline(never)]
+fn reserve_loop(l: &Limiter, iters: usize) {
+    for _ in 0..iters {
+        let wait = match l.reserve_n(1) {
+            Ok(r) => r.delay(),
+            Err(ReserveError::TooLate { wait, .. }) => wait,
+            Err(_) => Duration::MAX,
+        };
+        black_box(&wait);
+    }
+}
+
+#[inline(never)]
+fn floor_loop(c: &TscClock, h: &ahash::RandomState, slots: &[AtomicU64], keys: &[u64], iters: usize) {
+    for i in 0..iters {
+        let now = c.now().as_u64();
+        #[expect(clippy::cast_possible_truncation, reason = "masked to the slot count")]
+        let w = &slots[h.hash_one(keys[i & (KEYS - 1)]) as usize & (slots.len() - 1)];
+        let cur = w.load(Relaxed);
+        let _ = black_box(w.compare_exchange(cur, cur.wrapping_add(now | 1), Relaxed, Relaxed));
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let which = args.get(1).map_or("keyed_allow", String::as_str);
+    let iters: usize = args.get(2).map_or(Ok(20_000), |s| s.parse())?;
+    let keys: Vec<u64> = (0..KEYS as u64).map(|k| k.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+    // Never refused: a billion a second with a large burst. Always refused: one an hour, spent.
+    let allowing = || TokenBucket::per_second(1_000_000_000).and_then(|q| q.with_burst(1 << 30));
+    let refusing = || TokenBucket::per_hour(1);
+    match which {
+        "keyed_allow" | "keyed_deny" => {
+            let q = if which == "keyed_allow" { allowing()? } else { refusing()? };
+            let l = KeyedLimiter::<u64>::builder(q).capacity(4096).build()?;
+            for k in &keys {
+                let _ = l.check(k);
+            }
+            keyed_loop(&l, &keys, iters);
+        }
+        "direct_allow" | "direct_deny" => {
+            let l = Limiter::new(if which == "direct_allow" { allowing()? } else { refusing()? });
+            let _ = l.check();
+            direct_loop(&l, iters);
+        }
+        "reserve_deny" => {
+            let l = Limiter::new(refusing()?);
+            let _ = l.reserve_n(1);
+            reserve_loop(&l, iters);
+        }
+        "floor" => {
+            let slots: Vec<AtomicU64> = (0..4096).map(|_| AtomicU64::new(0)).collect();
+            floor_loop(&TscClock::new(), &ahash::RandomState::with_seeds(1, 2, 3, 4), &slots, &keys, iters);
+        }
+        other => return Err(format!("unknown subject {other:?}: keyed_allow, keyed_deny, direct_allow, direct_deny, reserve_deny, floor").into()),
+    }
+    Ok(())
+}
