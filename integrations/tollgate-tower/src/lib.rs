@@ -5,7 +5,7 @@
 //! `RateLimit-Limit/Remaining/Reset` and the de-facto `X-RateLimit-*`, on every response.
 //!
 //! ```
-//! use std::sync::{Arc, OnceLock};
+//! use std::sync::Arc;
 //! use tollgate::{KeyedLimiter, NginxLimiter, TokenBucket};
 //! use tollgate_tower::{ClientIp, HeaderKey, Limit, RateLimitLayer};
 //!
@@ -41,7 +41,7 @@ pub mod guide {
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -280,9 +280,14 @@ struct Answer {
 }
 
 /// The headers a response gets, rendered before the inner service runs: the values only (the
-/// names are statics), so that the future carrying them stays small.
+/// names are statics). Boxed, and absent under [`Headers::NONE`], so that the future carrying
+/// it stays one word larger than the inner service's: a response future is moved several times
+/// on its way through a stack, and the five values inline would be 200 bytes more each time.
 #[derive(Default)]
-struct Out {
+struct Out(Option<Box<Rendered>>);
+
+#[derive(Default)]
+struct Rendered {
     policy: Option<HeaderValue>,
     ratelimit: Option<HeaderValue>,
     /// `limit`, `remaining`, `reset`, for the forms in `legacy_forms`.
@@ -294,9 +299,9 @@ struct Out {
 impl Out {
     /// Inserts the headers into `h`.
     fn write(self, h: &mut HeaderMap) {
-        if self.policy.is_none() && self.ratelimit.is_none() && self.legacy.is_none() {
+        let Some(out) = self.0 else {
             return; // `Headers::NONE`, or nothing to describe
-        }
+        };
         static LEGACY: [[HeaderName; 3]; 2] = [
             [
                 HeaderName::from_static("ratelimit-limit"),
@@ -311,16 +316,17 @@ impl Out {
         ];
         static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
         static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-        let forms = self.legacy_forms.iter().filter(|&&on| on).count();
+        let Rendered { policy, ratelimit, legacy, legacy_forms } = *out;
+        let forms = legacy_forms.iter().filter(|&&on| on).count();
         h.reserve(2 + 3 * forms);
-        if let Some(v) = self.policy {
+        if let Some(v) = policy {
             h.insert(RATELIMIT_POLICY.clone(), v);
         }
-        if let Some(v) = self.ratelimit {
+        if let Some(v) = ratelimit {
             h.insert(RATELIMIT.clone(), v);
         }
-        if let Some(values) = self.legacy {
-            for (names, on) in LEGACY.iter().zip(self.legacy_forms) {
+        if let Some(values) = legacy {
+            for (names, on) in LEGACY.iter().zip(legacy_forms) {
                 if on {
                     for (name, value) in names.iter().zip(&values) {
                         h.insert(name.clone(), value.clone());
@@ -417,12 +423,11 @@ impl Config {
         answers: &[Answer],
         refused: Option<&Answer>,
     ) -> Out {
-        let mut h = Out::default();
         if self.headers == Headers::NONE {
-            return h;
+            return Out::default();
         }
+        let mut h = Box::<Rendered>::default();
         let d = &described.decision;
-        let remaining = number(d.remaining());
         let cached = &self.cache[described.index];
         // Seconds until more quota is available: the refusal's wait (or delay), or the next
         // unit's once none is left; none while units remain.
@@ -461,18 +466,18 @@ impl Config {
                     HeaderValue::try_from(v).unwrap_or_else(|_| HeaderValue::from_static(""))
                 }
             };
-            let mut rl = String::with_capacity(cached.ratelimit_prefix.len() + 16);
+            let mut rl = String::with_capacity(cached.ratelimit_prefix.len() + 48);
             rl.push_str(&cached.ratelimit_prefix);
-            rl.push_str(remaining.to_str().unwrap_or("0"));
+            push_decimal(&mut rl, d.remaining());
             if let Some(t) = t {
-                use std::fmt::Write;
-                let _ = write!(rl, ";t={t}");
+                rl.push_str(";t=");
+                push_decimal(&mut rl, t);
             }
             h.policy = Some(policy);
             h.ratelimit = HeaderValue::try_from(rl).ok();
         }
         if !self.headers.draft03 && !self.headers.x_ratelimit {
-            return h;
+            return Out(Some(h));
         }
         if !self.headers.ietf {
             described_quota = tiered(described);
@@ -482,9 +487,9 @@ impl Config {
             Some((q, _)) => number(q),
         };
         let reset = number(ceil_seconds(d.reset_after()));
-        h.legacy = Some([limit, remaining, reset]);
+        h.legacy = Some([limit, number(d.remaining()), reset]);
         h.legacy_forms = [self.headers.draft03, self.headers.x_ratelimit];
-        h
+        Out(Some(h))
     }
 
     /// The answer to a refused request, with its headers.
@@ -536,13 +541,85 @@ fn closest(answers: &[Answer]) -> Option<&Answer> {
     answers.iter().min_by_key(|a| (a.decision.remaining(), std::cmp::Reverse(a.decision.reset_after())))
 }
 
-/// `n` as a header value. The common ones (remaining counts and waits in seconds below 1,024)
-/// come from a table made once, so that a response's headers allocate nothing for them.
+/// How many small numbers [`SMALL`] holds.
+const SMALL_LEN: usize = 1024;
+/// The digits of 0 to 1,023, one after another (10 + 90·2 + 900·3 + 24·4 bytes).
+const DIGITS_LEN: usize = 10 + 90 * 2 + 900 * 3 + 24 * 4;
+const DIGITS: [u8; DIGITS_LEN] = {
+    let mut out = [0u8; DIGITS_LEN];
+    let (mut n, mut at) = (0, 0);
+    while n < SMALL_LEN {
+        let len = decimal_len(n);
+        let (mut i, mut m) = (len, n);
+        while i > 0 {
+            i -= 1;
+            out[at + i] = b'0' + (m % 10) as u8;
+            m /= 10;
+        }
+        at += len;
+        n += 1;
+    }
+    out
+};
+
+const fn decimal_len(n: usize) -> usize {
+    if n < 10 {
+        1
+    } else if n < 100 {
+        2
+    } else if n < 1000 {
+        3
+    } else {
+        4
+    }
+}
+
+/// The decimal numbers below 1,024, made at compile time: remaining counts and waits in seconds
+/// are mostly these, and a header value over a static string is neither allocated nor
+/// reference-counted.
+static SMALL: [&str; SMALL_LEN] = {
+    let mut out = [""; SMALL_LEN];
+    let (mut n, mut rest): (usize, &'static [u8]) = (0, &DIGITS);
+    while n < SMALL_LEN {
+        let (digits, tail) = rest.split_at(decimal_len(n));
+        out[n] = match std::str::from_utf8(digits) {
+            Ok(s) => s,
+            Err(_) => panic!("digits are ASCII"),
+        };
+        rest = tail;
+        n += 1;
+    }
+    out
+};
+
+fn small_decimal(n: u64) -> Option<&'static str> {
+    SMALL.get(usize::try_from(n).ok()?).copied()
+}
+
+/// Appends `n` in decimal, without the formatting machinery.
+fn push_decimal(s: &mut String, n: u64) {
+    if let Some(d) = small_decimal(n) {
+        s.push_str(d);
+        return;
+    }
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        buf[i] = b"0123456789"[(n % 10) as usize];
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    s.push_str(std::str::from_utf8(&buf[i..]).unwrap_or("0"));
+}
+
+/// `n` as a header value: a static one from [`SMALL`] below 1,024.
 fn number(n: u64) -> HeaderValue {
-    static SMALL: OnceLock<Vec<HeaderValue>> = OnceLock::new();
-    let small = SMALL.get_or_init(|| (0..1024u64).map(HeaderValue::from).collect());
-    match usize::try_from(n).ok().and_then(|i| small.get(i)) {
-        Some(v) => v.clone(),
+    match small_decimal(n) {
+        Some(d) => HeaderValue::from_static(d),
         None => HeaderValue::from(n),
     }
 }
@@ -702,6 +779,23 @@ where
                 });
                 ResponseFuture { state: State::Delayed { future, headers } }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_render_as_their_decimal_form() {
+        let around = |k: u64| k.saturating_sub(3)..=k.saturating_add(3);
+        let edges = [0, 9, 10, 99, 100, 999, 1000, 1023, 1024, 65_535, u64::from(u32::MAX), u64::MAX];
+        for n in (0..2048).chain(edges.into_iter().flat_map(around)) {
+            let mut s = String::from("x=");
+            push_decimal(&mut s, n);
+            assert_eq!(s, format!("x={n}"));
+            assert_eq!(number(n).to_str().ok(), Some(n.to_string().as_str()));
         }
     }
 }
