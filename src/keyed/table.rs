@@ -409,8 +409,9 @@ impl<'a, W: Words> Shard<'a, W> {
     /// Decides on the key's live slot in group `g` (of its window), if it is the group's first
     /// slot holding the key's words. That slot is picked without branching (a select per
     /// slot), so that where the key sits costs no misprediction (and cache misses of
-    /// consecutive decisions overlap). Then its word is read (Acquire) and its key compared
-    /// again (`Slot::load_for`): only a key read after the word vouches for it. The compare
+    /// consecutive decisions overlap). Then its word is read (Acquire), its state tested and
+    /// its key compared again (as `Slot::load_for`): only a key read after the word vouches
+    /// for it. The compare
     /// only picks the slot; a key it misses (one going live meanwhile) is found by the
     /// fallback, as a key beyond the home is.
     ///
@@ -429,16 +430,32 @@ impl<'a, W: Words> Shard<'a, W> {
     /// [`probe`](Shard::probe) in a group found already (a key's home, [`Table::home_group`]).
     #[inline(always)]
     pub(crate) fn probe_group<R: Rule>(group: &Group<W>, words: W, now: &R, n: u64) -> Option<Decision> {
-        let mut first = GROUP;
+        // The first match's byte offset in the group: selected as offsets, the index costs no
+        // shift to become an address.
+        let size = size_of::<Slot<W>>();
+        let mut first = GROUP * size;
         for pos in (0..GROUP).rev() {
             let hit = W::load(&group.slots[pos].key, Relaxed) == words;
-            first = if hit { pos } else { first };
+            first = if hit { pos * size } else { first };
         }
-        if first == GROUP {
+        if first == GROUP * size {
             return None;
         }
-        let slot = &group.slots[first % GROUP];
-        decide_on(slot, slot.load_for(words)?, words, now, n)
+        let slot = &group.slots[(first / size) % GROUP];
+        // As `load_for`, with the word's state tested first: then each test is one compare
+        // and branch to the fallback (tested after the key, the state was computed into a
+        // flag ahead of the key's branch and tested again after it: two instructions more).
+        // Acquire: pairs with the Release that made the word live, as in `load_for`.
+        let w = slot.word.load(Acquire);
+        if w & STATE != LIVE {
+            rare();
+            return None;
+        }
+        if W::load(&slot.key, Relaxed) != words {
+            rare();
+            return None;
+        }
+        decide_on(slot, w, words, now, n)
     }
 
     /// Decides on the key's live slot among the first `slots` of its window, if it is there:
