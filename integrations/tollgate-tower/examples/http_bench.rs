@@ -74,42 +74,82 @@ enum Load {
 /// up to 9cebdf0 used 2^32 − 1 at a billion a second).
 const ALLOW_BURST: u64 = 1000;
 
-fn app(subject: Subject, load: Load) -> Router {
+/// Where a layer is mounted.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mount {
+    /// `Router::layer`: axum wraps the route's service and boxes it again.
+    Route,
+    /// `Layer::layer` around the whole router: the layer's service is the one `axum::serve`
+    /// calls.
+    Outer,
+}
+
+fn tollgate_layer(subject: Subject, load: Load) -> RateLimitLayer {
+    let q = match load {
+        // A million a second, five times the rate served here, refills 1,000 in a
+        // millisecond: a decision whose clock read went stale longer than that (its
+        // thread descheduled before its CAS) is the only refusal. A burst of 1,000
+        // keeps the headers' numbers the size a real quota's are.
+        Load::Allow => TokenBucket::new(Rate::per_second(1_000_000), ALLOW_BURST),
+        Load::Deny => TokenBucket::per_hour(1),
+    }
+    .expect("a valid quota");
+    if subject == Subject::TollgatePerConn {
+        let per = Arc::new(KeyedLimiter::new(q, 100_000).expect("a valid table"));
+        let key = |req: &http::request::Parts| -> Result<u64, tollgate_tower::KeyError> {
+            let info = req.extensions.get::<axum::extract::ConnectInfo<SocketAddr>>();
+            info.map(|i| u64::from(i.0.port())).ok_or(tollgate_tower::KeyError::NoPeerAddress)
+        };
+        return RateLimitLayer::new([Limit::keyed("per-conn", per, key)]).headers(Headers::NONE);
+    }
+    let per_ip = Arc::new(KeyedLimiter::new(q, 100_000).expect("a valid table"));
+    let layer = RateLimitLayer::new([Limit::keyed("per-ip", per_ip, PeerIp::<64>)]);
+    let headers = match subject {
+        Subject::Tollgate => Headers::default(),
+        Subject::TollgateXOnly => Headers { x_ratelimit: true, ..Headers::NONE },
+        _ => Headers::NONE,
+    };
+    layer.headers(headers)
+}
+
+/// Serves `subject` on a fresh runtime of 2 worker threads; returns its address and a handle
+/// that stops it when dropped.
+fn serve(subject: Subject, load: Load, mount: Mount) -> (SocketAddr, tokio::runtime::Runtime) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("a port");
+    let addr = listener.local_addr().expect("an address");
     let router = Router::new().route("/", get(|| async { "hello" }));
+    // Each subject's service has a type of its own: one expansion serves each.
+    macro_rules! serve {
+        ($service:expr) => {{
+            let service = axum::ServiceExt::<axum::extract::Request>::into_make_service_with_connect_info::<
+                SocketAddr,
+            >($service);
+            rt.spawn(async move { axum::serve(listener, service).await });
+        }};
+    }
+    macro_rules! mount {
+        ($layer:expr) => {{
+            let layer = $layer;
+            match mount {
+                Mount::Route => serve!(router.layer(layer)),
+                Mount::Outer => serve!(tower::Layer::layer(&layer, router)),
+            }
+        }};
+    }
     match subject {
-        Subject::None => router,
-        Subject::NoneWithHeaders => shared::constant_headers(router),
-        Subject::NonePassThrough => shared::pass_through(router),
+        Subject::None => serve!(router),
+        Subject::NoneWithHeaders => mount!(shared::constant_headers()),
+        Subject::NonePassThrough => mount!(shared::pass_through()),
         Subject::Tollgate
         | Subject::TollgateXOnly
         | Subject::TollgateNoHeaders
         | Subject::TollgatePerConn => {
-            let q = match load {
-                // A million a second, five times the rate served here, refills 1,000 in a
-                // millisecond: a decision whose clock read went stale longer than that (its
-                // thread descheduled before its CAS) is the only refusal. A burst of 1,000
-                // keeps the headers' numbers the size a real quota's are.
-                Load::Allow => TokenBucket::new(Rate::per_second(1_000_000), ALLOW_BURST),
-                Load::Deny => TokenBucket::per_hour(1),
-            }
-            .expect("a valid quota");
-            if subject == Subject::TollgatePerConn {
-                let per = Arc::new(KeyedLimiter::new(q, 100_000).expect("a valid table"));
-                let key = |req: &http::request::Parts| -> Result<u64, tollgate_tower::KeyError> {
-                    let info = req.extensions.get::<axum::extract::ConnectInfo<SocketAddr>>();
-                    info.map(|i| u64::from(i.0.port())).ok_or(tollgate_tower::KeyError::NoPeerAddress)
-                };
-                let layer = RateLimitLayer::new([Limit::keyed("per-conn", per, key)]);
-                return router.layer(layer.headers(Headers::NONE));
-            }
-            let per_ip = Arc::new(KeyedLimiter::new(q, 100_000).expect("a valid table"));
-            let layer = RateLimitLayer::new([Limit::keyed("per-ip", per_ip, PeerIp::<64>)]);
-            let headers = match subject {
-                Subject::Tollgate => Headers::default(),
-                Subject::TollgateXOnly => Headers { x_ratelimit: true, ..Headers::NONE },
-                _ => Headers::NONE,
-            };
-            router.layer(layer.headers(headers))
+            mount!(tollgate_layer(subject, load))
         }
         Subject::TowerGovernor => {
             let mut b = GovernorConfigBuilder::default();
@@ -118,23 +158,9 @@ fn app(subject: Subject, load: Load) -> Router {
                 Load::Deny => b.period(Duration::from_secs(3600)).burst_size(1),
             };
             let config = Arc::new(b.use_headers().finish().expect("a valid quota"));
-            router.layer(GovernorLayer { config })
+            mount!(GovernorLayer { config })
         }
     }
-}
-
-/// Serves `subject` on a fresh runtime of 2 worker threads; returns its address and a handle
-/// that stops it when dropped.
-fn serve(subject: Subject, load: Load) -> (SocketAddr, tokio::runtime::Runtime) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("a port");
-    let addr = listener.local_addr().expect("an address");
-    let service = app(subject, load).into_make_service_with_connect_info::<SocketAddr>();
-    rt.spawn(async move { axum::serve(listener, service).await });
     (addr, rt)
 }
 
@@ -226,7 +252,17 @@ fn main() {
         (Subject::Tollgate, Load::Deny),
         (Subject::TollgateXOnly, Load::Deny),
         (Subject::TowerGovernor, Load::Deny),
-    ];
+    ]
+    .map(|(s, l)| (s, l, Mount::Route))
+    .into_iter()
+    .chain([
+        (Subject::NonePassThrough, Load::Allow, Mount::Outer),
+        (Subject::NoneWithHeaders, Load::Allow, Mount::Outer),
+        (Subject::Tollgate, Load::Allow, Mount::Outer),
+        (Subject::TollgateNoHeaders, Load::Allow, Mount::Outer),
+        (Subject::TowerGovernor, Load::Allow, Mount::Outer),
+    ])
+    .collect::<Vec<_>>();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -244,16 +280,16 @@ fn main() {
         Some(keep) => {
             cells.iter().enumerate().filter(|(i, _)| *i == 0 || keep.contains(i)).map(|(_, c)| *c).collect()
         }
-        None => cells.to_vec(),
+        None => cells.clone(),
     };
     eprintln!("http: {} cells × {rounds} rounds × {seconds} s, wrk -t2 -c64, on {cpu}", cells.len());
     let mut runs: Vec<Vec<Run>> = cells.iter().map(|_| Vec::new()).collect();
     for round in 0..rounds {
-        for (i, &(subject, load)) in cells.iter().enumerate() {
-            let (addr, rt) = serve(subject, load);
+        for (i, &(subject, load, mount)) in cells.iter().enumerate() {
+            let (addr, rt) = serve(subject, load, mount);
             let r = wrk(addr, seconds);
             eprintln!(
-                "  round {round}: {subject:?} {load:?}: {:.0} req/s, {:.2} µs CPU/request",
+                "  round {round}: {subject:?} {load:?} {mount:?}: {:.0} req/s, {:.2} µs CPU/request",
                 r.rps, r.cpu_us
             );
             drop(rt);
@@ -267,7 +303,7 @@ fn main() {
         "| subject | load | requests/s (spread) | vs no limiter | server CPU µs/request (spread) | vs no limiter | p50 µs | p99 µs | non-2xx |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
-    for (i, &(subject, load)) in cells.iter().enumerate() {
+    for (i, &(subject, load, mount)) in cells.iter().enumerate() {
         let rps: Vec<f64> = runs[i].iter().map(|r| r.rps).collect();
         let cpu: Vec<f64> = runs[i].iter().map(|r| r.cpu_us).collect();
         let spread = |v: &[f64]| v.iter().fold((f64::MAX, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
@@ -282,6 +318,8 @@ fn main() {
             Subject::TollgatePerConn => "tollgate-tower, Headers::NONE, per connection",
             Subject::TowerGovernor => "tower-governor 0.7",
         };
+        let outer = if mount == Mount::Outer { ", around the router" } else { "" };
+        let name = format!("{name}{outer}");
         let load = match load {
             Load::Allow => "allow",
             Load::Deny => "deny",

@@ -27,26 +27,29 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate::{KeyedLimiter, Rate, TokenBucket};
 use tollgate_tower::{Headers, Limit, PeerIp, RateLimitLayer};
+use tower::Layer;
 
 fn app(subject: &str) -> Router {
     let router = Router::new().route("/", get(|| async { "hello" }));
     match subject {
         "none" => router,
-        "const" => shared::constant_headers(router),
-        "pass" => shared::pass_through(router),
-        _ => {
-            let q = TokenBucket::new(Rate::per_second(1_000_000), 1000).unwrap();
-            let per_ip = Arc::new(KeyedLimiter::new(q, 100_000).unwrap());
-            let layer = RateLimitLayer::new([Limit::keyed("per-ip", per_ip, PeerIp::<64>)]);
-            let headers = match subject {
-                "tollgate" => Headers::default(),
-                "xonly" => Headers { x_ratelimit: true, ..Headers::NONE },
-                "ietf" => Headers { ietf: true, ..Headers::NONE },
-                _ => Headers::NONE,
-            };
-            router.layer(layer.headers(headers))
-        }
+        "const" => router.layer(shared::constant_headers()),
+        "pass" => router.layer(shared::pass_through()),
+        _ => router.layer(tollgate_layer(subject)),
     }
+}
+
+fn tollgate_layer(subject: &str) -> RateLimitLayer {
+    let q = TokenBucket::new(Rate::per_second(1_000_000), 1000).unwrap();
+    let per_ip = Arc::new(KeyedLimiter::new(q, 100_000).unwrap());
+    let layer = RateLimitLayer::new([Limit::keyed("per-ip", per_ip, PeerIp::<64>)]);
+    let headers = match subject {
+        "tollgate" => Headers::default(),
+        "xonly" => Headers { x_ratelimit: true, ..Headers::NONE },
+        "ietf" => Headers { ietf: true, ..Headers::NONE },
+        _ => Headers::NONE,
+    };
+    layer.headers(headers)
 }
 
 fn main() {
@@ -56,8 +59,25 @@ fn main() {
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let service = app(&subject).into_make_service_with_connect_info::<SocketAddr>();
-        tokio::spawn(async move { axum::serve(listener, service).await });
+        // `-outer`: the layer around the whole router (`Layer::layer`), not inside it
+        // (`Router::layer`, which wraps the route's service and boxes it again).
+        // The service's type differs by subject: each is served by this one expansion.
+        macro_rules! serve {
+            ($service:expr) => {{
+                let service = axum::ServiceExt::<axum::extract::Request>::into_make_service_with_connect_info::<
+                    SocketAddr,
+                >($service);
+                tokio::spawn(async move { axum::serve(listener, service).await });
+            }};
+        }
+        // `-outer`: the layer around the whole router (`Layer::layer`), not inside it
+        // (`Router::layer`, which wraps the route's service and boxes it again).
+        let router = Router::new().route("/", get(|| async { "hello" }));
+        match subject.strip_suffix("-outer") {
+            Some("pass") => serve!(shared::pass_through().layer(router)),
+            Some(inner) => serve!(tollgate_layer(inner).layer(router)),
+            None => serve!(app(&subject)),
+        }
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         let mut buf = vec![0u8; 4096];
         let mut bytes = 0;

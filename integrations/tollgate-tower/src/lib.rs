@@ -394,7 +394,8 @@ impl Config {
         } else {
             answers.iter().map(|a| a.decision.delay()).max().unwrap_or_default()
         };
-        let headers = match closest(&answers).filter(|_| self.headers != Headers::NONE) {
+        let described = if self.headers == Headers::NONE { None } else { closest(&answers) };
+        let headers = match described {
             Some(a) => {
                 // None left: `t` says when the next unit comes.
                 let next = (a.decision.remaining() == 0 && self.headers.ietf)
