@@ -120,7 +120,8 @@ struct Cached {
     policy_item: String,
     /// `"name";r=`.
     ratelimit_prefix: String,
-    /// `Q`.
+    /// `Q` (static below 1,024, as every [`number`]: a shared value's clone and drop would
+    /// count references on one cache line from every thread).
     limit: HeaderValue,
     /// The problem bodies: denied, insufficient, table full, delayed (refused).
     bodies: [Bytes; 4],
@@ -156,7 +157,7 @@ impl Config {
                 Cached {
                     policy_item: format!("{name};q={};w={}", l.quota, l.window.as_secs()),
                     ratelimit_prefix: format!("{name};r="),
-                    limit: HeaderValue::from(l.quota),
+                    limit: number(l.quota),
                     bodies: [
                         body(QUOTA_EXCEEDED, StatusCode::TOO_MANY_REQUESTS, format!("the limit \"{n}\" is exhausted for now")),
                         body(
