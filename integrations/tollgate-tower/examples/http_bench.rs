@@ -11,13 +11,17 @@
 //! `--cells` takes the rows to run by their index in the table (0, no limiter, always runs).
 //!
 //! Needs `wrk` on the PATH (Debian: `apt-get install wrk`). Every cell runs `--rounds` times
-//! (default 2), the rounds interleaved so that the machine's drift touches every subject alike;
+//! (default 2), the rounds interleaved and every other one in reverse order, so that the
+//! machine's drift touches every subject alike;
 //! the table gives the median of the rounds and their spread. Loads: `allow` (a quota never
 //! reached: every request is served and charged) and `deny` (one per hour, spent: every request
 //! is answered 429 by the limiter). The limiters write their rate-limit headers on every
 //! response (tollgate's default IETF and `X-RateLimit-*`; tower-governor's `use_headers`), so
 //! two floors run beside them: no limiter, and no limiter writing the same five headers as
-//! constants (what the headers' bytes alone cost); and tollgate once without headers.
+//! constants (what the headers' bytes alone cost); and tollgate once without headers. Cells
+//! 0-10 mount each layer with `Router::layer` (axum wraps the route's service and boxes it
+//! again, for any layer); cells 11-16 mount the floors, tollgate and tower-governor around the
+//! whole router (`Layer::layer`), where a layer costs only its own work.
 //!
 //! Beside the rate, each cell reports the server's CPU time per request (this process's user
 //! and system time over the run, from `/proc/self/stat`, divided by the requests wrk counted;
@@ -261,6 +265,7 @@ fn main() {
         (Subject::Tollgate, Load::Allow, Mount::Outer),
         (Subject::TollgateNoHeaders, Load::Allow, Mount::Outer),
         (Subject::TowerGovernor, Load::Allow, Mount::Outer),
+        (Subject::TollgateXOnly, Load::Allow, Mount::Outer),
     ])
     .collect::<Vec<_>>();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -285,7 +290,13 @@ fn main() {
     eprintln!("http: {} cells × {rounds} rounds × {seconds} s, wrk -t2 -c64, on {cpu}", cells.len());
     let mut runs: Vec<Vec<Run>> = cells.iter().map(|_| Vec::new()).collect();
     for round in 0..rounds {
-        for (i, &(subject, load, mount)) in cells.iter().enumerate() {
+        // Odd rounds run the cells in reverse: the host's drift over a round (a round of every
+        // cell takes minutes) then touches each cell's median alike, where in one order the
+        // last cells ran on a different machine than the first.
+        let order: Vec<usize> =
+            if round % 2 == 0 { (0..cells.len()).collect() } else { (0..cells.len()).rev().collect() };
+        for i in order {
+            let (subject, load, mount) = cells[i];
             let (addr, rt) = serve(subject, load, mount);
             let r = wrk(addr, seconds);
             eprintln!(
