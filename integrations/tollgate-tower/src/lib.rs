@@ -318,8 +318,8 @@ impl Out {
         static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
         static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
         let Rendered { policy, ratelimit, legacy, legacy_forms } = *out;
-        let forms = legacy_forms.iter().filter(|&&on| on).count();
-        h.reserve(2 + 3 * forms);
+        let forms = if legacy.is_some() { legacy_forms.iter().filter(|&&on| on).count() } else { 0 };
+        h.reserve(usize::from(policy.is_some()) + usize::from(ratelimit.is_some()) + 3 * forms);
         if let Some(v) = policy {
             h.insert(RATELIMIT_POLICY.clone(), v);
         }
