@@ -128,6 +128,8 @@ fn serve(subject: Subject, load: Load, mount: Mount) -> (SocketAddr, tokio::runt
     let addr = listener.local_addr().expect("an address");
     let router = Router::new().route("/", get(|| async { "hello" }));
     // Each subject's service has a type of its own: one expansion serves each.
+    // A router is served through its own `into_make_service_with_connect_info`, as axum users
+    // serve one; a layer around the router through `axum::ServiceExt`'s, the only way there.
     macro_rules! serve {
         ($service:expr) => {{
             let service = axum::ServiceExt::<axum::extract::Request>::into_make_service_with_connect_info::<
@@ -136,17 +138,23 @@ fn serve(subject: Subject, load: Load, mount: Mount) -> (SocketAddr, tokio::runt
             rt.spawn(async move { axum::serve(listener, service).await });
         }};
     }
+    macro_rules! serve_router {
+        ($router:expr) => {{
+            let service = $router.into_make_service_with_connect_info::<SocketAddr>();
+            rt.spawn(async move { axum::serve(listener, service).await });
+        }};
+    }
     macro_rules! mount {
         ($layer:expr) => {{
             let layer = $layer;
             match mount {
-                Mount::Route => serve!(router.layer(layer)),
+                Mount::Route => serve_router!(router.layer(layer)),
                 Mount::Outer => serve!(tower::Layer::layer(&layer, router)),
             }
         }};
     }
     match subject {
-        Subject::None => serve!(router),
+        Subject::None => serve_router!(router),
         Subject::NoneWithHeaders => mount!(shared::constant_headers()),
         Subject::NonePassThrough => mount!(shared::pass_through()),
         Subject::Tollgate

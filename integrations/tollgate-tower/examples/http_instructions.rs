@@ -76,7 +76,11 @@ fn main() {
         match subject.strip_suffix("-outer") {
             Some("pass") => serve!(shared::pass_through().layer(router)),
             Some(inner) => serve!(tollgate_layer(inner).layer(router)),
-            None => serve!(app(&subject)),
+            // A router through its own method, as axum users serve one.
+            None => {
+                let service = app(&subject).into_make_service_with_connect_info::<SocketAddr>();
+                tokio::spawn(async move { axum::serve(listener, service).await });
+            }
         }
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         let mut buf = vec![0u8; 4096];
