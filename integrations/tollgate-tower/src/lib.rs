@@ -468,13 +468,19 @@ impl Config {
                     HeaderValue::try_from(v).unwrap_or_else(|_| HeaderValue::from_static(""))
                 }
             };
-            let mut rl = String::with_capacity(cached.ratelimit_prefix.len() + 48);
+            // Exactly as long as the value: `Bytes` takes a full `Vec` as it is, where one with
+            // room to spare costs a second allocation for its shared header.
+            let (remaining, digits) =
+                (d.remaining(), |n: u64| n.checked_ilog10().map_or(1, |l| l as usize + 1));
+            let len = cached.ratelimit_prefix.len() + digits(remaining) + t.map_or(0, |t| 3 + digits(t));
+            let mut rl = String::with_capacity(len);
             rl.push_str(&cached.ratelimit_prefix);
-            push_decimal(&mut rl, d.remaining());
+            push_decimal(&mut rl, remaining);
             if let Some(t) = t {
                 rl.push_str(";t=");
                 push_decimal(&mut rl, t);
             }
+            debug_assert_eq!(rl.len(), len, "the RateLimit value's length was computed exactly");
             h.policy = Some(policy);
             h.ratelimit = HeaderValue::try_from(rl).ok();
         }
