@@ -411,9 +411,8 @@ impl<'a, W: Words> Shard<'a, W> {
     /// slot), so that where the key sits costs no misprediction (and cache misses of
     /// consecutive decisions overlap). Then its word is read (Acquire), its state tested and
     /// its key compared again (as `Slot::load_for`): only a key read after the word vouches
-    /// for it. The compare
-    /// only picks the slot; a key it misses (one going live meanwhile) is found by the
-    /// fallback, as a key beyond the home is.
+    /// for it. The compare only picks the slot; a key it misses (one going live meanwhile) is
+    /// found by the fallback, as a key beyond the home is.
     ///
     /// A group can hold a key's words in more than one slot: a slot keeps an evicted key's
     /// words until it is claimed again, and the key may come back in another slot of the
@@ -430,8 +429,9 @@ impl<'a, W: Words> Shard<'a, W> {
     /// [`probe`](Shard::probe) in a group found already (a key's home, [`Table::home_group`]).
     #[inline(always)]
     pub(crate) fn probe_group<R: Rule>(group: &Group<W>, words: W, now: &R, n: u64) -> Option<Decision> {
-        // The first match's byte offset in the group: selected as offsets, the index costs no
-        // shift to become an address.
+        // The first match's byte offset in the group: selected as offsets, the index of a
+        // one-word key's slot (16 bytes) costs no shift to become an address (callgrind: one
+        // instruction fewer on the decision).
         let size = size_of::<Slot<W>>();
         let mut first = GROUP * size;
         for pos in (0..GROUP).rev() {

@@ -298,10 +298,15 @@ struct Rendered {
 }
 
 impl Out {
-    /// Inserts the headers into `h`.
-    fn write(self, h: &mut HeaderMap) {
+    /// Inserts the headers into `h`, with room reserved for them and for `extra` more the
+    /// caller inserts after them (one growth of the map at most).
+    fn write(self, h: &mut HeaderMap, extra: usize) {
         let Some(out) = self.0 else {
-            return; // `Headers::NONE`, or nothing to describe
+            // `Headers::NONE`, or nothing to describe.
+            if extra > 0 {
+                h.reserve(extra);
+            }
+            return;
         };
         static LEGACY: [[HeaderName; 3]; 2] = [
             [
@@ -319,7 +324,7 @@ impl Out {
         static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
         let Rendered { policy, ratelimit, legacy, legacy_forms } = *out;
         let forms = if legacy.is_some() { legacy_forms.iter().filter(|&&on| on).count() } else { 0 };
-        h.reserve(usize::from(policy.is_some()) + usize::from(ratelimit.is_some()) + 3 * forms);
+        h.reserve(usize::from(policy.is_some()) + usize::from(ratelimit.is_some()) + 3 * forms + extra);
         if let Some(v) = policy {
             h.insert(RATELIMIT_POLICY.clone(), v);
         }
@@ -513,7 +518,7 @@ impl Config {
         let mut r = Response::new(body);
         *r.status_mut() = status;
         let h = r.headers_mut();
-        headers.write(h);
+        headers.write(h, usize::from(d.wait().is_some()) + usize::from(self.problem));
         // The delay or the retry-after; none when waiting does not help.
         if let Some(wait) = d.wait() {
             h.insert(RETRY_AFTER, number(ceil_seconds(wait)));
@@ -723,7 +728,7 @@ impl<F, B, E> fmt::Debug for ResponseFuture<F, B, E> {
 }
 
 fn with_headers<B>(mut r: Response<B>, headers: Out) -> Response<B> {
-    headers.write(r.headers_mut());
+    headers.write(r.headers_mut(), 0);
     r
 }
 
