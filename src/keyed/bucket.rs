@@ -404,9 +404,8 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     #[inline(never)]
     fn decide_late(&self, words: K::Words, n: u64) -> Decision {
         let t = self.target(words);
-        // The word was loaded with Acquire (`Shard::probe_group`, `Slot::load_for`), pairing
-        // with the Release CAS that stored the stamp: the clock read after it is no earlier
-        // than that decision's.
+        // The word was loaded with Acquire (`Slot::load_live`), pairing with the Release CAS
+        // that stored the stamp: the clock read after it is no earlier than that decision's.
         crate::sync::clock_after_loads();
         self.decide_key(&t, self.base(self.clock.now()), n)
     }

@@ -260,12 +260,19 @@ impl<W: Words> Slot<W> {
         Slot { word: AtomicU64::new(VACANT), key: W::new_atomic() }
     }
 
-    /// The slot's word, if the slot still holds `words` after the word was read.
+    /// The slot's word, if it is live and the slot still holds `words` after the word was read.
+    /// The state is tested first: then each test is one compare and branch to the caller's
+    /// fallback (tested after the key, the state was computed into a flag ahead of the key's
+    /// branch and tested again after it: two instructions more on every keyed decision).
     #[inline]
-    fn load_for(&self, words: W) -> Option<u64> {
+    fn load_live(&self, words: W) -> Option<u64> {
         // Acquire: pairs with the Release that made the word live (after the key was written,
         // `Shard::acquire_slow` and `Shard::help`), so the key read below is at least that key.
         let w = self.word.load(Acquire);
+        if w & STATE != LIVE {
+            rare();
+            return None;
+        }
         if W::load(&self.key, Relaxed) != words {
             rare();
             return None;
@@ -410,7 +417,7 @@ impl<'a, W: Words> Shard<'a, W> {
     /// slot holding the key's words. That slot is picked without branching (a select per
     /// slot), so that where the key sits costs no misprediction (and cache misses of
     /// consecutive decisions overlap). Then its word is read (Acquire), its state tested and
-    /// its key compared again (as `Slot::load_for`): only a key read after the word vouches
+    /// its key compared again (`Slot::load_live`): only a key read after the word vouches
     /// for it. The compare only picks the slot; a key it misses (one going live meanwhile) is
     /// found by the fallback, as a key beyond the home is.
     ///
@@ -442,20 +449,7 @@ impl<'a, W: Words> Shard<'a, W> {
             return None;
         }
         let slot = &group.slots[(first / size) % GROUP];
-        // As `load_for`, with the word's state tested first: then each test is one compare
-        // and branch to the fallback (tested after the key, the state was computed into a
-        // flag ahead of the key's branch and tested again after it: two instructions more).
-        // Acquire: pairs with the Release that made the word live, as in `load_for`.
-        let w = slot.word.load(Acquire);
-        if w & STATE != LIVE {
-            rare();
-            return None;
-        }
-        if W::load(&slot.key, Relaxed) != words {
-            rare();
-            return None;
-        }
-        decide_on(slot, w, words, now, n)
+        decide_on(slot, slot.load_live(words)?, words, now, n)
     }
 
     /// Decides on the key's live slot among the first `slots` of its window, if it is there:
@@ -467,7 +461,7 @@ impl<'a, W: Words> Shard<'a, W> {
             if W::load(&slot.key, Relaxed) != words {
                 return None;
             }
-            decide_on(slot, slot.load_for(words)?, words, now, n)
+            decide_on(slot, slot.load_live(words)?, words, now, n)
         })
     }
 
@@ -570,12 +564,12 @@ impl<'a, W: Words> Shard<'a, W> {
                         Ok((next, taken)) => (next, now.taken(taken)),
                         Err(denied) => (first, denied),
                     };
-                    // Release: pairs with `Slot::load_for`'s Acquire, publishing the key words.
+                    // Release: pairs with `Slot::load_live`'s Acquire, publishing the key words.
                     // Fails if a helper made the slot live first; then decide as on any key.
                     if slot.word.compare_exchange(want, live, Release, Relaxed).is_ok() {
                         return Some(decision);
                     }
-                    if let Some(w) = slot.load_for(words) {
+                    if let Some(w) = slot.load_live(words) {
                         if let Some(d) = decide_on(slot, w, words, now, n) {
                             return Some(d);
                         }
@@ -596,8 +590,7 @@ impl<'a, W: Words> Shard<'a, W> {
             if W::load(&slot.key, Relaxed) != words {
                 return None;
             }
-            let w = slot.load_for(words)?;
-            (w & STATE == LIVE).then_some((slot, w))
+            Some((slot, slot.load_live(words)?))
         })
     }
 
@@ -617,7 +610,7 @@ impl<'a, W: Words> Shard<'a, W> {
             return false;
         }
         // The header did not move, so the home's keys were not evicted: `w` is the committed
-        // claim. Release: pairs with `Slot::load_for`, as in `acquire_slow`.
+        // claim. Release: pairs with `Slot::load_live`, as in `acquire_slow`.
         let _ = slot.word.compare_exchange(w, w & VALUE, Release, Relaxed);
         true
     }

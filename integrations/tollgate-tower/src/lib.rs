@@ -435,6 +435,7 @@ impl Config {
         }
         let mut h = Box::<Rendered>::default();
         let d = &described.decision;
+        let remaining = d.remaining();
         let cached = &self.cache[described.index];
         // Seconds until more quota is available: the refusal's wait (or delay), or the next
         // unit's once none is left; none while units remain.
@@ -475,9 +476,8 @@ impl Config {
             };
             // Exactly as long as the value: `Bytes` takes a full `Vec` as it is, where one with
             // room to spare costs a second allocation for its shared header.
-            let (remaining, digits) =
-                (d.remaining(), |n: u64| n.checked_ilog10().map_or(1, |l| l as usize + 1));
-            let len = cached.ratelimit_prefix.len() + digits(remaining) + t.map_or(0, |t| 3 + digits(t));
+            let len =
+                cached.ratelimit_prefix.len() + decimal_len(remaining) + t.map_or(0, |t| 3 + decimal_len(t));
             let mut rl = String::with_capacity(len);
             rl.push_str(&cached.ratelimit_prefix);
             push_decimal(&mut rl, remaining);
@@ -500,7 +500,7 @@ impl Config {
             Some((q, _)) => number(q),
         };
         let reset = number(ceil_seconds(d.reset_after()));
-        h.legacy = Some([limit, number(d.remaining()), reset]);
+        h.legacy = Some([limit, number(remaining), reset]);
         h.legacy_forms = [self.headers.draft03, self.headers.x_ratelimit];
         Out(Some(h))
     }
@@ -562,7 +562,7 @@ const DIGITS: [u8; DIGITS_LEN] = {
     let mut out = [0u8; DIGITS_LEN];
     let (mut n, mut at) = (0, 0);
     while n < SMALL_LEN {
-        let len = decimal_len(n);
+        let len = decimal_len(n as u64);
         let (mut i, mut m) = (len, n);
         while i > 0 {
             i -= 1;
@@ -575,15 +575,11 @@ const DIGITS: [u8; DIGITS_LEN] = {
     out
 };
 
-const fn decimal_len(n: usize) -> usize {
-    if n < 10 {
-        1
-    } else if n < 100 {
-        2
-    } else if n < 1000 {
-        3
-    } else {
-        4
+/// How many decimal digits `n` has.
+const fn decimal_len(n: u64) -> usize {
+    match n.checked_ilog10() {
+        Some(l) => l as usize + 1,
+        None => 1,
     }
 }
 
@@ -594,7 +590,7 @@ static SMALL: [&str; SMALL_LEN] = {
     let mut out = [""; SMALL_LEN];
     let (mut n, mut rest): (usize, &'static [u8]) = (0, &DIGITS);
     while n < SMALL_LEN {
-        let (digits, tail) = rest.split_at(decimal_len(n));
+        let (digits, tail) = rest.split_at(decimal_len(n as u64));
         out[n] = match std::str::from_utf8(digits) {
             Ok(s) => s,
             Err(_) => panic!("digits are ASCII"),
