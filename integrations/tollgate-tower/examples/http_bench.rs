@@ -20,8 +20,9 @@
 //! two floors run beside them: no limiter, and no limiter writing the same five headers as
 //! constants (what the headers' bytes alone cost); and tollgate once without headers. Cells
 //! 0-10 mount each layer with `Router::layer` (axum wraps the route's service and boxes it
-//! again, for any layer); cells 11-16 mount the floors, tollgate and tower-governor around the
-//! whole router (`Layer::layer`), where a layer costs only its own work.
+//! again, for any layer); cells 11-17 mount the floors, tollgate and tower-governor around the
+//! whole router (`Layer::layer`), where a layer costs only its own work. Cell 17 is
+//! tower-governor without headers (its default), beside tollgate's `Headers::NONE` (cell 14).
 //!
 //! Beside the rate, each cell reports the server's CPU time per request (this process's user
 //! and system time over the run, from `/proc/self/stat`, divided by the requests wrk counted;
@@ -65,6 +66,8 @@ enum Subject {
     /// BENCHMARKS.md, "HTTP").
     TollgatePerConn,
     TowerGovernor,
+    /// tower-governor without `use_headers`: no headers on an admission (its default).
+    TowerGovernorNoHeaders,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -163,14 +166,19 @@ fn serve(subject: Subject, load: Load, mount: Mount) -> (SocketAddr, tokio::runt
         | Subject::TollgatePerConn => {
             mount!(tollgate_layer(subject, load))
         }
-        Subject::TowerGovernor => {
+        Subject::TowerGovernor | Subject::TowerGovernorNoHeaders => {
             let mut b = GovernorConfigBuilder::default();
             match load {
                 Load::Allow => b.period(Duration::from_micros(1)).burst_size(ALLOW_BURST as u32),
                 Load::Deny => b.period(Duration::from_secs(3600)).burst_size(1),
             };
-            let config = Arc::new(b.use_headers().finish().expect("a valid quota"));
-            mount!(GovernorLayer { config })
+            if subject == Subject::TowerGovernor {
+                let config = Arc::new(b.use_headers().finish().expect("a valid quota"));
+                mount!(GovernorLayer { config })
+            } else {
+                let config = Arc::new(b.finish().expect("a valid quota"));
+                mount!(GovernorLayer { config })
+            }
         }
     }
     (addr, rt)
@@ -274,6 +282,7 @@ fn main() {
         (Subject::TollgateNoHeaders, Load::Allow, Mount::Outer),
         (Subject::TowerGovernor, Load::Allow, Mount::Outer),
         (Subject::TollgateXOnly, Load::Allow, Mount::Outer),
+        (Subject::TowerGovernorNoHeaders, Load::Allow, Mount::Outer),
     ])
     .collect::<Vec<_>>();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -336,6 +345,7 @@ fn main() {
             Subject::TollgateNoHeaders => "tollgate-tower, Headers::NONE",
             Subject::TollgatePerConn => "tollgate-tower, Headers::NONE, per connection",
             Subject::TowerGovernor => "tower-governor 0.7",
+            Subject::TowerGovernorNoHeaders => "tower-governor 0.7, no headers",
         };
         let outer = if mount == Mount::Outer { ", around the router" } else { "" };
         let name = format!("{name}{outer}");

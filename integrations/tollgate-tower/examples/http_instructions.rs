@@ -12,7 +12,9 @@
 //!
 //! Subjects: `none` (no layer), `pass` (a layer that passes responses through), `const` (the
 //! five headers tollgate writes, as constants),
-//! `tollgate` (its default headers), `xonly`, `ietf`, `noheaders`. Exclude the first TSC clock's
+//! `tollgate` (its default headers), `xonly`, `ietf`, `noheaders`, `governor` (tower-governor
+//! on the same quota, with its `use_headers`) and `governor_noheaders` (without); each also as
+//! `<subject>-outer`. Exclude the first TSC clock's
 //! calibration (`OnceCell::initialize`, `clock_gettime`) from the totals: it runs for a fixed
 //! time, so its instruction count varies between runs.
 
@@ -29,12 +31,31 @@ use tollgate::{KeyedLimiter, Rate, TokenBucket};
 use tollgate_tower::{Headers, Limit, PeerIp, RateLimitLayer};
 use tower::Layer;
 
+/// tower-governor on the same quota (a million a second, a burst of 1,000), with the headers
+/// its `use_headers` writes (`x-ratelimit-limit` and `x-ratelimit-remaining` on an admission).
+/// `governor_layer!(no_headers)`: its default, no headers on an admission. A macro: the
+/// layer's type names a crate this one does not depend on.
+macro_rules! governor_layer {
+    () => {{
+        let mut b = tower_governor::governor::GovernorConfigBuilder::default();
+        b.period(std::time::Duration::from_micros(1)).burst_size(1000);
+        tower_governor::GovernorLayer { config: Arc::new(b.use_headers().finish().unwrap()) }
+    }};
+    (no_headers) => {{
+        let mut b = tower_governor::governor::GovernorConfigBuilder::default();
+        b.period(std::time::Duration::from_micros(1)).burst_size(1000);
+        tower_governor::GovernorLayer { config: Arc::new(b.finish().unwrap()) }
+    }};
+}
+
 fn app(subject: &str) -> Router {
     let router = Router::new().route("/", get(|| async { "hello" }));
     match subject {
         "none" => router,
         "const" => router.layer(shared::constant_headers()),
         "pass" => router.layer(shared::pass_through()),
+        "governor" => router.layer(governor_layer!()),
+        "governor_noheaders" => router.layer(governor_layer!(no_headers)),
         _ => router.layer(tollgate_layer(subject)),
     }
 }
@@ -53,7 +74,7 @@ fn tollgate_layer(subject: &str) -> RateLimitLayer {
 }
 
 fn main() {
-    let subject = std::env::args().nth(1).expect("a subject: none, const, tollgate, xonly, ietf, noheaders");
+    let subject = std::env::args().nth(1).expect("a subject: none, pass, const, tollgate, xonly, ietf, noheaders, governor, governor_noheaders (each also as <subject>-outer)");
     let n: usize = std::env::var("N").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async move {
@@ -75,6 +96,9 @@ fn main() {
         let router = Router::new().route("/", get(|| async { "hello" }));
         match subject.strip_suffix("-outer") {
             Some("pass") => serve!(shared::pass_through().layer(router)),
+            Some("const") => serve!(shared::constant_headers().layer(router)),
+            Some("governor") => serve!(governor_layer!().layer(router)),
+            Some("governor_noheaders") => serve!(governor_layer!(no_headers).layer(router)),
             Some(inner) => serve!(tollgate_layer(inner).layer(router)),
             // A router through its own method, as axum users serve one.
             None => {

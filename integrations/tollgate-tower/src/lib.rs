@@ -300,14 +300,20 @@ struct Rendered {
 impl Out {
     /// Inserts the headers into `h`, with room reserved for them and for `extra` more the
     /// caller inserts after them (one growth of the map at most).
+    ///
+    /// Inline, and out of line only when there are headers: under `Headers::NONE` a response
+    /// pays one test (callgrind: about 30 instructions fewer than a call).
+    #[inline]
     fn write(self, h: &mut HeaderMap, extra: usize) {
-        let Some(out) = self.0 else {
+        match self.0 {
+            Some(out) => Out::write_rendered(*out, h, extra),
             // `Headers::NONE`, or nothing to describe.
-            if extra > 0 {
-                h.reserve(extra);
-            }
-            return;
-        };
+            None if extra > 0 => h.reserve(extra),
+            None => {}
+        }
+    }
+
+    fn write_rendered(out: Rendered, h: &mut HeaderMap, extra: usize) {
         static LEGACY: [[HeaderName; 3]; 2] = [
             [
                 HeaderName::from_static("ratelimit-limit"),
@@ -322,7 +328,7 @@ impl Out {
         ];
         static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
         static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-        let Rendered { policy, ratelimit, legacy, legacy_forms } = *out;
+        let Rendered { policy, ratelimit, legacy, legacy_forms } = out;
         let forms = if legacy.is_some() { legacy_forms.iter().filter(|&&on| on).count() } else { 0 };
         h.reserve(usize::from(policy.is_some()) + usize::from(ratelimit.is_some()) + 3 * forms + extra);
         if let Some(v) = policy {
@@ -353,6 +359,45 @@ enum Verdict {
 
 impl Config {
     fn decide(&self, req: &Parts) -> Verdict {
+        match &self.limits[..] {
+            [limit] if self.delays != Delays::Refuse => self.decide_one(limit, req),
+            _ => self.decide_all(req),
+        }
+    }
+
+    /// [`decide`](Config::decide) for a layer of one limit that waits out its delays (the
+    /// common case): what `decide_all` answers, without the lists it keeps for several limits
+    /// (callgrind: about 90 instructions fewer a request). Its one charge is the last, never
+    /// given back: a plain check.
+    #[inline]
+    fn decide_one(&self, limit: &Limit, req: &Parts) -> Verdict {
+        if !limit.applies(req) {
+            return Verdict::Serve { headers: Out::default(), delay: Duration::ZERO };
+        }
+        let answer = match limit.limit.check(req, limit.cost_of(req)) {
+            Ok(decision) => Answer { index: 0, decision },
+            Err(e) => return Verdict::Refuse(self.key_error(&e)),
+        };
+        // Delays are waited out: every admission is admitted.
+        if !answer.decision.is_allowed() {
+            let headers = self.headers(req, &answer, None, &[], Some(&answer));
+            if self.dry_run {
+                return Verdict::Serve { headers, delay: Duration::ZERO };
+            }
+            return Verdict::Refuse(self.refusal(&answer, headers));
+        }
+        let delay = if self.dry_run { Duration::ZERO } else { answer.decision.delay() };
+        let headers = if self.headers == Headers::NONE {
+            Out::default()
+        } else {
+            self.admitted_headers(req, core::slice::from_ref(&answer))
+        };
+        Verdict::Serve { headers, delay }
+    }
+
+    /// [`decide`](Config::decide) for any layer: each limit that applies in turn, until one
+    /// refuses (the charges before it given back).
+    fn decide_all(&self, req: &Parts) -> Verdict {
         let mut answers: SmallVec<[Answer; 4]> = SmallVec::new();
         let mut receipts: SmallVec<[(usize, Taken); 4]> = SmallVec::new();
         let mut refused: Option<Answer> = None;
@@ -400,18 +445,24 @@ impl Config {
         } else {
             answers.iter().map(|a| a.decision.delay()).max().unwrap_or_default()
         };
-        let described = if self.headers == Headers::NONE { None } else { closest(&answers) };
-        let headers = match described {
+        Verdict::Serve { headers: self.admitted_headers(req, &answers), delay }
+    }
+
+    /// The headers of an admitted request, describing the limit closest to refusing among
+    /// `answers`.
+    #[inline]
+    fn admitted_headers(&self, req: &Parts, answers: &[Answer]) -> Out {
+        let described = if self.headers == Headers::NONE { None } else { closest(answers) };
+        match described {
             Some(a) => {
                 // None left: `t` says when the next unit comes.
                 let next = (a.decision.remaining() == 0 && self.headers.ietf)
                     .then(|| self.limits[a.index].limit.peek(req, 1).ok().and_then(|d| d.retry_after()))
                     .flatten();
-                self.headers(req, a, next, &answers, None)
+                self.headers(req, a, next, answers, None)
             }
             None => Out::default(),
-        };
-        Verdict::Serve { headers, delay }
+        }
     }
 
     fn refund(&self, req: &Parts, receipts: SmallVec<[(usize, Taken); 4]>) {
@@ -795,6 +846,86 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a verdict answers, as a client would see it: the status (none when served), the
+    /// headers, the delay and the body.
+    fn seen(v: Verdict) -> (Option<StatusCode>, Vec<(HeaderName, HeaderValue)>, Duration, Bytes) {
+        let list = |h: &HeaderMap| h.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        match v {
+            Verdict::Serve { headers, delay } => {
+                let mut h = HeaderMap::new();
+                headers.write(&mut h, 0);
+                (None, list(&h), delay, Bytes::new())
+            }
+            Verdict::Refuse(r) => (Some(r.status()), list(r.headers()), Duration::ZERO, r.into_body()),
+        }
+    }
+
+    /// The one-limit path (`decide_one`) answers what the general loop (`decide_all`)
+    /// answers: twin layers over twin limiters on one manual clock, given the same requests
+    /// at the same instants (a missing key, a cost, a route the limit skips, delays, dry run,
+    /// every header form), agree on every status, header, delay and body.
+    #[test]
+    fn one_limit_decides_as_the_loop() {
+        use proptest::prelude::*;
+        use tollgate::{KeyedLimiter, ManualClock, Nginx, NginxLimiter, TokenBucket};
+
+        let layer = |kind: u8, clock: &ManualClock| -> RateLimitLayer {
+            let limit = match kind {
+                0 => Limit::keyed(
+                    "per-key",
+                    Arc::new(
+                        KeyedLimiter::<String, _>::builder("3/s".parse::<TokenBucket>().unwrap())
+                            .capacity(16)
+                            .build_with_clock(clock.clone())
+                            .unwrap(),
+                    ),
+                    crate::HeaderKey(HeaderName::from_static("x-key")),
+                ),
+                1 => Limit::direct(
+                    "nginx",
+                    Arc::new(NginxLimiter::with_clock(
+                        "4r/s burst=3".parse::<Nginx>().unwrap(),
+                        clock.clone(),
+                    )),
+                ),
+                _ => Limit::direct(
+                    "bucket",
+                    Arc::new(tollgate::Limiter::with_clock(
+                        "5/s".parse::<TokenBucket>().unwrap(),
+                        clock.clone(),
+                    )),
+                ),
+            };
+            let limit = limit.when(|p: &Parts| p.uri.path() != "/free").cost(|p: &Parts| {
+                p.headers.get("x-cost").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1)
+            });
+            RateLimitLayer::new([limit])
+        };
+        let forms = [Headers::NONE, Headers::default(), Headers::ALL];
+        proptest!(ProptestConfig::with_cases(64), |(
+            kind in 0u8..3,
+            form in 0usize..3,
+            dry_run in any::<bool>(),
+            steps in proptest::collection::vec((0u64..600, 0u8..4, 1u64..4, 0u8..8), 1..40),
+        )| {
+            let (c1, c2) = (ManualClock::new(), ManualClock::new());
+            let one = layer(kind, &c1).headers(forms[form]).dry_run(dry_run);
+            let all = layer(kind, &c2).headers(forms[form]).dry_run(dry_run);
+            prop_assert!(one.config.limits.len() == 1 && one.config.delays != Delays::Refuse);
+            for (ms, key, cost, path) in steps {
+                c1.advance(Duration::from_millis(ms));
+                c2.advance(Duration::from_millis(ms));
+                let mut b = Request::builder().uri(if path == 0 { "/free" } else { "/" });
+                if key < 3 {
+                    b = b.header("x-key", format!("k{key}"));
+                }
+                let (parts, ()) = b.header("x-cost", cost.to_string()).body(()).unwrap().into_parts();
+                let limit = &one.config.limits[0];
+                prop_assert_eq!(seen(one.config.decide_one(limit, &parts)), seen(all.config.decide_all(&parts)));
+            }
+        });
+    }
 
     #[test]
     fn numbers_render_as_their_decimal_form() {
