@@ -338,12 +338,21 @@ impl Out {
             h.insert(RATELIMIT.clone(), v);
         }
         if let Some(values) = legacy {
-            for (names, on) in LEGACY.iter().zip(legacy_forms) {
-                if on {
-                    for (name, value) in names.iter().zip(&values) {
-                        h.insert(name.clone(), value.clone());
+            match legacy_forms {
+                [true, true] => {
+                    for names in &LEGACY {
+                        for (name, value) in names.iter().zip(&values) {
+                            h.insert(name.clone(), value.clone());
+                        }
                     }
                 }
+                // One form (the usual): its values moved in, not cloned.
+                [draft03, x_ratelimit] if draft03 || x_ratelimit => {
+                    for (name, value) in LEGACY[usize::from(x_ratelimit)].iter().zip(values) {
+                        h.insert(name.clone(), value);
+                    }
+                }
+                _ => {}
             }
         }
     }
@@ -499,30 +508,24 @@ impl Config {
         let tiered = |a: &Answer| self.limits[a.index].quota_for(req);
         let mut described_quota = None;
         if self.headers.ietf {
-            let all: SmallVec<[_; 4]> = answers.iter().chain(refused).map(|a| (a, tiered(a))).collect();
-            described_quota = match all.iter().find(|(a, _)| a.index == described.index) {
-                Some(&(_, q)) => q,
-                None => tiered(described),
-            };
-            let every = all.len() == self.limits.len();
-            let policy = match &self.policy_all {
-                Some(p) if every && all.iter().all(|(_, q)| q.is_none()) => p.clone(),
-                _ => {
-                    let mut v = String::new();
-                    for &(a, q) in &all {
-                        if !v.is_empty() {
-                            v.push_str(", ");
-                        }
-                        match q {
-                            None => v.push_str(&self.cache[a.index].policy_item),
-                            Some((q, w)) => v.push_str(&format!(
-                                "{};q={q};w={}",
-                                sf_string(&self.limits[a.index].name),
-                                w.as_secs()
-                            )),
-                        }
-                    }
-                    HeaderValue::try_from(v).unwrap_or_else(|_| HeaderValue::from_static(""))
+            let policy = if answers.len() + usize::from(refused.is_some()) == 1 {
+                // One limit answered (most layers have one): `described` is it.
+                let q = tiered(described);
+                described_quota = q;
+                match &self.policy_all {
+                    Some(p) if q.is_none() && self.limits.len() == 1 => p.clone(),
+                    _ => self.policy(&[(described, q)]),
+                }
+            } else {
+                let all: SmallVec<[_; 4]> = answers.iter().chain(refused).map(|a| (a, tiered(a))).collect();
+                described_quota = match all.iter().find(|(a, _)| a.index == described.index) {
+                    Some(&(_, q)) => q,
+                    None => tiered(described),
+                };
+                let every = all.len() == self.limits.len();
+                match &self.policy_all {
+                    Some(p) if every && all.iter().all(|(_, q)| q.is_none()) => p.clone(),
+                    _ => self.policy(&all),
                 }
             };
             // Exactly as long as the value: `Bytes` takes a full `Vec` as it is, where one with
@@ -554,6 +557,24 @@ impl Config {
         h.legacy = Some([limit, number(remaining), reset]);
         h.legacy_forms = [self.headers.draft03, self.headers.x_ratelimit];
         Out(Some(h))
+    }
+
+    /// The `RateLimit-Policy` value listing `answered`, each with its quota for this request
+    /// (`Some` for a key's own tier).
+    fn policy(&self, answered: &[(&Answer, Option<(u64, Duration)>)]) -> HeaderValue {
+        let mut v = String::new();
+        for &(a, q) in answered {
+            if !v.is_empty() {
+                v.push_str(", ");
+            }
+            match q {
+                None => v.push_str(&self.cache[a.index].policy_item),
+                Some((q, w)) => {
+                    v.push_str(&format!("{};q={q};w={}", sf_string(&self.limits[a.index].name), w.as_secs()));
+                }
+            }
+        }
+        HeaderValue::try_from(v).unwrap_or_else(|_| HeaderValue::from_static(""))
     }
 
     /// The answer to a refused request, with its headers.
@@ -788,11 +809,13 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
-            Projected::Inner { future, headers } => match future.poll(cx) {
-                Poll::Ready(Ok(r)) => Poll::Ready(Ok(with_headers(r, std::mem::take(headers)))),
-                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-                Poll::Pending => Poll::Pending,
-            },
+            Projected::Inner { future, headers } => {
+                let mut out = future.poll(cx);
+                if let Poll::Ready(Ok(r)) = &mut out {
+                    std::mem::take(headers).write(r.headers_mut(), 0);
+                }
+                out
+            }
             Projected::Delayed { future, headers } => match future.as_mut().poll(cx) {
                 Poll::Ready(Ok(r)) => Poll::Ready(Ok(with_headers(r, std::mem::take(headers)))),
                 Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
