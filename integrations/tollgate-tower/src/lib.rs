@@ -111,6 +111,9 @@ struct Config {
     cache: Vec<Cached>,
     /// `RateLimit-Policy` when every limit applies, each as configured.
     policy_all: Option<HeaderValue>,
+    /// Whether a limit sends a partition key ([`Limit::partition_key`]): then no value is
+    /// the same for every request.
+    partitioned: bool,
 }
 
 /// A limit's header parts and refusal bodies, rendered once.
@@ -139,6 +142,7 @@ impl Config {
             key_error: StatusCode::BAD_REQUEST,
             cache: Vec::new(),
             policy_all: None,
+            partitioned: false,
         };
         c.render();
         c
@@ -181,6 +185,7 @@ impl Config {
             .collect();
         let all: Vec<&str> = self.cache.iter().map(|c| c.policy_item.as_str()).collect();
         self.policy_all = HeaderValue::try_from(all.join(", ")).ok();
+        self.partitioned = self.limits.iter().any(|l| l.partition.is_some());
     }
 }
 
@@ -513,8 +518,8 @@ impl Config {
                 let q = tiered(described);
                 described_quota = q;
                 match &self.policy_all {
-                    Some(p) if q.is_none() && self.limits.len() == 1 => p.clone(),
-                    _ => self.policy(&[(described, q)]),
+                    Some(p) if q.is_none() && self.limits.len() == 1 && !self.partitioned => p.clone(),
+                    _ => self.policy(req, &[(described, q)]),
                 }
             } else {
                 let all: SmallVec<[_; 4]> = answers.iter().chain(refused).map(|a| (a, tiered(a))).collect();
@@ -524,20 +529,28 @@ impl Config {
                 };
                 let every = all.len() == self.limits.len();
                 match &self.policy_all {
-                    Some(p) if every && all.iter().all(|(_, q)| q.is_none()) => p.clone(),
-                    _ => self.policy(&all),
+                    Some(p) if every && !self.partitioned && all.iter().all(|(_, q)| q.is_none()) => {
+                        p.clone()
+                    }
+                    _ => self.policy(req, &all),
                 }
             };
             // Exactly as long as the value: `Bytes` takes a full `Vec` as it is, where one with
             // room to spare costs a second allocation for its shared header.
-            let len =
-                cached.ratelimit_prefix.len() + decimal_len(remaining) + t.map_or(0, |t| 3 + decimal_len(t));
+            let pk = if self.partitioned { self.limits[described.index].pk_param(req) } else { None };
+            let len = cached.ratelimit_prefix.len()
+                + decimal_len(remaining)
+                + t.map_or(0, |t| 3 + decimal_len(t))
+                + pk.as_ref().map_or(0, String::len);
             let mut rl = String::with_capacity(len);
             rl.push_str(&cached.ratelimit_prefix);
             push_decimal(&mut rl, remaining);
             if let Some(t) = t {
                 rl.push_str(";t=");
                 push_decimal(&mut rl, t);
+            }
+            if let Some(pk) = pk {
+                rl.push_str(&pk);
             }
             debug_assert_eq!(rl.len(), len, "the RateLimit value's length was computed exactly");
             h.policy = Some(policy);
@@ -560,8 +573,8 @@ impl Config {
     }
 
     /// The `RateLimit-Policy` value listing `answered`, each with its quota for this request
-    /// (`Some` for a key's own tier).
-    fn policy(&self, answered: &[(&Answer, Option<(u64, Duration)>)]) -> HeaderValue {
+    /// (`Some` for a key's own tier) and its partition key, if it sends one.
+    fn policy(&self, req: &Parts, answered: &[(&Answer, Option<(u64, Duration)>)]) -> HeaderValue {
         let mut v = String::new();
         for &(a, q) in answered {
             if !v.is_empty() {
@@ -572,6 +585,9 @@ impl Config {
                 Some((q, w)) => {
                     v.push_str(&format!("{};q={q};w={}", sf_string(&self.limits[a.index].name), w.as_secs()));
                 }
+            }
+            if let Some(pk) = self.limits[a.index].pk_param(req) {
+                v.push_str(&pk);
             }
         }
         HeaderValue::try_from(v).unwrap_or_else(|_| HeaderValue::from_static(""))
@@ -886,8 +902,8 @@ mod tests {
 
     /// The one-limit path (`decide_one`) answers what the general loop (`decide_all`)
     /// answers: twin layers over twin limiters on one manual clock, given the same requests
-    /// at the same instants (a missing key, a cost, a route the limit skips, delays, dry run,
-    /// every header form), agree on every status, header, delay and body.
+    /// at the same instants (a missing key, a partition key, a cost, a route the limit skips,
+    /// delays, dry run, every header form), agree on every status, header, delay and body.
     #[test]
     fn one_limit_decides_as_the_loop() {
         use proptest::prelude::*;
@@ -904,7 +920,8 @@ mod tests {
                             .unwrap(),
                     ),
                     crate::HeaderKey(HeaderName::from_static("x-key")),
-                ),
+                )
+                .partition_key(|p: &Parts| p.headers.get("x-key").map(|v| v.as_bytes().to_vec())),
                 1 => Limit::direct(
                     "nginx",
                     Arc::new(NginxLimiter::with_clock(

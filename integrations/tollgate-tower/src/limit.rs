@@ -247,6 +247,7 @@ where
 
 type Predicate = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 type Cost = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
+type Partition = Arc<dyn Fn(&Parts) -> Option<Vec<u8>> + Send + Sync>;
 
 /// One limit of a [`RateLimitLayer`](crate::RateLimitLayer): a limiter shared with the
 /// application (an `Arc`: change its quota, read its counters, while the layer uses it), named
@@ -277,6 +278,7 @@ pub struct Limit {
     pub(crate) described: bool,
     pub(crate) when: Option<Predicate>,
     pub(crate) cost: Option<Cost>,
+    pub(crate) partition: Option<Partition>,
 }
 
 impl Limit {
@@ -324,7 +326,16 @@ impl Limit {
     }
 
     fn new(name: &str, limit: Arc<dyn HttpLimit>, quota: u64, window: Duration) -> Limit {
-        Limit { name: name.into(), limit, quota, window, described: false, when: None, cost: None }
+        Limit {
+            name: name.into(),
+            limit,
+            quota,
+            window,
+            described: false,
+            when: None,
+            cost: None,
+            partition: None,
+        }
     }
 
     /// Applies the limit only to requests for which `pred` is true (a route, a method): per-route
@@ -338,6 +349,30 @@ impl Limit {
     /// A cost of 0 passes and takes nothing.
     pub fn cost(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Limit {
         self.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// Sends the bytes `pk` gives for a request as the IETF fields' partition key: `pk=:…:`
+    /// (base64) on this limit's `RateLimit-Policy` item and, when this limit is the one
+    /// described, on `RateLimit`; none for a request it gives `None`. Off by default: a key
+    /// may be personal data (an address, an account), so give an opaque identifier, such as
+    /// a keyed hash of the key, not the key itself.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tollgate::{KeyedLimiter, TokenBucket};
+    /// use tollgate_tower::{HeaderKey, Limit};
+    ///
+    /// let per_key = Arc::new(KeyedLimiter::<String>::new("10/s".parse::<TokenBucket>()?, 10_000)?);
+    /// let key = HeaderKey(http::HeaderName::from_static("x-api-key"));
+    /// // A tenant id the application keeps for each API key (here, a stand-in).
+    /// let tenant_of = |req: &http::request::Parts| Some(req.headers.get("x-tenant")?.as_bytes().to_vec());
+    /// let limit = Limit::keyed("per-key", per_key, key).partition_key(tenant_of);
+    /// # let _ = limit;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn partition_key(mut self, pk: impl Fn(&Parts) -> Option<Vec<u8>> + Send + Sync + 'static) -> Limit {
+        self.partition = Some(Arc::new(pk));
         self
     }
 
@@ -371,6 +406,13 @@ impl Limit {
     pub(crate) fn cost_of(&self, req: &Parts) -> u64 {
         self.cost.as_ref().map_or(1, |c| c(req))
     }
+
+    /// `;pk=:…:` for `req`, if the limit sends a partition key and has one for it.
+    pub(crate) fn pk_param(&self, req: &Parts) -> Option<String> {
+        use base64::Engine;
+        let pk = self.partition.as_ref()?(req)?;
+        Some(format!(";pk=:{}:", base64::engine::general_purpose::STANDARD.encode(pk)))
+    }
 }
 
 impl fmt::Debug for Limit {
@@ -380,6 +422,7 @@ impl fmt::Debug for Limit {
             .field("quota", &self.quota)
             .field("window", &self.window)
             .field("per_route", &self.when.is_some())
+            .field("partition_key", &self.partition.is_some())
             .finish_non_exhaustive()
     }
 }

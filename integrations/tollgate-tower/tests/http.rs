@@ -389,3 +389,51 @@ async fn a_keyed_bucket_can_wait_instead_of_refusing() {
     assert_eq!(get(&c, addr, "/", &[]).await.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(waiting.peek(&peer).remaining(), 1, "the waiting bucket's token came back");
 }
+
+/// A partition key, when chosen (`Limit::partition_key`): `pk=:base64:` on the limit's policy
+/// item and on `RateLimit` when that limit is described; none for a request it has no key for,
+/// and none on a limit that does not send one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_key_is_sent_when_chosen() {
+    let clock = ManualClock::new();
+    let per_key = Arc::new(
+        KeyedLimiter::<String, _>::builder("2/s".parse::<TokenBucket>().unwrap())
+            .capacity(100)
+            .build_with_clock(clock.clone())
+            .unwrap(),
+    );
+    let global = Arc::new(Limiter::with_clock("10/s".parse::<TokenBucket>().unwrap(), clock.clone()));
+    // Opaque ids of the application's own, not the keys: `tenant-1`, and two raw bytes.
+    let tenant = |req: &http::request::Parts| match req.headers.get("x-api-key")?.as_bytes() {
+        b"alice" => Some(b"tenant-1".to_vec()),
+        b"carol" => Some(vec![0, 255]),
+        _ => None,
+    };
+    let layer = RateLimitLayer::new([
+        Limit::keyed("per-key", per_key, HeaderKey(HeaderName::from_static("x-api-key")))
+            .partition_key(tenant),
+        Limit::direct("global", global),
+    ]);
+    let (addr, c) = (serve(layer).await, client());
+
+    let r = get(&c, addr, "/", &[("x-api-key", "alice")]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some(r#""per-key";q=2;w=1;pk=:dGVuYW50LTE=:, "global";q=10;w=1"#)
+    );
+    assert_eq!(r.header("ratelimit"), Some(r#""per-key";r=1;pk=:dGVuYW50LTE=:"#));
+    let r = get(&c, addr, "/", &[("x-api-key", "alice")]).await;
+    assert_eq!(r.header("ratelimit"), Some(r#""per-key";r=0;t=1;pk=:dGVuYW50LTE=:"#));
+    let r = get(&c, addr, "/", &[("x-api-key", "alice")]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header("ratelimit"), Some(r#""per-key";r=0;t=1;pk=:dGVuYW50LTE=:"#));
+    assert_eq!(r.header("ratelimit-policy"), Some(r#""per-key";q=2;w=1;pk=:dGVuYW50LTE=:"#));
+
+    let r = get(&c, addr, "/", &[("x-api-key", "carol")]).await;
+    assert_eq!(r.header("ratelimit"), Some(r#""per-key";r=1;pk=:AP8=:"#));
+    // No id for bob: the fields without `pk`.
+    let r = get(&c, addr, "/", &[("x-api-key", "bob")]).await;
+    assert_eq!(r.header("ratelimit-policy"), Some(r#""per-key";q=2;w=1, "global";q=10;w=1"#));
+    assert_eq!(r.header("ratelimit"), Some(r#""per-key";r=1"#));
+}
