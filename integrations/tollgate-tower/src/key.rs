@@ -1,5 +1,6 @@
 //! What a keyed limit counts a request against: the client's address (the socket's, or a
-//! trusted proxy's report of it), a header, the path, or any function of the request.
+//! trusted proxy's report of it), a header, the path or one of its segments, or any function
+//! of the request.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -23,6 +24,10 @@ pub enum KeyError {
     MissingHeader(HeaderName),
     /// The header is present but not visible ASCII, or empty.
     MalformedHeader(HeaderName),
+    /// The path has no segment at this place ([`PathSegment`]), or it is empty.
+    MissingPathSegment(usize),
+    /// The path's segment at this place is not UTF-8 once percent-decoded ([`PathSegment`]).
+    MalformedPathSegment(usize),
     /// A key extractor of the application's refused the request, saying why.
     Refused(String),
 }
@@ -36,6 +41,12 @@ impl fmt::Display for KeyError {
             KeyError::MissingHeader(h) => write!(f, "the request has no `{h}` header to limit by"),
             KeyError::MalformedHeader(h) => {
                 write!(f, "the `{h}` header is empty or not visible ASCII, so it cannot be a limit's key")
+            }
+            KeyError::MissingPathSegment(i) => {
+                write!(f, "the request's path has no segment {i} (counted from 0) to limit by")
+            }
+            KeyError::MalformedPathSegment(i) => {
+                write!(f, "the request's path segment {i} is not UTF-8 once percent-decoded, so it cannot be a limit's key")
             }
             KeyError::Refused(why) => write!(f, "the request has no key: {why}"),
         }
@@ -252,5 +263,26 @@ impl KeyExtractor for PathKey {
     type Key = String;
     fn extract(&self, req: &Parts) -> Result<String, KeyError> {
         Ok(req.uri.path().to_owned())
+    }
+}
+
+/// A route parameter by its place in the path, as the key: `PathSegment(1)` keys
+/// `/users/42/posts` by `42` (segments counted from 0 after the leading `/`; the query is not
+/// part of the path). Percent-decoded, as routers decode their parameters, so that
+/// `/users/%34%32` is the same client as `/users/42`. A path without that segment, or with it
+/// empty, is [`KeyError::MissingPathSegment`]; one that is not UTF-8 once decoded is
+/// [`KeyError::MalformedPathSegment`]. Works wherever the layer is mounted (it reads the path,
+/// not the router's match).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathSegment(pub usize);
+
+impl KeyExtractor for PathSegment {
+    type Key = String;
+    fn extract(&self, req: &Parts) -> Result<String, KeyError> {
+        let path = req.uri.path();
+        let segment = path.strip_prefix('/').unwrap_or(path).split('/').nth(self.0);
+        let segment = segment.filter(|s| !s.is_empty()).ok_or(KeyError::MissingPathSegment(self.0))?;
+        let decoded = percent_encoding::percent_decode_str(segment).decode_utf8();
+        decoded.map(std::borrow::Cow::into_owned).map_err(|_| KeyError::MalformedPathSegment(self.0))
     }
 }

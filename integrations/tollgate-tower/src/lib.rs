@@ -54,7 +54,8 @@ use tollgate::{Decision, Outcome};
 use tower::{Layer, Service};
 
 pub use key::{
-    BadNetwork, ClientIp, ForwardedHeader, HeaderKey, KeyError, KeyExtractor, PathKey, PeerAddr, PeerIp,
+    BadNetwork, ClientIp, ForwardedHeader, HeaderKey, KeyError, KeyExtractor, PathKey, PathSegment, PeerAddr,
+    PeerIp,
 };
 use limit::Taken;
 pub use limit::{HeaderQuota, Limit};

@@ -437,3 +437,28 @@ async fn a_partition_key_is_sent_when_chosen() {
     assert_eq!(r.header("ratelimit-policy"), Some(r#""per-key";q=2;w=1, "global";q=10;w=1"#));
     assert_eq!(r.header("ratelimit"), Some(r#""per-key";r=1"#));
 }
+
+/// A limit per route parameter (`PathSegment`): `/users/42` and `/users/%34%32` are one client;
+/// a path without the parameter is a 400 that says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_parameter_is_a_key() {
+    let clock = ManualClock::new();
+    let per_user = Arc::new(
+        KeyedLimiter::<String, _>::builder("2/min".parse::<TokenBucket>().unwrap())
+            .capacity(100)
+            .build_with_clock(clock.clone())
+            .unwrap(),
+    );
+    let layer = RateLimitLayer::new([Limit::keyed("per-user", per_user, tollgate_tower::PathSegment(1))]);
+    let (addr, c) = (serve(layer).await, client());
+    assert_eq!(get(&c, addr, "/users/42", &[]).await.header("ratelimit"), Some(r#""per-user";r=1"#));
+    assert_eq!(
+        get(&c, addr, "/users/%34%32/posts", &[]).await.header("ratelimit"),
+        Some(r#""per-user";r=0;t=30"#)
+    );
+    assert_eq!(get(&c, addr, "/users/4%32", &[]).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(get(&c, addr, "/users/7", &[]).await.status, StatusCode::OK);
+    let r = get(&c, addr, "/users", &[]).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(r.body.contains("no segment 1"), "{}", r.body);
+}
