@@ -108,6 +108,9 @@ struct Config {
     delays: Delays,
     insufficient: StatusCode,
     key_error: StatusCode,
+    /// The application's refusal body ([`RateLimitLayer::refusal_body`]), instead of the
+    /// problem details.
+    body: Option<RefusalBody>,
     /// What every response of a limit repeats, rendered once (rebuilt by every setter).
     cache: Vec<Cached>,
     /// `RateLimit-Policy` when every limit applies, each as configured.
@@ -141,6 +144,7 @@ impl Config {
             delays: Delays::default(),
             insufficient: StatusCode::TOO_MANY_REQUESTS,
             key_error: StatusCode::BAD_REQUEST,
+            body: None,
             cache: Vec::new(),
             policy_all: None,
             partitioned: false,
@@ -225,6 +229,32 @@ impl RateLimitLayer {
         self.with(|c| c.problem = on)
     }
 
+    /// The body of a limit's refusal, the application's own instead of the problem details:
+    /// `body` gets what was refused and gives the `Content-Type` and the bytes. The layer
+    /// still sets the status, `Retry-After` and the rate-limit headers. Applies to refusals by
+    /// a limit (429, the insufficient status, 503 for a full table), not to key errors, whose
+    /// body stays the problem details ([`problem_details`](RateLimitLayer::problem_details)).
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::HeaderValue;
+    /// use tollgate_tower::{Limit, RateLimitLayer};
+    /// # let limits: Vec<Limit> = Vec::new();
+    /// let layer = RateLimitLayer::new(limits).refusal_body(|r| {
+    ///     let wait = r.retry_after().map_or(-1, |w| w.as_secs_f64().ceil() as i64);
+    ///     let json = format!(r#"{{"error":"rate_limited","limit":"{}","retry_in":{wait}}}"#, r.limit());
+    ///     (HeaderValue::from_static("application/json"), Bytes::from(json))
+    /// });
+    /// # let _ = layer;
+    /// ```
+    pub fn refusal_body(
+        self,
+        body: impl Fn(&Refusal<'_>) -> (HeaderValue, Bytes) + Send + Sync + 'static,
+    ) -> RateLimitLayer {
+        let body: RefusalBody = Arc::new(body);
+        self.with(|c| c.body = Some(body))
+    }
+
     /// What to do with delayed admissions (default: wait, then serve).
     pub fn delays(self, delays: Delays) -> RateLimitLayer {
         self.with(|c| c.delays = delays)
@@ -251,6 +281,7 @@ impl fmt::Debug for RateLimitLayer {
             .field("headers", &c.headers)
             .field("dry_run", &c.dry_run)
             .field("delays", &c.delays)
+            .field("refusal_body", &c.body.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -370,6 +401,43 @@ enum Verdict {
     Serve { headers: Out, delay: Duration },
     /// Answer with this response.
     Refuse(Response<Bytes>),
+}
+
+type RefusalBody = Arc<dyn Fn(&Refusal<'_>) -> (HeaderValue, Bytes) + Send + Sync>;
+
+/// A refusal by one of the layer's limits, for an application's own body
+/// ([`RateLimitLayer::refusal_body`]).
+#[derive(Debug)]
+pub struct Refusal<'a> {
+    limit: &'a str,
+    outcome: Outcome,
+    status: StatusCode,
+    retry_after: Option<Duration>,
+}
+
+impl Refusal<'_> {
+    /// The name of the limit that refused.
+    pub fn limit(&self) -> &str {
+        self.limit
+    }
+
+    /// Why: [`Outcome::Denied`] (not now), [`Outcome::Insufficient`] (never: the request costs
+    /// more than the limit admits at once), [`Outcome::TableFull`] (a keyed table with no room
+    /// for a new client) or [`Outcome::Delayed`] (a delay the layer refuses, [`Delays::Refuse`]).
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+
+    /// The status the response carries.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The exact wait until the request would be admitted (`Retry-After` is this, rounded up
+    /// to whole seconds); `None` when no wait helps.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
 }
 
 impl Config {
@@ -603,17 +671,28 @@ impl Config {
             Outcome::Delayed => (StatusCode::TOO_MANY_REQUESTS, 3),
             _ => (StatusCode::TOO_MANY_REQUESTS, 0),
         };
-        let body = if self.problem { self.cache[refused.index].bodies[body].clone() } else { Bytes::new() };
+        let (content_type, body) = match &self.body {
+            Some(f) => {
+                let limit = &self.limits[refused.index].name;
+                let (t, b) = f(&Refusal { limit, outcome: d.outcome(), status, retry_after: d.wait() });
+                (Some(t), b)
+            }
+            None if self.problem => (
+                Some(HeaderValue::from_static("application/problem+json")),
+                self.cache[refused.index].bodies[body].clone(),
+            ),
+            None => (None, Bytes::new()),
+        };
         let mut r = Response::new(body);
         *r.status_mut() = status;
         let h = r.headers_mut();
-        headers.write(h, usize::from(d.wait().is_some()) + usize::from(self.problem));
+        headers.write(h, usize::from(d.wait().is_some()) + usize::from(content_type.is_some()));
         // The delay or the retry-after; none when waiting does not help.
         if let Some(wait) = d.wait() {
             h.insert(RETRY_AFTER, number(ceil_seconds(wait)));
         }
-        if self.problem {
-            h.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if let Some(t) = content_type {
+            h.insert(CONTENT_TYPE, t);
         }
         r
     }

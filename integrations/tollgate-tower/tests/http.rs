@@ -462,3 +462,49 @@ async fn a_route_parameter_is_a_key() {
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert!(r.body.contains("no segment 1"), "{}", r.body);
 }
+
+/// The application's own refusal body (`refusal_body`): its content type and bytes, with the
+/// layer's status, `Retry-After` and rate-limit headers; key errors keep the problem details.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_can_have_the_applications_body() {
+    let clock = ManualClock::new();
+    let per_key = Arc::new(
+        KeyedLimiter::<String, _>::builder("1/2s burst=1".parse::<TokenBucket>().unwrap())
+            .capacity(100)
+            .build_with_clock(clock.clone())
+            .unwrap(),
+    );
+    let layer = RateLimitLayer::new([Limit::keyed(
+        "per-key",
+        per_key,
+        HeaderKey(HeaderName::from_static("x-api-key")),
+    )
+    .cost(|req| req.headers.get("x-cost").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1))])
+    .refusal_body(|r| {
+        let body = format!(
+            "{}:{:?}:{}:{:?}",
+            r.limit(),
+            r.outcome(),
+            r.status().as_u16(),
+            r.retry_after().map(|w| w.as_millis())
+        );
+        (http::HeaderValue::from_static("text/plain"), Bytes::from(body))
+    });
+    let (addr, c) = (serve(layer).await, client());
+    assert_eq!(get(&c, addr, "/", &[("x-api-key", "a")]).await.status, StatusCode::OK);
+    clock.advance(Duration::from_millis(500));
+    let r = get(&c, addr, "/", &[("x-api-key", "a")]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.body, "per-key:Denied:429:Some(1500)");
+    assert_eq!(r.header("content-type"), Some("text/plain"));
+    assert_eq!(r.header("retry-after"), Some("2"));
+    assert_eq!(r.header("ratelimit"), Some(r#""per-key";r=0;t=2"#));
+    // Never: no Retry-After, the outcome says so.
+    let r = get(&c, addr, "/", &[("x-api-key", "b"), ("x-cost", "2")]).await;
+    assert_eq!(r.body, "per-key:Insufficient:429:None");
+    assert_eq!(r.header("retry-after"), None);
+    // A key error is not a limit's refusal: the problem details, as before.
+    let r = get(&c, addr, "/", &[]).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+}
