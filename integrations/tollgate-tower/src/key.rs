@@ -3,7 +3,9 @@
 //! of the request.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
 
 use http::header::{HeaderName, FORWARDED};
 use http::request::Parts;
@@ -24,9 +26,10 @@ pub enum KeyError {
     MissingHeader(HeaderName),
     /// The header is present but not visible ASCII, or empty.
     MalformedHeader(HeaderName),
-    /// The path has no segment at this place ([`PathSegment`]), or it is empty.
+    /// The path has no (non-empty) segment at this place ([`PathSegment`], [`PathParam`]).
     MissingPathSegment(usize),
-    /// The path's segment at this place is not UTF-8 once percent-decoded ([`PathSegment`]).
+    /// The path's segment at this place is not UTF-8 once percent-decoded, or does not parse
+    /// as the key ([`PathSegment`], [`PathParam`]).
     MalformedPathSegment(usize),
     /// A key extractor of the application's refused the request, saying why.
     Refused(String),
@@ -46,7 +49,10 @@ impl fmt::Display for KeyError {
                 write!(f, "the request's path has no segment {i} (counted from 0) to limit by")
             }
             KeyError::MalformedPathSegment(i) => {
-                write!(f, "the request's path segment {i} is not UTF-8 once percent-decoded, so it cannot be a limit's key")
+                write!(
+                    f,
+                    "the request's path segment {i} is not UTF-8 once percent-decoded, or not of the limit's key type, so it cannot be its key"
+                )
             }
             KeyError::Refused(why) => write!(f, "the request has no key: {why}"),
         }
@@ -266,23 +272,71 @@ impl KeyExtractor for PathKey {
     }
 }
 
-/// A route parameter by its place in the path, as the key: `PathSegment(1)` keys
-/// `/users/42/posts` by `42` (segments counted from 0 after the leading `/`; the query is not
-/// part of the path). Percent-decoded, as routers decode their parameters, so that
-/// `/users/%34%32` is the same client as `/users/42`. A path without that segment, or with it
-/// empty, is [`KeyError::MissingPathSegment`]; one that is not UTF-8 once decoded is
-/// [`KeyError::MalformedPathSegment`]. Works wherever the layer is mounted (it reads the path,
-/// not the router's match).
+/// A route parameter by its place in the path, as the key, as text: `PathSegment(1)` keys
+/// `/users/42/posts` by `42`. Segments are counted from 0 among the non-empty ones (so
+/// `//users/42` and `/users//42` count as `/users/42`, as a server that collapses slashes
+/// routes them), and the query is not part of the path. Percent-decoded, as routers decode
+/// their parameters, so that `/users/%34%32` is the same client as `/users/42`. A path with
+/// fewer segments is [`KeyError::MissingPathSegment`]; one whose segment is not UTF-8 once
+/// decoded is [`KeyError::MalformedPathSegment`].
+///
+/// The key is the text: when the handler parses the parameter, equal values written
+/// differently (`042`, `+42`) are different keys here. Key such a parameter by its parsed
+/// value with [`PathParam`]. The index counts the segments of the path the layer sees: inside
+/// `Router::nest`, after the prefix axum strips; mount the layer after any rewriting of the
+/// path (dot segments are not resolved here). Around a router that also serves shorter paths,
+/// apply the limit to its route only (`Limit::when`), or those paths get the key error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PathSegment(pub usize);
 
 impl KeyExtractor for PathSegment {
     type Key = String;
     fn extract(&self, req: &Parts) -> Result<String, KeyError> {
-        let path = req.uri.path();
-        let segment = path.strip_prefix('/').unwrap_or(path).split('/').nth(self.0);
-        let segment = segment.filter(|s| !s.is_empty()).ok_or(KeyError::MissingPathSegment(self.0))?;
+        let segment = req.uri.path().split('/').filter(|s| !s.is_empty()).nth(self.0);
+        let segment = segment.ok_or(KeyError::MissingPathSegment(self.0))?;
         let decoded = percent_encoding::percent_decode_str(segment).decode_utf8();
         decoded.map(std::borrow::Cow::into_owned).map_err(|_| KeyError::MalformedPathSegment(self.0))
+    }
+}
+
+/// A route parameter by its place in the path, parsed as `T` (any [`tollgate::Key`] that
+/// parses from a string: an integer, an address): `PathParam::<u64>::new(1)` keys
+/// `/users/42`, `/users/042` and `/users/+42` alike, by the number 42, as a handler that
+/// parses the parameter sees them. The segment is found and decoded as [`PathSegment`] finds
+/// it; one that does not parse is [`KeyError::MalformedPathSegment`].
+pub struct PathParam<T> {
+    index: usize,
+    key: PhantomData<fn() -> T>,
+}
+
+impl<T> PathParam<T> {
+    /// The parameter at `index` (counted as [`PathSegment`] counts).
+    pub const fn new(index: usize) -> PathParam<T> {
+        PathParam { index, key: PhantomData }
+    }
+}
+
+impl<T> Clone for PathParam<T> {
+    fn clone(&self) -> PathParam<T> {
+        *self
+    }
+}
+
+impl<T> Copy for PathParam<T> {}
+
+impl<T> fmt::Debug for PathParam<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("PathParam").field(&self.index).field(&std::any::type_name::<T>()).finish()
+    }
+}
+
+impl<T> KeyExtractor for PathParam<T>
+where
+    T: FromStr + tollgate::Key + Send + Sync + 'static,
+{
+    type Key = T;
+    fn extract(&self, req: &Parts) -> Result<T, KeyError> {
+        let text = PathSegment(self.index).extract(req)?;
+        text.parse().map_err(|_| KeyError::MalformedPathSegment(self.index))
     }
 }

@@ -54,8 +54,8 @@ use tollgate::{Decision, Outcome};
 use tower::{Layer, Service};
 
 pub use key::{
-    BadNetwork, ClientIp, ForwardedHeader, HeaderKey, KeyError, KeyExtractor, PathKey, PathSegment, PeerAddr,
-    PeerIp,
+    BadNetwork, ClientIp, ForwardedHeader, HeaderKey, KeyError, KeyExtractor, PathKey, PathParam,
+    PathSegment, PeerAddr, PeerIp,
 };
 use limit::Taken;
 pub use limit::{HeaderQuota, Limit};
@@ -232,8 +232,9 @@ impl RateLimitLayer {
     /// The body of a limit's refusal, the application's own instead of the problem details:
     /// `body` gets what was refused and gives the `Content-Type` and the bytes. The layer
     /// still sets the status, `Retry-After` and the rate-limit headers. Applies to refusals by
-    /// a limit (429, the insufficient status, 503 for a full table), not to key errors, whose
-    /// body stays the problem details ([`problem_details`](RateLimitLayer::problem_details)).
+    /// a limit (429, the insufficient status, 503 for a full table), whatever
+    /// [`problem_details`](RateLimitLayer::problem_details) says; not to key errors, whose body
+    /// stays the problem details (or none, with `problem_details(false)`).
     ///
     /// ```
     /// use bytes::Bytes;
@@ -350,6 +351,7 @@ impl Out {
         }
     }
 
+    #[inline(never)]
     fn write_rendered(out: Rendered, h: &mut HeaderMap, extra: usize) {
         static LEGACY: [[HeaderName; 3]; 2] = [
             [
@@ -443,7 +445,7 @@ impl Refusal<'_> {
 impl Config {
     fn decide(&self, req: &Parts) -> Verdict {
         match &self.limits[..] {
-            [limit] if self.delays != Delays::Refuse => self.decide_one(limit, req),
+            [limit] if self.delays == Delays::Wait => self.decide_one(limit, req),
             _ => self.decide_all(req),
         }
     }
@@ -577,36 +579,14 @@ impl Config {
             Outcome::Allowed | Outcome::Untracked => next.map(ceil_seconds),
             _ => d.wait().map(ceil_seconds),
         };
-        // A keyed token bucket key's tier, when it has one: looked up once per answer (it
-        // extracts the key again and reads its override).
-        let tiered = |a: &Answer| self.limits[a.index].quota_for(req);
         let mut described_quota = None;
         if self.headers.ietf {
-            let policy = if answers.len() + usize::from(refused.is_some()) == 1 {
-                // One limit answered (most layers have one): `described` is it.
-                let q = tiered(described);
-                described_quota = q;
-                match &self.policy_all {
-                    Some(p) if q.is_none() && self.limits.len() == 1 && !self.partitioned => p.clone(),
-                    _ => self.policy(req, &[(described, q)]),
-                }
-            } else {
-                let all: SmallVec<[_; 4]> = answers.iter().chain(refused).map(|a| (a, tiered(a))).collect();
-                described_quota = match all.iter().find(|(a, _)| a.index == described.index) {
-                    Some(&(_, q)) => q,
-                    None => tiered(described),
-                };
-                let every = all.len() == self.limits.len();
-                match &self.policy_all {
-                    Some(p) if every && !self.partitioned && all.iter().all(|(_, q)| q.is_none()) => {
-                        p.clone()
-                    }
-                    _ => self.policy(req, &all),
-                }
-            };
+            // The described limit's partition key, asked for once for both fields.
+            let pk = if self.partitioned { self.limits[described.index].pk_param(req) } else { None };
+            let (policy, q) = self.policy_and_quota(req, described, answers, refused, pk.as_deref());
+            described_quota = q;
             // Exactly as long as the value: `Bytes` takes a full `Vec` as it is, where one with
             // room to spare costs a second allocation for its shared header.
-            let pk = if self.partitioned { self.limits[described.index].pk_param(req) } else { None };
             let len = cached.ratelimit_prefix.len()
                 + decimal_len(remaining)
                 + t.map_or(0, |t| 3 + decimal_len(t))
@@ -629,7 +609,7 @@ impl Config {
             return Out(Some(h));
         }
         if !self.headers.ietf {
-            described_quota = tiered(described);
+            described_quota = self.limits[described.index].quota_for(req);
         }
         let limit = match described_quota {
             None => cached.limit.clone(),
@@ -641,9 +621,64 @@ impl Config {
         Out(Some(h))
     }
 
+    /// The `RateLimit-Policy` value for a request, and the described limit's quota for it
+    /// when not the limit's own (a keyed token bucket key's tier). `pk`: the described limit's
+    /// partition key. When one limit answered (most layers have one), `described` is it, and
+    /// no list of the answers is made.
+    fn policy_and_quota(
+        &self,
+        req: &Parts,
+        described: &Answer,
+        answers: &[Answer],
+        refused: Option<&Answer>,
+        pk: Option<&str>,
+    ) -> (HeaderValue, Option<(u64, Duration)>) {
+        if answers.len() + usize::from(refused.is_some()) != 1 {
+            return self.policy_and_quota_listed(req, described, answers, refused, pk);
+        }
+        let q = self.limits[described.index].quota_for(req);
+        let policy = match &self.policy_all {
+            Some(p) if q.is_none() && self.limits.len() == 1 && !self.partitioned => p.clone(),
+            _ => self.policy(req, &[(described, q)], described.index, pk),
+        };
+        (policy, q)
+    }
+
+    /// [`policy_and_quota`](Config::policy_and_quota) for any number of answers.
+    fn policy_and_quota_listed(
+        &self,
+        req: &Parts,
+        described: &Answer,
+        answers: &[Answer],
+        refused: Option<&Answer>,
+        pk: Option<&str>,
+    ) -> (HeaderValue, Option<(u64, Duration)>) {
+        // A key's tier, when it has one: looked up once per answer (it extracts the key again
+        // and reads its override).
+        let tiered = |a: &Answer| self.limits[a.index].quota_for(req);
+        let all: SmallVec<[_; 4]> = answers.iter().chain(refused).map(|a| (a, tiered(a))).collect();
+        let q = match all.iter().find(|(a, _)| a.index == described.index) {
+            Some(&(_, q)) => q,
+            None => tiered(described),
+        };
+        let every = all.len() == self.limits.len();
+        let policy = match &self.policy_all {
+            Some(p) if every && !self.partitioned && all.iter().all(|(_, q)| q.is_none()) => p.clone(),
+            _ => self.policy(req, &all, described.index, pk),
+        };
+        (policy, q)
+    }
+
     /// The `RateLimit-Policy` value listing `answered`, each with its quota for this request
-    /// (`Some` for a key's own tier) and its partition key, if it sends one.
-    fn policy(&self, req: &Parts, answered: &[(&Answer, Option<(u64, Duration)>)]) -> HeaderValue {
+    /// (`Some` for a key's own tier) and its partition key, if it sends one (`pk` for the
+    /// limit at `described`, asked for already).
+    fn policy(
+        &self,
+        req: &Parts,
+        answered: &[(&Answer, Option<(u64, Duration)>)],
+        described: usize,
+        pk: Option<&str>,
+    ) -> HeaderValue {
         let mut v = String::new();
         for &(a, q) in answered {
             if !v.is_empty() {
@@ -655,7 +690,9 @@ impl Config {
                     v.push_str(&format!("{};q={q};w={}", sf_string(&self.limits[a.index].name), w.as_secs()));
                 }
             }
-            if let Some(pk) = self.limits[a.index].pk_param(req) {
+            if a.index == described {
+                v.push_str(pk.unwrap_or(""));
+            } else if let Some(pk) = self.limits[a.index].pk_param(req) {
                 v.push_str(&pk);
             }
         }
@@ -980,28 +1017,37 @@ mod tests {
         }
     }
 
-    /// The one-limit path (`decide_one`) answers what the general loop (`decide_all`)
-    /// answers: twin layers over twin limiters on one manual clock, given the same requests
-    /// at the same instants (a missing key, a partition key, a cost, a route the limit skips,
-    /// delays, dry run, every header form), agree on every status, header, delay and body.
+    /// The one-limit path (`decide`, which takes `decide_one` for these layers) answers what
+    /// the general loop (`decide_all`) answers: twin layers over twin limiters on one manual
+    /// clock, given the same requests at the same instants (a missing key, a key with its own
+    /// tier, a full table, a partition key, costs up to more than a burst, a route the limit
+    /// skips, a described quota, nginx delays, dry run, every header form), agree on every
+    /// status, header, delay and body. And the headers' one-answer path
+    /// (`policy_and_quota`) gives what the list of answers gives, for an admission and for a
+    /// refusal.
     #[test]
     fn one_limit_decides_as_the_loop() {
         use proptest::prelude::*;
-        use tollgate::{KeyedLimiter, ManualClock, Nginx, NginxLimiter, TokenBucket};
+        use tollgate::{KeyedLimiter, ManualClock, Nginx, NginxLimiter, TokenBucket, WhenFull};
 
         let layer = |kind: u8, clock: &ManualClock| -> RateLimitLayer {
             let limit = match kind {
-                0 => Limit::keyed(
-                    "per-key",
-                    Arc::new(
-                        KeyedLimiter::<String, _>::builder("3/s".parse::<TokenBucket>().unwrap())
-                            .capacity(16)
-                            .build_with_clock(clock.clone())
-                            .unwrap(),
-                    ),
-                    crate::HeaderKey(HeaderName::from_static("x-key")),
-                )
-                .partition_key(|p: &Parts| p.headers.get("x-key").map(|v| v.as_bytes().to_vec())),
+                0 => {
+                    let keys = KeyedLimiter::<String, _>::builder("3/min".parse::<TokenBucket>().unwrap())
+                        .tier("gold", "6/min burst=4".parse::<TokenBucket>().unwrap())
+                        .capacity(2) // one window of 64 slots: a case's keys fill it
+                        .shards(1)
+                        .when_full(WhenFull::Deny)
+                        .build_with_clock(clock.clone())
+                        .unwrap();
+                    keys.set_override("k1", keys.tier("gold").unwrap()).unwrap();
+                    Limit::keyed(
+                        "per-key",
+                        Arc::new(keys),
+                        crate::HeaderKey(HeaderName::from_static("x-key")),
+                    )
+                    .partition_key(|p: &Parts| p.headers.get("x-key").map(|v| v.as_bytes().to_vec()))
+                }
                 1 => Limit::direct(
                     "nginx",
                     Arc::new(NginxLimiter::with_clock(
@@ -1015,34 +1061,57 @@ mod tests {
                         "5/s".parse::<TokenBucket>().unwrap(),
                         clock.clone(),
                     )),
-                ),
+                )
+                .describe(5, Duration::from_millis(1500)),
             };
             let limit = limit.when(|p: &Parts| p.uri.path() != "/free").cost(|p: &Parts| {
                 p.headers.get("x-cost").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1)
             });
             RateLimitLayer::new([limit])
         };
-        let forms = [Headers::NONE, Headers::default(), Headers::ALL];
-        proptest!(ProptestConfig::with_cases(64), |(
+        let forms = [
+            Headers::NONE,
+            Headers::default(),
+            Headers::ALL,
+            Headers { ietf: true, ..Headers::NONE },
+            Headers { x_ratelimit: true, ..Headers::NONE },
+            Headers { draft03: true, ..Headers::NONE },
+        ];
+        proptest!(ProptestConfig::with_cases(96), |(
             kind in 0u8..3,
-            form in 0usize..3,
+            form in 0usize..6,
             dry_run in any::<bool>(),
-            steps in proptest::collection::vec((0u64..600, 0u8..4, 1u64..4, 0u8..8), 1..40),
+            steps in proptest::collection::vec((0u64..200, 0u8..200, 1u64..7, 0u8..8), 1..200),
         )| {
             let (c1, c2) = (ManualClock::new(), ManualClock::new());
             let one = layer(kind, &c1).headers(forms[form]).dry_run(dry_run);
             let all = layer(kind, &c2).headers(forms[form]).dry_run(dry_run);
-            prop_assert!(one.config.limits.len() == 1 && one.config.delays != Delays::Refuse);
+            prop_assert!(one.config.limits.len() == 1 && one.config.delays == Delays::Wait);
             for (ms, key, cost, path) in steps {
                 c1.advance(Duration::from_millis(ms));
                 c2.advance(Duration::from_millis(ms));
                 let mut b = Request::builder().uri(if path == 0 { "/free" } else { "/" });
-                if key < 3 {
+                if key < 196 {
                     b = b.header("x-key", format!("k{key}"));
                 }
                 let (parts, ()) = b.header("x-cost", cost.to_string()).body(()).unwrap().into_parts();
-                let limit = &one.config.limits[0];
-                prop_assert_eq!(seen(one.config.decide_one(limit, &parts)), seen(all.config.decide_all(&parts)));
+                // The headers' two paths, on this request's answer (a peek) as an admission
+                // and as a refusal.
+                let c = &one.config;
+                if let Ok(decision) = c.limits[0].limit.peek(&parts, 1) {
+                    let a = Answer { index: 0, decision };
+                    let pk = c.limits[0].pk_param(&parts);
+                    let (admitted, refused) = (core::slice::from_ref(&a), None);
+                    prop_assert_eq!(
+                        c.policy_and_quota(&parts, &a, admitted, refused, pk.as_deref()),
+                        c.policy_and_quota_listed(&parts, &a, admitted, refused, pk.as_deref())
+                    );
+                    prop_assert_eq!(
+                        c.policy_and_quota(&parts, &a, &[], Some(&a), pk.as_deref()),
+                        c.policy_and_quota_listed(&parts, &a, &[], Some(&a), pk.as_deref())
+                    );
+                }
+                prop_assert_eq!(seen(one.config.decide(&parts)), seen(all.config.decide_all(&parts)));
             }
         });
     }

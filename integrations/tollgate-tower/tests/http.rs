@@ -436,6 +436,31 @@ async fn a_partition_key_is_sent_when_chosen() {
     let r = get(&c, addr, "/", &[("x-api-key", "bob")]).await;
     assert_eq!(r.header("ratelimit-policy"), Some(r#""per-key";q=2;w=1, "global";q=10;w=1"#));
     assert_eq!(r.header("ratelimit"), Some(r#""per-key";r=1"#));
+
+    // The limit without a partition key described (the global one closest to refusing): `pk`
+    // on the other's policy item only. And two partitioned limits: each item its own.
+    let clock = ManualClock::new();
+    let per_key = Arc::new(
+        KeyedLimiter::<String, _>::builder("20/s".parse::<TokenBucket>().unwrap())
+            .capacity(100)
+            .build_with_clock(clock.clone())
+            .unwrap(),
+    );
+    let global = Arc::new(Limiter::with_clock("3/s".parse::<TokenBucket>().unwrap(), clock.clone()));
+    let region = Arc::new(Limiter::with_clock("5/s".parse::<TokenBucket>().unwrap(), clock.clone()));
+    let layer = RateLimitLayer::new([
+        Limit::keyed("per-key", per_key, HeaderKey(HeaderName::from_static("x-api-key")))
+            .partition_key(tenant),
+        Limit::direct("global", global),
+        Limit::direct("region", region).partition_key(|_| Some(b"eu".to_vec())),
+    ]);
+    let (addr, c) = (serve(layer).await, client());
+    let r = get(&c, addr, "/", &[("x-api-key", "alice")]).await;
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some(r#""per-key";q=20;w=1;pk=:dGVuYW50LTE=:, "global";q=3;w=1, "region";q=5;w=1;pk=:ZXU=:"#)
+    );
+    assert_eq!(r.header("ratelimit"), Some(r#""global";r=2"#));
 }
 
 /// A limit per route parameter (`PathSegment`): `/users/42` and `/users/%34%32` are one client;
@@ -503,8 +528,49 @@ async fn a_refusal_can_have_the_applications_body() {
     let r = get(&c, addr, "/", &[("x-api-key", "b"), ("x-cost", "2")]).await;
     assert_eq!(r.body, "per-key:Insufficient:429:None");
     assert_eq!(r.header("retry-after"), None);
+    assert_eq!(r.header("ratelimit"), Some(r#""per-key";r=1"#), "the rate-limit headers stay");
     // A key error is not a limit's refusal: the problem details, as before.
     let r = get(&c, addr, "/", &[]).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
+
+    // With problem details off the body is still the application's; a full table (503) and a
+    // refused delay reach it with their outcomes.
+    let full = Arc::new(
+        KeyedLimiter::<String>::builder("1/h".parse::<TokenBucket>().unwrap())
+            .capacity(1)
+            .shards(1)
+            .when_full(WhenFull::Deny)
+            .build()
+            .unwrap(),
+    );
+    let queued =
+        Arc::new(QueuedLimiter::with_clock("1/s burst=1 queue=5".parse::<Queued>().unwrap(), clock.clone()));
+    let body = |r: &tollgate_tower::Refusal<'_>| {
+        let text = format!("{}:{:?}:{}", r.limit(), r.outcome(), r.status().as_u16());
+        (http::HeaderValue::from_static("text/plain"), Bytes::from(text))
+    };
+    let layer =
+        RateLimitLayer::new([Limit::keyed("tenants", full, HeaderKey(HeaderName::from_static("x-api-key")))])
+            .problem_details(false)
+            .refusal_body(body);
+    let (addr, c) = (serve(layer).await, client());
+    let mut last = None;
+    for k in 0..100 {
+        let r = get(&c, addr, "/", &[("x-api-key", &format!("t{k}"))]).await;
+        if r.status == StatusCode::SERVICE_UNAVAILABLE {
+            last = Some(r);
+            break;
+        }
+    }
+    let r = last.expect("the table filled up");
+    assert_eq!(r.body, "tenants:TableFull:503");
+    assert_eq!(r.header("content-type"), Some("text/plain"));
+    let layer =
+        RateLimitLayer::new([Limit::direct("queued", queued)]).delays(Delays::Refuse).refusal_body(body);
+    let (addr, c) = (serve(layer).await, client());
+    assert_eq!(get(&c, addr, "/", &[]).await.status, StatusCode::OK);
+    let r = get(&c, addr, "/", &[]).await;
+    assert_eq!(r.body, "queued:Delayed:429");
+    assert_eq!(r.header("retry-after"), Some("1"));
 }
