@@ -86,6 +86,16 @@ fn bucket(spec: &str, clock: &ManualClock) -> Arc<KeyedLimiter<tollgate::IpPrefi
     )
 }
 
+/// A bucket per string key (an API key, a route parameter) on `clock`, for 100 keys.
+fn by_key(spec: &str, clock: &ManualClock) -> Arc<KeyedLimiter<String, ManualClock>> {
+    Arc::new(
+        KeyedLimiter::builder(spec.parse::<TokenBucket>().unwrap())
+            .capacity(100)
+            .build_with_clock(clock.clone())
+            .unwrap(),
+    )
+}
+
 /// A per-IP bucket of 2 per second: every header's value at each step, the refusal's status,
 /// `Retry-After`, and its problem body.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -396,12 +406,7 @@ async fn a_keyed_bucket_can_wait_instead_of_refusing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_key_is_sent_when_chosen() {
     let clock = ManualClock::new();
-    let per_key = Arc::new(
-        KeyedLimiter::<String, _>::builder("2/s".parse::<TokenBucket>().unwrap())
-            .capacity(100)
-            .build_with_clock(clock.clone())
-            .unwrap(),
-    );
+    let per_key = by_key("2/s", &clock);
     let global = Arc::new(Limiter::with_clock("10/s".parse::<TokenBucket>().unwrap(), clock.clone()));
     // Opaque ids of the application's own, not the keys: `tenant-1`, and two raw bytes.
     let tenant = |req: &http::request::Parts| match req.headers.get("x-api-key")?.as_bytes() {
@@ -440,12 +445,7 @@ async fn a_partition_key_is_sent_when_chosen() {
     // The limit without a partition key described (the global one closest to refusing): `pk`
     // on the other's policy item only. And two partitioned limits: each item its own.
     let clock = ManualClock::new();
-    let per_key = Arc::new(
-        KeyedLimiter::<String, _>::builder("20/s".parse::<TokenBucket>().unwrap())
-            .capacity(100)
-            .build_with_clock(clock.clone())
-            .unwrap(),
-    );
+    let per_key = by_key("20/s", &clock);
     let global = Arc::new(Limiter::with_clock("3/s".parse::<TokenBucket>().unwrap(), clock.clone()));
     let region = Arc::new(Limiter::with_clock("5/s".parse::<TokenBucket>().unwrap(), clock.clone()));
     let layer = RateLimitLayer::new([
@@ -468,12 +468,7 @@ async fn a_partition_key_is_sent_when_chosen() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_parameter_is_a_key() {
     let clock = ManualClock::new();
-    let per_user = Arc::new(
-        KeyedLimiter::<String, _>::builder("2/min".parse::<TokenBucket>().unwrap())
-            .capacity(100)
-            .build_with_clock(clock.clone())
-            .unwrap(),
-    );
+    let per_user = by_key("2/min", &clock);
     let layer = RateLimitLayer::new([Limit::keyed("per-user", per_user, tollgate_tower::PathSegment(1))]);
     let (addr, c) = (serve(layer).await, client());
     assert_eq!(get(&c, addr, "/users/42", &[]).await.header("ratelimit"), Some(r#""per-user";r=1"#));
@@ -493,12 +488,7 @@ async fn a_route_parameter_is_a_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_can_have_the_applications_body() {
     let clock = ManualClock::new();
-    let per_key = Arc::new(
-        KeyedLimiter::<String, _>::builder("1/2s burst=1".parse::<TokenBucket>().unwrap())
-            .capacity(100)
-            .build_with_clock(clock.clone())
-            .unwrap(),
-    );
+    let per_key = by_key("1/2s burst=1", &clock);
     let layer = RateLimitLayer::new([Limit::keyed(
         "per-key",
         per_key,
