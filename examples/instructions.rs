@@ -4,13 +4,16 @@
 //!
 //! ```sh
 //! cargo build --release --example instructions
-//! for s in keyed_allow keyed_deny direct_allow direct_deny reserve_deny floor; do
+//! for s in keyed_allow keyed_deny verdict_allow verdict_deny nginx_allow direct_allow direct_deny \
+//!     reserve_deny floor; do
 //!     valgrind --tool=callgrind --toggle-collect="*${s%_*}_loop*" --callgrind-out-file=/dev/null \
 //!         target/release/examples/instructions "$s" 20000 2>&1 | grep -o 'Collected : [0-9]*'
 //! done    # divide each by 20000
 //! ```
 //!
-//! Subjects: `keyed_allow` / `keyed_deny` (`KeyedLimiter<u64>::check` over 1,024 keys), the
+//! Subjects: `keyed_allow` / `keyed_deny` (`KeyedLimiter<u64>::check` over 1,024 keys),
+//! `verdict_*` (the same, read only by `is_allowed`: what the rest of the decision costs is
+//! then never spent), `nginx_allow` (a keyed nginx `limit_req`, as a policy's path), the
 //! same for `direct_*` (`Limiter::check`), `reserve_deny` (a refused `reserve_n(1)`), and
 //! `floor` (a TSC read, an ahash of the key and a CAS on a slot: the keyed floor). Each loop
 //! keeps its decision by reference (`black_box(&d)`), as the benchmark suite does: by value,
@@ -21,13 +24,30 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use tollgate::{Clock, KeyedLimiter, Limiter, ReserveError, TokenBucket, TscClock};
+use tollgate::{Clock, Keyed, KeyedLimiter, Limiter, Nginx, ReserveError, TokenBucket, TscClock};
 
 /// Keys the keyed loops cycle through (a power of two: the index is one mask).
 const KEYS: usize = 1024;
 
 #[inline(never)]
 fn keyed_loop(l: &KeyedLimiter<u64>, keys: &[u64], iters: usize) {
+    for i in 0..iters {
+        let d = l.check(&keys[i & (KEYS - 1)]);
+        black_box(&d);
+    }
+}
+
+/// A caller that reads only the verdict (`if l.check(&key).is_allowed()`): what the decision
+/// costs when the rest of it is never asked for.
+#[inline(never)]
+fn verdict_loop(l: &KeyedLimiter<u64>, keys: &[u64], iters: usize) {
+    for i in 0..iters {
+        black_box(l.check(&keys[i & (KEYS - 1)]).is_allowed());
+    }
+}
+
+#[inline(never)]
+fn nginx_loop(l: &Keyed<Nginx, u64>, keys: &[u64], iters: usize) {
     for i in 0..iters {
         let d = l.check(&keys[i & (KEYS - 1)]);
         black_box(&d);
@@ -74,13 +94,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let allowing = || TokenBucket::per_second(1_000_000_000).and_then(|q| q.with_burst(1 << 30));
     let refusing = || TokenBucket::per_hour(1);
     match which {
-        "keyed_allow" | "keyed_deny" => {
-            let q = if which == "keyed_allow" { allowing()? } else { refusing()? };
-            let l = KeyedLimiter::<u64>::builder(q).capacity(4096).build()?;
+        "keyed_allow" | "keyed_deny" | "verdict_allow" | "verdict_deny" => {
+            let allow = which.ends_with("allow");
+            let l = KeyedLimiter::<u64>::builder(if allow { allowing()? } else { refusing()? }).capacity(4096).build()?;
             for k in &keys {
                 let _ = l.check(k);
             }
-            keyed_loop(&l, &keys, iters);
+            if which.starts_with("keyed") {
+                keyed_loop(&l, &keys, iters);
+            } else {
+                verdict_loop(&l, &keys, iters);
+            }
+        }
+        "nginx_allow" => {
+            // nginx `limit_req`, never refused: a billion a second, a burst of 16,776, nodelay.
+            let p = Nginx::per_second(1_000_000_000)?.burst(16_776)?.nodelay();
+            let l = Keyed::<_, u64>::builder(p).capacity(4096).build()?;
+            for k in &keys {
+                let _ = l.check(k);
+            }
+            nginx_loop(&l, &keys, iters);
         }
         "direct_allow" | "direct_deny" => {
             let l = Limiter::new(if which == "direct_allow" { allowing()? } else { refusing()? });
@@ -96,7 +129,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let slots: Vec<AtomicU64> = (0..4096).map(|_| AtomicU64::new(0)).collect();
             floor_loop(&TscClock::new(), &ahash::RandomState::with_seeds(1, 2, 3, 4), &slots, &keys, iters);
         }
-        other => return Err(format!("unknown subject {other:?}: keyed_allow, keyed_deny, direct_allow, direct_deny, reserve_deny, floor").into()),
+        other => return Err(format!("unknown subject {other:?}: keyed_allow, keyed_deny, verdict_allow, verdict_deny, nginx_allow, direct_allow, direct_deny, reserve_deny, floor").into()),
     }
     Ok(())
 }

@@ -1207,12 +1207,6 @@ impl<'a, W: Words> Target<'a, W> {
         let shard = table.shard(hash);
         Target { words, hash, shard, home: shard.home_of(hash), group: table.home_group(hash) }
     }
-
-    /// The home group's address, to prefetch.
-    #[inline]
-    fn home_ptr(&self) -> *const u8 {
-        (self.group as *const Group<W>).cast()
-    }
 }
 
 /// Decides `min(items.len(), out.len())` requests in order with `decide`, hashing each key
@@ -1245,7 +1239,7 @@ where
         if let Some((key, _)) = items[..count].get(i) {
             let (words, h) = hash(key.borrow());
             let t = Target::new(table, words, h);
-            prefetch(t.home_ptr());
+            prefetch(t.group);
             ring[at] = (words, h);
         }
     }
@@ -1288,21 +1282,17 @@ pub(crate) fn prefetch_line(p: *const u8) {
     let _ = p;
 }
 
-/// Hints the CPU to fetch a key's home group (two cache lines) into L1.
+/// Hints the CPU to fetch a key's home group into L1: its one cache line (one-word keys), or
+/// its first two (wider keys, whose groups span more). The group after the home is not
+/// fetched: the keys that overflow their home are few, and a second line per decision halves
+/// the decisions whose misses a core keeps in flight at once.
 #[inline(always)]
-fn prefetch(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: a prefetch is a hint that never faults, whatever the address; `p` points into
-        // the table's group array, and `p + 64` at most one line past a group's start.
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(p.cast());
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64).cast());
-        }
+fn prefetch<W: Words>(group: &Group<W>) {
+    let p: *const u8 = (group as *const Group<W>).cast();
+    prefetch_line(p);
+    if size_of::<Group<W>>() > 64 {
+        prefetch_line(p.wrapping_add(64));
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 /// [`Keyed::record`]'s count, out of line.

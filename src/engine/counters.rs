@@ -21,8 +21,8 @@ use crate::Decision;
 
 /// Stripes: a power of two. More threads than stripes share some, still exactly (atomic adds).
 const STRIPES: usize = 16;
-/// Outcomes counted: one slot per `Outcome` variant.
-const OUTCOMES: usize = 6;
+/// Outcomes counted: one slot per outcome code (`Decision::outcome_code`; two codes unused).
+const OUTCOMES: usize = crate::engine::decision::OUTCOME_CODES;
 
 /// The decision counters of one limiter, shared with whoever polls them (a metrics exporter
 /// holds an `Arc<Counters>` from [`Direct::counters_handle`](crate::Direct::counters_handle)
@@ -42,8 +42,8 @@ impl Counters {
     }
 
     /// Counts one decision, by its outcome's code (the order `Decision` encodes and
-    /// [`snapshot`](Counters::snapshot) reads: allowed, denied, insufficient, delayed, table
-    /// full, untracked).
+    /// [`snapshot`](Counters::snapshot) reads: allowed, untracked, delayed, none, denied,
+    /// insufficient, table full, none).
     #[inline]
     pub(crate) fn record(&self, d: &Decision) {
         self.record_code(d.outcome_code());
@@ -65,7 +65,7 @@ impl Counters {
                 *total += count.load(Relaxed);
             }
         }
-        let [allowed, denied, insufficient, delayed, table_full, untracked] = sum;
+        let [allowed, untracked, delayed, _, denied, insufficient, table_full, _] = sum;
         CounterSnapshot {
             allowed,
             denied,

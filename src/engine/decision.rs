@@ -55,11 +55,13 @@ pub enum Outcome {
 /// ```
 #[derive(Clone, Copy)]
 #[must_use = "a decision says whether the request may proceed; `check` has already taken its tokens"]
+// `repr(C)`: `meta` and `magic` first and in this order, as `DecisionHead` keeps them.
+#[repr(C)]
 pub struct Decision {
     /// The outcome, the quota's `m` (units per nanosecond, ≤ 64), and either the whole tokens
     /// left or, with `magic`, the burst and the divisor's shift, packed into one word
     /// (`META_*`), so that a token bucket's decision ORs the outcome into a word the quota
-    /// keeps ready ([`TokenBucket::decision_meta`]). Never zero (bit `META_SET`), so that
+    /// keeps ready ([`TokenBucket::decision_head`]). Never zero (bit `META_SET`), so that
     /// `Option<Decision>` is as small as `Decision`.
     meta: NonZeroU64,
     /// The multiplier that divides by the quota's `t` (units per token; see `Divisor`), when
@@ -72,26 +74,57 @@ pub struct Decision {
     until_full: u64,
 }
 
+/// A token bucket decision's first two words (`Decision::meta` and `Decision::magic`), kept
+/// ready by its quota ([`TokenBucket::decision_head`]) in a decision's order, so that an
+/// admission copies both with one 16-byte load and store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub(crate) struct DecisionHead {
+    meta: NonZeroU64,
+    magic: u64,
+}
+
+impl DecisionHead {
+    /// The head of a decision whose packed word, outcome bits aside, is `meta`. The outcome
+    /// bits are cleared here, the one way to build a head: every head's are zero, which
+    /// `Decision::new` tells the compiler.
+    pub(crate) const fn new(meta: NonZeroU64, magic: u64) -> DecisionHead {
+        let meta = match NonZeroU64::new(meta.get() & !META_OUTCOMES) {
+            Some(meta) => meta,
+            None => NonZeroU64::MIN, // never: bit META_SET is set, and is not an outcome bit
+        };
+        DecisionHead { meta, magic }
+    }
+}
+
 /// `Decision::meta`: bits 0–31 the whole tokens left (or the burst), 32–39 the quota's `m`,
-/// 40–47 the outcome, bit 48 always set, bits 49–54 the divisor's shift.
+/// bit 48 always set, bits 49–54 the divisor's shift, 61–63 the outcome.
 pub(crate) const META_M: u32 = 32;
-const META_OUTCOME: u32 = 40;
 pub(crate) const META_SET: u32 = 48;
 pub(crate) const META_SHIFT: u32 = 49;
+/// The outcome is the top three bits, so that a test of it is a test of the word's top bits:
+/// `is_allowed` is its sign (refusals have bit 63 set), `is_allowed_now` its top two bits,
+/// `outcome_code` one shift.
+const META_OUTCOME: u32 = 61;
+const META_OUTCOMES: u64 = 0b111 << META_OUTCOME;
 
-/// An outcome's code in `Decision::meta`. Every variant by name: a new one cannot be added
-/// without a code here and in `Decision::outcome`.
+/// An outcome's code in `Decision::meta`: 0–2 admissions (served now: 0 and 1), 4–6
+/// refusals. Every variant by name: a new one cannot be added without a code here and in
+/// `Decision::outcome`.
 #[inline(always)]
 const fn code(outcome: Outcome) -> u64 {
     match outcome {
         Outcome::Allowed => 0,
-        Outcome::Denied => 1,
-        Outcome::Insufficient => 2,
-        Outcome::Delayed => 3,
-        Outcome::TableFull => 4,
-        Outcome::Untracked => 5,
+        Outcome::Untracked => 1,
+        Outcome::Delayed => 2,
+        Outcome::Denied => 4,
+        Outcome::Insufficient => 5,
+        Outcome::TableFull => 6,
     }
 }
+
+/// The codes' number of values: `outcome_code` is below it.
+pub(crate) const OUTCOME_CODES: usize = 8;
 
 impl Decision {
     /// A token bucket's decision: `missing` more units of credit were needed (zero when
@@ -99,8 +132,13 @@ impl Decision {
     /// from `until_full` (`left = fill − until_full`, or none while in debt), when asked.
     #[inline(always)]
     pub(crate) fn new(q: &TokenBucket, outcome: Outcome, missing: u64, until_full: u64) -> Decision {
-        let meta = q.decision_meta() | code(outcome) << META_OUTCOME;
-        Decision { meta, magic: q.per_token_magic(), missing, until_full }
+        let head = q.decision_head();
+        // SAFETY: a head's outcome bits are zero (`DecisionHead::new`, its only constructor,
+        // clears them). Told to the compiler, the outcome of this decision is known where the
+        // caller's is: an admission's `is_allowed` is a constant, and what it does not read
+        // of the decision is never built.
+        unsafe { core::hint::assert_unchecked(head.meta.get() & META_OUTCOMES == 0) };
+        Decision { meta: head.meta | code(outcome) << META_OUTCOME, magic: head.magic, missing, until_full }
     }
 
     #[inline(always)]
@@ -254,7 +292,8 @@ impl Decision {
     /// delays, wants [`is_allowed_now`](Decision::is_allowed_now).
     #[inline]
     pub const fn is_allowed(&self) -> bool {
-        matches!(self.outcome(), Outcome::Allowed | Outcome::Delayed | Outcome::Untracked)
+        // Codes 0–2 (`code`): the top bit clear.
+        self.meta.get() >> 63 == 0
     }
 
     /// Whether the request may be served now: [`Allowed`](Outcome::Allowed) or
@@ -263,7 +302,8 @@ impl Decision {
     /// refusal.
     #[inline]
     pub const fn is_allowed_now(&self) -> bool {
-        matches!(self.outcome(), Outcome::Allowed | Outcome::Untracked)
+        // Codes 0 and 1 (`code`): the top two bits clear.
+        self.meta.get() >> 62 == 0
     }
 
     /// How long to hold an admitted request before serving it: zero unless the outcome is
@@ -276,24 +316,24 @@ impl Decision {
         }
     }
 
-    /// The outcome's code in `meta` (0 to 5, one per variant): an index for per-outcome
-    /// counters, read without decoding the outcome.
+    /// The outcome's code in `meta` (one per variant, below `OUTCOME_CODES`; see `code`): an
+    /// index for per-outcome counters, read without decoding the outcome.
     #[inline]
     pub(crate) const fn outcome_code(&self) -> usize {
-        ((self.meta.get() >> META_OUTCOME) & 0xff) as usize
+        (self.meta.get() >> META_OUTCOME) as usize
     }
 
     /// Allowed, denied for now, or never.
     #[inline]
     pub const fn outcome(&self) -> Outcome {
-        // The code `packed` wrote: one of these six.
-        match (self.meta.get() >> META_OUTCOME) & 0xff {
+        // The code `new` or `packed` wrote: one of these six.
+        match self.meta.get() >> META_OUTCOME {
             0 => Outcome::Allowed,
-            1 => Outcome::Denied,
-            2 => Outcome::Insufficient,
-            3 => Outcome::Delayed,
-            4 => Outcome::TableFull,
-            _ => Outcome::Untracked,
+            1 => Outcome::Untracked,
+            2 => Outcome::Delayed,
+            4 => Outcome::Denied,
+            5 => Outcome::Insufficient,
+            _ => Outcome::TableFull,
         }
     }
 

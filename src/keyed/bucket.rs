@@ -7,7 +7,7 @@ use core::marker::PhantomData;
 use std::sync::Arc;
 
 use super::key::{Key, KeyHasher, Words};
-use super::table::{evictable, Now, Params, Rule, Shard, Table, MAX_UNITS};
+use super::table::{evictable, Decided, Now, Params, Rule, Shard, Table, MAX_UNITS};
 use super::tiers::{Overrides, Tier, Tiers};
 use super::{
     batch, hashers, prefetch, shard_count, stats_of, table_slots, KeyedBuilder, KeyedStats, Target, WhenFull,
@@ -82,10 +82,10 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     pub(crate) fn charge_words(&self, words: K::Words, n: u64) -> (Decision, Option<Receipt>) {
         let l = self;
         let t = l.target(words);
-        prefetch(t.home_ptr());
+        prefetch(t.group);
         let q = l.params.tiers.get(l.tier_of(t.words, t.hash));
         let base = l.base(l.clock.now());
-        let d = l.decide_in(&q, &t, base, n);
+        let d = l.decide_in(&q, &t, base, n).decision();
         if d.outcome() != Outcome::Allowed || n == 0 || l.params.when_full == WhenFull::EvictFullest {
             return (d, None);
         }
@@ -165,7 +165,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         let limit = q.fill_units().min(max_wait_ns.saturating_mul(m)).min(MAX_UNITS - at.now);
         let rule = Reserve { now: Now { p: &self.params, q: &q, at }, max_wait: limit };
         let d = match Shard::probe_group(t.group, t.words, &rule, n) {
-            Some(d) => d,
+            Some(d) => d.decision(),
             None => t.shard.acquire_next(t.words, t.hash, t.home, &rule, n),
         };
         match d.outcome() {
@@ -313,6 +313,17 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         now.saturating_sub(self.origin).as_u64().min(tiers.lifetime()) * tiers.units_per_nano()
     }
 
+    /// [`base_saturated`](KeyedLimiter::base_saturated) of the time `origin + e mod 2^64`:
+    /// from `e` alone, so that the common decision keeps no copy of the time for it (one
+    /// instruction). The time is at or after the origin iff the add does not wrap.
+    #[cold]
+    #[inline(never)]
+    fn base_wrapped(&self, e: u64) -> u64 {
+        let tiers = &self.params.tiers;
+        let e = if e <= u64::MAX - self.origin.as_u64() { e.min(tiers.lifetime()) } else { 0 };
+        e * tiers.units_per_nano()
+    }
+
     /// The bucket instant of `base` under `q`.
     #[inline]
     fn at(q: &TokenBucket, base: u64) -> At {
@@ -362,28 +373,35 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         // Hash and start fetching the key's group before reading the clock: on CPUs where a
         // TSC read holds back later loads, the cache miss then overlaps the clock read.
         let t = self.target(words);
-        prefetch(t.home_ptr());
+        prefetch(t.group);
         debug_assert_eq!(counters.is_some(), self.params.tiers.counted(), "counters iff built to count");
-        let base = self.base(self.clock.now());
-        match self.params.tiers.uncounted_default() {
+        let now = self.clock.now();
+        // The time since the origin, tested with the tiers' flags in one compare (`base`
+        // written out: a time out of range, before the origin or past the lifetime, takes
+        // the general path below; see `Tiers::uncounted_default`).
+        let e = now.as_u64().wrapping_sub(self.origin.as_u64());
+        match self.params.tiers.uncounted_default(e) {
             // `decide_fresh` written out: called here too, the compiler merged the two arms'
             // copies and the uncounted decision paid for the counted one's branch (101 → 106
             // instructions).
-            Some(q) => {
-                let d = self.decide_in(q, &t, base, n);
-                if q.stale(&d, n) {
-                    return self.decide_late(words, n);
-                }
-                d
-            }
-            None => match (counters, self.params.tiers.built_default()) {
-                (Some(c), Some(q)) => {
-                    let d = self.decide_fresh(q, &t, base, n);
-                    super::count(c, d.outcome_code());
-                    d
-                }
-                _ => self.decide_counted(t.words, t.hash, base, n, counters),
+            Some(q) => match self.decide_in(q, &t, e * self.params.tiers.units_per_nano(), n) {
+                Decided::Took(d) => d,
+                Decided::Final(d) if q.stale(&d, n) => self.decide_late(words, n),
+                Decided::Final(d) => d,
             },
+            None => {
+                // `base`, from `e` (its test is `uncounted_default`'s without the flags).
+                let tiers = &self.params.tiers;
+                let base = if e < tiers.open() { e * tiers.units_per_nano() } else { self.base_wrapped(e) };
+                match (counters, self.params.tiers.built_default()) {
+                    (Some(c), Some(q)) => {
+                        let d = self.decide_fresh(q, &t, base, n);
+                        super::count(c, d.outcome_code());
+                        d
+                    }
+                    _ => self.decide_counted(t.words, t.hash, base, n, counters),
+                }
+            }
         }
     }
 
@@ -391,11 +409,11 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     /// denial on a stamp ahead of it ([`TokenBucket::stale`]) is decided again at a fresh one.
     #[inline(always)]
     fn decide_fresh(&self, q: &TokenBucket, t: &Target<'_, K::Words>, base: u64, n: u64) -> Decision {
-        let d = self.decide_in(q, t, base, n);
-        if q.stale(&d, n) {
-            return self.decide_late(t.words, n);
+        match self.decide_in(q, t, base, n) {
+            Decided::Took(d) => d,
+            Decided::Final(d) if q.stale(&d, n) => self.decide_late(t.words, n),
+            Decided::Final(d) => d,
         }
-        d
     }
 
     /// A check's denial on a reading gone stale, decided again at a fresh one
@@ -456,7 +474,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     #[inline(always)]
     pub(crate) fn prefetch_words(&self, words: K::Words) {
         let t = self.target(words);
-        prefetch(t.home_ptr());
+        prefetch(t.group);
     }
 
     /// A key's identity, hash, shard and home group, computed once per decision.
@@ -478,7 +496,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     #[inline(always)]
     fn decide_key(&self, t: &Target<'_, K::Words>, base: u64, n: u64) -> Decision {
         match self.params.tiers.built_default() {
-            Some(q) => self.decide_in(q, t, base, n),
+            Some(q) => self.decide_in(q, t, base, n).decision(),
             None => self.decide_tiered(t.words, t.hash, base, n),
         }
     }
@@ -494,7 +512,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     #[inline]
     fn decide(&self, t: &Target<'_, K::Words>, tier: usize, base: u64, n: u64) -> Decision {
         match self.params.tiers.built(tier) {
-            Some(q) => self.decide_in(q, t, base, n),
+            Some(q) => self.decide_in(q, t, base, n).decision(),
             None => self.decide_changed(t.words, t.hash, tier, base, n),
         }
     }
@@ -507,19 +525,21 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     /// common path stays one straight function.
     #[inline(never)]
     fn decide_changed(&self, words: K::Words, hash: u64, tier: usize, base: u64, n: u64) -> Decision {
-        self.decide_in(&self.params.tiers.get(tier), &self.locate(words, hash), base, n)
+        self.decide_in(&self.params.tiers.get(tier), &self.locate(words, hash), base, n).decision()
     }
 
+    /// The decision, and whether it was an admission in the home group (which is never
+    /// stale: `TokenBucket::stale` tests refusals only, and the test is not made on it).
     #[inline(always)]
-    fn decide_in(&self, q: &TokenBucket, t: &Target<'_, K::Words>, base: u64, n: u64) -> Decision {
+    fn decide_in(&self, q: &TokenBucket, t: &Target<'_, K::Words>, base: u64, n: u64) -> Decided {
         let at = Self::at(q, base);
         if q.takes_none(n) {
-            return self.peek_located(q, t.words, t.hash, at, n);
+            return Decided::Final(self.peek_located(q, t.words, t.hash, at, n));
         }
         let now = Now { p: &self.params, q, at };
         match Shard::probe_group(t.group, t.words, &now, n) {
             Some(d) => d,
-            None => self.decide_beyond_home(q, t.words, t.hash, base, n),
+            None => Decided::Final(self.decide_beyond_home(q, t.words, t.hash, base, n)),
         }
     }
 
@@ -721,6 +741,8 @@ pub(crate) fn build<K: Key + ?Sized, C: Clock>(
     }
     let (place, fingerprint) = hashers(b.seeds);
     let origin = clock.now();
+    let mut tiers = tiers;
+    tiers.start_at(origin.as_u64());
     Ok(BucketTable {
         table: Table::new(slots, shards)?,
         overrides: Overrides::new(b.max_overrides)?,

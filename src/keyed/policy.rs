@@ -208,7 +208,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
     pub(crate) fn charge_words(&self, words: K::Words, n: u64) -> (Decision, Option<Receipt>) {
         let l = self;
         let t = l.target(words);
-        prefetch(t.home_ptr());
+        prefetch(t.group);
         let elapsed = l.elapsed(l.clock.now());
         let current = l.current();
         let rule = ChargeNow { rule: l.rule_under(&current, elapsed), stored: Cell::new(None) };
@@ -338,7 +338,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
     #[inline(always)]
     pub(crate) fn prefetch_words(&self, words: K::Words) {
         let t = self.target(words);
-        prefetch(t.home_ptr());
+        prefetch(t.group);
     }
 
     #[inline]
@@ -362,7 +362,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
     ) -> Decision {
         // Hash and start fetching the key's group before reading the clock, as the bucket does.
         let t = self.target(words);
-        prefetch(t.home_ptr());
+        prefetch(t.group);
         super::tally(self.decide(&t, self.elapsed(self.clock.now()), n), counters)
     }
 
@@ -392,7 +392,7 @@ impl<P: KeyedPolicy, K: Key + ?Sized, C: Clock> PolicyTable<P, K, C> {
             return self.peek_located(t.words, t.hash, elapsed, n);
         }
         let d = match Shard::probe_group(t.group, t.words, &self.rule(elapsed), n) {
-            Some(d) => d,
+            Some(d) => d.decision(),
             None => self.decide_beyond_home(t.words, t.hash, elapsed, n),
         };
         self.past_lifetime(d, elapsed)

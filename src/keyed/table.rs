@@ -161,6 +161,15 @@ pub(crate) trait Rule {
     /// Whether forced evictions leave ghosts ([`WhenFull::EvictFullest`]); rules without them
     /// never evict a word above `evictable`.
     const GHOSTS: bool;
+    /// Whether [`decide`](Rule::decide) refuses every word whose state bits are not `LIVE`
+    /// (every word at or above 2^62): then a decision tests a word's state only before it
+    /// refuses, not before it decides (`attempt`), since no such word can be taken.
+    const REFUSES_NOT_LIVE: bool = false;
+    /// Whether a decision's first attempt is written out ahead of its retry loop
+    /// (`decide_on`): for a short rule, whose common decision then skips the loop head's
+    /// alignment no-op; a long one's copy costs more than that (a keyed nginx rule: 26.5 →
+    /// 28.9 ns a decision on one key, peeled).
+    const PEEL: bool = false;
 
     /// A new key's first word.
     fn fresh(&self) -> u64;
@@ -210,6 +219,10 @@ pub(crate) struct Now<'a> {
 impl Rule for Now<'_> {
     type Taken = BucketWord;
     const GHOSTS: bool = true;
+    /// A take needs `w ≤ now − cost`, and `now` is at most `MAX_UNITS`, below 2^62 (the
+    /// tiers' lifetime ends there: `Tiers::new`).
+    const REFUSES_NOT_LIVE: bool = true;
+    const PEEL: bool = true;
 
     /// A new key's first stamp: its quota's initial level at `at`.
     #[inline]
@@ -227,6 +240,7 @@ impl Rule for Now<'_> {
 
     #[inline(always)]
     fn decide(&self, w: u64, n: u64) -> Result<(u64, BucketWord), Decision> {
+        debug_assert!(self.at.now <= MAX_UNITS, "`REFUSES_NOT_LIVE` rests on it");
         match BucketWord::from_raw(w).decide(self.q, self.at, n) {
             Verdict::Take { next } => Ok((next.raw(), next)),
             Verdict::Final(d) => Err(d),
@@ -266,10 +280,18 @@ impl<W: Words> Slot<W> {
     /// branch and tested again after it: two instructions more on every keyed decision).
     #[inline]
     fn load_live(&self, words: W) -> Option<u64> {
+        self.load_for::<true>(words)
+    }
+
+    /// [`load_live`](Slot::load_live), testing the state only if `STATE`: a caller whose rule
+    /// refuses every word that is not live ([`Rule::REFUSES_NOT_LIVE`]) tests it only before
+    /// a refusal (`attempt`), and an admission skips the test.
+    #[inline(always)]
+    fn load_for<const STATE_TEST: bool>(&self, words: W) -> Option<u64> {
         // Acquire: pairs with the Release that made the word live (after the key was written,
         // `Shard::acquire_slow` and `Shard::help`), so the key read below is at least that key.
         let w = self.word.load(Acquire);
-        if w & STATE != LIVE {
+        if STATE_TEST && w & STATE != LIVE {
             rare();
             return None;
         }
@@ -367,9 +389,7 @@ impl<'a, W: Words> Shard<'a, W> {
 
     #[inline]
     pub(crate) fn home_of(&self, hash: u64) -> usize {
-        #[expect(clippy::cast_possible_truncation, reason = "masked to the group count")]
-        let home = hash as usize & self.group_mask();
-        home
+        Table::<W>::place(hash) & self.group_mask()
     }
 
     /// Keys this shard tracks.
@@ -430,26 +450,22 @@ impl<'a, W: Words> Shard<'a, W> {
     /// first, to have the word at hand, kept them on the stack: nine more.)
     #[inline(always)]
     pub(crate) fn probe<R: Rule>(&self, g: usize, words: W, now: &R, n: u64) -> Option<Decision> {
-        Self::probe_group(self.group(g), words, now, n)
+        Self::probe_group(self.group(g), words, now, n).map(Decided::decision)
     }
 
     /// [`probe`](Shard::probe) in a group found already (a key's home, [`Table::home_group`]).
     #[inline(always)]
-    pub(crate) fn probe_group<R: Rule>(group: &Group<W>, words: W, now: &R, n: u64) -> Option<Decision> {
+    pub(crate) fn probe_group<R: Rule>(group: &Group<W>, words: W, now: &R, n: u64) -> Option<Decided> {
         // The first match's byte offset in the group: selected as offsets, the index of a
         // one-word key's slot (16 bytes) costs no shift to become an address (callgrind: one
         // instruction fewer on the decision).
-        let size = size_of::<Slot<W>>();
-        let mut first = GROUP * size;
-        for pos in (0..GROUP).rev() {
+        let mut slot = &group.slots[0];
+        for pos in 1..GROUP {
             let hit = W::load(&group.slots[pos].key, Relaxed) == words;
-            first = if hit { pos * size } else { first };
+            slot = if hit { &group.slots[pos] } else { slot };
         }
-        if first == GROUP * size {
-            return None;
-        }
-        let slot = &group.slots[(first / size) % GROUP];
-        decide_on(slot, slot.load_live(words)?, words, now, n)
+        let w = if R::REFUSES_NOT_LIVE { slot.load_for::<false>(words)? } else { slot.load_live(words)? };
+        decide_on(slot, w, words, now, n)
     }
 
     /// Decides on the key's live slot among the first `slots` of its window, if it is there:
@@ -461,15 +477,14 @@ impl<'a, W: Words> Shard<'a, W> {
             if W::load(&slot.key, Relaxed) != words {
                 return None;
             }
-            decide_on(slot, slot.load_live(words)?, words, now, n)
+            decide_on(slot, slot.load_live(words)?, words, now, n).map(Decided::decision)
         })
     }
 
     /// Where a key goes when [`probe`](Shard::probe) did not decide it: its home group again,
-    /// every match (the first may have been an evicted copy), then the group after the home,
-    /// still without the header (the prefetch brought its line with the home's for one-word
-    /// keys): where most keys that overflow their home sit. Then the slow path, and the
-    /// refusal of a full table.
+    /// every match (the one the probe picked may have been an evicted copy), then the group
+    /// after the home, still without the header: where most keys that overflow their home
+    /// sit. Then the slow path, and the refusal of a full table.
     #[inline(never)]
     pub(crate) fn acquire_next<R: Rule>(
         &self,
@@ -516,7 +531,7 @@ impl<'a, W: Words> Shard<'a, W> {
                     }
                 }
                 if let Some(d) = decide_on(slot, w, words, now, n) {
-                    return Some(d);
+                    return Some(d.decision());
                 }
                 continue;
             }
@@ -570,7 +585,7 @@ impl<'a, W: Words> Shard<'a, W> {
                         return Some(decision);
                     }
                     if let Some(w) = slot.load_live(words) {
-                        if let Some(d) = decide_on(slot, w, words, now, n) {
+                        if let Some(d) = decide_on(slot, w, words, now, n).map(Decided::decision) {
                             return Some(d);
                         }
                     }
@@ -917,48 +932,98 @@ pub(crate) fn refusal(when_full: WhenFull) -> Decision {
     Decision::from_nanos(outcome, 0, Nanos::ZERO, Nanos::ZERO)
 }
 
-/// Decides on the key's live word `w` (read with Acquire, the key checked after), retrying the
-/// CAS while the slot still holds the key. `None` if the key left the slot.
-#[inline(always)]
-fn decide_on<W: Words, R: Rule>(slot: &Slot<W>, mut w: u64, words: W, now: &R, n: u64) -> Option<Decision> {
-    loop {
-        if w & STATE != LIVE {
-            rare();
-            return None;
+/// A decision on a key's live slot, and whether it stored a word.
+pub(crate) enum Decided {
+    /// The rule's word was stored: an admission ([`Rule::taken`]).
+    Took(Decision),
+    /// Decided on the word as read, nothing stored: a refusal.
+    Final(Decision),
+}
+
+impl Decided {
+    #[inline(always)]
+    pub(crate) fn decision(self) -> Decision {
+        match self {
+            Decided::Took(d) | Decided::Final(d) => d,
         }
-        let (next, taken) = match now.decide(w, n) {
-            Ok(step) => step,
-            Err(d) => {
-                // A denial has no CAS to fail if the slot moved on between the word read and
-                // the key check (the key read may even be torn across a new claimant's words),
-                // so confirm the word. The Acquire fence pairs with the Release stores of a
-                // claimant's key words (`acquire_slow`): if the key read saw any of them, the
-                // load below sees the claim.
-                fence(Acquire);
-                let cur = slot.word.load(Acquire);
-                if cur == w {
-                    return Some(d);
-                }
-                if W::load(&slot.key, Relaxed) != words {
-                    return None;
-                }
-                w = cur;
-                continue;
-            }
+    }
+}
+
+/// Decides on the key's live word `w` (read with Acquire, the key checked after), retrying the
+/// CAS while the slot still holds the key. `None` if the key left the slot. Whether the
+/// decision stored a word is kept apart, so that a caller's test of refusals (a stale clock
+/// reading, `TokenBucket::stale`) is not made on admissions.
+///
+/// For a rule that asks ([`Rule::PEEL`]), the first attempt is written out ahead of the retry
+/// loop: the loop's head is aligned with a no-op that the common decision, which never
+/// retries, then does not run.
+#[inline(always)]
+fn decide_on<W: Words, R: Rule>(slot: &Slot<W>, w: u64, words: W, now: &R, n: u64) -> Option<Decided> {
+    let mut w = w;
+    if R::PEEL {
+        w = match attempt(slot, w, words, now, n) {
+            Ok(decided) => return decided,
+            Err(seen) => seen,
         };
-        // Success Release: the key words stay published by the release sequence this RMW
-        // continues, and a refund that loads this value (Acquire) reads a clock no earlier than
-        // this decision's (`Shard::refund`; free on x86). Failure Acquire: the new value may be
-        // a new key's, so the key is checked again after it. Fails whenever the slot changed:
-        // stamps only grow (module docs).
-        match slot.word.compare_exchange_weak(w, next, Release, Acquire) {
-            Ok(_) => return Some(now.taken(taken)),
-            Err(seen) => {
-                if W::load(&slot.key, Relaxed) != words {
-                    return None;
-                }
-                w = seen;
+    }
+    loop {
+        w = match attempt(slot, w, words, now, n) {
+            Ok(decided) => return decided,
+            Err(seen) => seen,
+        };
+    }
+}
+
+/// One attempt of [`decide_on`] on the word `w`: its answer, or the word to try again on.
+#[inline(always)]
+fn attempt<W: Words, R: Rule>(
+    slot: &Slot<W>,
+    w: u64,
+    words: W,
+    now: &R,
+    n: u64,
+) -> Result<Option<Decided>, u64> {
+    // A word that is not live: the key left the slot. Tested here, or, for a rule that
+    // refuses every such word, only on a refusal below (a take proves the word live).
+    if !R::REFUSES_NOT_LIVE && w & STATE != LIVE {
+        rare();
+        return Ok(None);
+    }
+    let (next, taken) = match now.decide(w, n) {
+        Ok(step) => step,
+        Err(_) if R::REFUSES_NOT_LIVE && w & STATE != LIVE => {
+            rare();
+            return Ok(None);
+        }
+        Err(d) => {
+            // A denial has no CAS to fail if the slot moved on between the word read and
+            // the key check (the key read may even be torn across a new claimant's words),
+            // so confirm the word. The Acquire fence pairs with the Release stores of a
+            // claimant's key words (`acquire_slow`): if the key read saw any of them, the
+            // load below sees the claim.
+            fence(Acquire);
+            let cur = slot.word.load(Acquire);
+            if cur == w {
+                return Ok(Some(Decided::Final(d)));
             }
+            if W::load(&slot.key, Relaxed) != words {
+                return Ok(None);
+            }
+            return Err(cur);
+        }
+    };
+    // Success Release: the key words stay published by the release sequence this RMW
+    // continues, and a refund that loads this value (Acquire) reads a clock no earlier than
+    // this decision's (`Shard::refund`; free on x86). Failure Acquire: the new value may be
+    // a new key's, so the key is checked again after it. Fails whenever the slot changed:
+    // stamps only grow (module docs).
+    match slot.word.compare_exchange_weak(w, next, Release, Acquire) {
+        Ok(_) => Ok(Some(Decided::Took(now.taken(taken)))),
+        Err(seen) => {
+            if W::load(&slot.key, Relaxed) != words {
+                return Ok(None);
+            }
+            Err(seen)
         }
     }
 }
@@ -1007,11 +1072,33 @@ pub(crate) struct Table<W: Words> {
     group_mask: usize,
     /// Groups in all, less one: `shard_bits | group_mask`.
     home_mask: usize,
+    /// `home_mask << PLACE`: the bits of a hash that are its home group's byte offset in the
+    /// array, when a group's size is a power of two ([`home_group`](Table::home_group)).
+    home_bytes: usize,
     shard_mask: usize,
     max_live: u64,
 }
 
 impl<W: Words> Table<W> {
+    /// A group's size in bytes.
+    const GROUP_BYTES: usize = size_of::<Group<W>>();
+
+    /// The hash bits below a hash's placement ([`place`](Table::place)): log2 of a group's
+    /// size when that is a power of two (one-word keys: 64 bytes), so that the placement's
+    /// group bits, unshifted, are the group's byte offset in the array; 0 otherwise.
+    const PLACE: u32 =
+        if Self::GROUP_BYTES.is_power_of_two() { Self::GROUP_BYTES.trailing_zeros() } else { 0 };
+
+    /// The bits of a hash that place its key: its home group (`Shard::home_of`) and shard
+    /// ([`shard`](Table::shard)) are their low bits. (The ghosts' tags are the hash's top 22
+    /// bits, above any table's placement bits: 2^36 groups would be terabytes.)
+    #[inline]
+    pub(crate) fn place(hash: u64) -> usize {
+        #[expect(clippy::cast_possible_truncation, reason = "only the low bits are used")]
+        let place = (hash >> Self::PLACE) as usize;
+        place
+    }
+
     /// `slots` and `shards` are powers of two, `slots ≥ shards · WINDOW`.
     pub(crate) fn new(slots: usize, shards: usize) -> Result<Table<W>, ConfigError> {
         let per_shard = slots / shards;
@@ -1034,6 +1121,7 @@ impl<W: Words> Table<W> {
             shard_bits: (shards - 1) << (per_shard / GROUP).trailing_zeros(),
             group_mask: per_shard / GROUP - 1,
             home_mask: groups - 1,
+            home_bytes: (groups - 1) << Self::PLACE,
             shard_mask: shards - 1,
             max_live: (per_shard - per_shard / 8) as u64,
         })
@@ -1044,28 +1132,37 @@ impl<W: Words> Table<W> {
         Shard { t: self, base: index << self.shard_shift, mask: self.group_mask }
     }
 
-    /// The shard of a hash: the bits above its home's (`Shard::home_of`), so that a hash's
-    /// group in the whole array is `hash & (groups − 1)` ([`home_group`](Table::home_group):
-    /// one mask on the decision path, where a shard index of its own took a shift, a mask and
-    /// a shift more).
+    /// The shard of a hash: the placement bits above its home's (`Shard::home_of`), so that a
+    /// hash's group in the whole array is `place(hash) & (groups − 1)`
+    /// ([`home_group`](Table::home_group): one mask on the decision path, where a shard index
+    /// of its own took a shift, a mask and a shift more).
     #[inline]
     pub(crate) fn shard(&self, hash: u64) -> Shard<'_, W> {
-        #[expect(clippy::cast_possible_truncation, reason = "masked to the shard bits")]
-        let base = hash as usize & self.shard_bits;
+        let base = Self::place(hash) & self.shard_bits;
         Shard { t: self, base, mask: self.group_mask }
     }
 
     /// A hash's home group, the one its shard's `group(home_of(hash))` names: the shard's
     /// bits of a hash lie above its home's, so the two masks and the add that sum them are one
-    /// mask (three instructions less on every decision).
+    /// mask (three instructions less on every decision). Where a group's size is a power of
+    /// two, that mask of the unshifted hash is the group's byte offset (two fewer: no shift
+    /// to an index, no scaling back).
     #[inline]
     pub(crate) fn home_group(&self, hash: u64) -> &Group<W> {
-        #[expect(clippy::cast_possible_truncation, reason = "masked to the group count")]
-        let i = hash as usize & self.home_mask;
+        let i = Self::place(hash) & self.home_mask;
         debug_assert!(core::ptr::eq(
             self.groups.get(i).unwrap(),
             self.shard(hash).group(self.shard(hash).home_of(hash))
         ));
+        if Self::PLACE != 0 {
+            #[expect(clippy::cast_possible_truncation, reason = "masked to the array's bytes")]
+            let offset = hash as usize & self.home_bytes;
+            debug_assert_eq!(offset, i * Self::GROUP_BYTES);
+            // SAFETY: `offset` is `i · GROUP_BYTES` (`home_bytes` is `home_mask << PLACE` and a
+            // group is `1 << PLACE` bytes), the start of group `i`, which is in bounds: see
+            // below.
+            return unsafe { &*self.groups.as_ptr().cast::<u8>().add(offset).cast::<Group<W>>() };
+        }
         // SAFETY: `home_mask` is the array's length less one (`new`: `groups`, a power of two,
         // since `slots` and `GROUP` are), so `i` is in bounds.
         unsafe { self.groups.get_unchecked(i) }

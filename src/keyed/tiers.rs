@@ -89,6 +89,15 @@ pub(crate) struct Tiers {
     /// common decision (default tier, quota as built, not counted) tests all three with one
     /// load.
     changed: AtomicU64,
+    /// `open` while `changed` is 0, else 0: the common decision's one test, of its time since
+    /// the origin against this, says both that the time is in range and that nothing changed
+    /// ([`uncounted_default`](Tiers::uncounted_default)). Rewritten under `writer` after
+    /// every change to `changed`, so that between changes it is `changed`'s image.
+    fast_until: AtomicU64,
+    /// One more than the times since the origin a decision may take as they are: the
+    /// lifetime, or fewer where the origin is within a lifetime of 2^64 (then every time
+    /// before the origin, wrapped, is above them; see [`start_at`](Tiers::start_at)).
+    open: u64,
     /// The largest fill, in units, any tier may have, fixed at construction: a stamp more
     /// than this below now is a full bucket in every tier, whatever the tiers change to.
     max_fill: u64,
@@ -134,6 +143,8 @@ impl Tiers {
             default: built[0],
             built,
             changed: AtomicU64::new(0),
+            fast_until: AtomicU64::new(lifetime + 1),
+            open: lifetime + 1,
             max_fill,
             min_fill: AtomicU64::new(min_fill),
             m,
@@ -158,8 +169,43 @@ impl Tiers {
     /// Marks the table's decisions as counted: [`uncounted_default`](Tiers::uncounted_default)
     /// is `None` from now on, so that every `check` takes the path that counts it.
     pub(crate) fn count_decisions(&self) {
-        // Relaxed: called while the table is built, before any other thread can see it.
-        self.changed.fetch_or(COUNTED, Relaxed);
+        self.note(|changed| changed | COUNTED);
+    }
+
+    /// Sets the table's origin, before the table is shared: times since it are taken
+    /// wrapped, `now − origin mod 2^64`, so that one compare rejects times before it as well
+    /// as times past the lifetime. That holds while the origin is at most `2^64 − 1 −
+    /// lifetime`; an origin later than that shortens the span to what is left below 2^64
+    /// (no later time exists), and a time `t` before the origin wraps to `2^64 − origin + t`,
+    /// above it.
+    pub(crate) fn start_at(&mut self, origin: u64) {
+        self.open = self.lifetime.min(u64::MAX - origin) + 1;
+        self.note(|changed| changed);
+    }
+
+    /// One more than the largest time since the origin that is in range ([`start_at`]).
+    ///
+    /// [`start_at`]: Tiers::start_at
+    #[inline]
+    pub(crate) fn open(&self) -> u64 {
+        self.open
+    }
+
+    /// Changes `changed` to `f` of it, and `fast_until` to match, under the writer lock.
+    fn note(&self, f: impl FnOnce(u64) -> u64) {
+        let _guard = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.note_locked(f);
+    }
+
+    /// [`note`](Tiers::note), with the writer lock held: every writer of the two words holds
+    /// it, so that each leaves `fast_until` the image of the `changed` it leaves.
+    fn note_locked(&self, f: impl FnOnce(u64) -> u64) {
+        // Relaxed: the lock orders the writers; readers read either word Relaxed, as a flag
+        // whose news may come late (see `built` and `note_overrides`). The cells publish
+        // themselves.
+        let changed = f(self.changed.load(Relaxed));
+        self.changed.store(changed, Relaxed);
+        self.fast_until.store(if changed == 0 { self.open } else { 0 }, Relaxed);
     }
 
     /// Whether [`count_decisions`](Tiers::count_decisions) was called.
@@ -180,11 +226,13 @@ impl Tiers {
     }
 
     /// [`built_default`](Tiers::built_default), and only while decisions are not counted
-    /// either: for a `check` that nothing else need see (one load and one test for all three).
+    /// either and `e`, a time's nanoseconds since the table's origin (wrapped, see
+    /// [`start_at`](Tiers::start_at)), is at or after the origin and at most the lifetime:
+    /// for a `check` that nothing else need see. One load and one test for all four.
     #[inline]
-    pub(crate) fn uncounted_default(&self) -> Option<&TokenBucket> {
+    pub(crate) fn uncounted_default(&self, e: u64) -> Option<&TokenBucket> {
         // Relaxed: as in `built_default`.
-        if self.changed.load(Relaxed) == 0 {
+        if e < self.fast_until.load(Relaxed) {
             Some(&self.default)
         } else {
             None
@@ -209,7 +257,7 @@ impl Tiers {
             self.min_fill.store(q.fill_units(), Relaxed);
         }
         self.cells[tier].store(&q);
-        self.changed.fetch_or(TIER_CHANGED, Release);
+        self.note_locked(|changed| changed | TIER_CHANGED);
         Ok(())
     }
 
@@ -227,11 +275,7 @@ impl Tiers {
     fn note_overrides(&self, count: u64) {
         // Relaxed: as `Overrides::count`, which a decision read before this bit existed: a
         // decision that misses a new override is one ordered before it.
-        if count == 0 {
-            self.changed.fetch_and(!OVERRIDDEN, Relaxed);
-        } else {
-            self.changed.fetch_or(OVERRIDDEN, Relaxed);
-        }
+        self.note(|changed| if count == 0 { changed & !OVERRIDDEN } else { changed | OVERRIDDEN });
     }
 
     /// The largest fill any tier may have, in units.

@@ -18,6 +18,7 @@ use core::num::NonZeroU64;
 use core::time::Duration;
 
 use crate::engine::config::WORDS;
+use crate::engine::decision::DecisionHead;
 use crate::policies::bucket::{BucketWord, Verdict};
 use crate::{ConfigError, Decision, Nanos};
 
@@ -191,9 +192,11 @@ pub struct TokenBucket {
     max_elapsed: u64,
     /// Divides by `units_per_token`.
     per_token: Divisor,
-    /// The word a token bucket's [`Decision`] starts from: the burst, `m` and the divisor's
-    /// shift, packed (`decision_meta`), so that a decision only ORs its outcome in.
-    decision_meta: NonZeroU64,
+    /// The two words a token bucket's [`Decision`] starts from: the burst, `m` and the
+    /// divisor's shift, packed (`decision_meta`), so that a decision only ORs its outcome in,
+    /// and the divisor's multiplier; side by side as in a decision, so that an admission's
+    /// copies them as one 16-byte move.
+    decision: DecisionHead,
     /// Where a direct limiter's clock starts, in units: the largest fill time the limiter may
     /// be given at runtime ([`with_max_fill_time`](TokenBucket::with_max_fill_time); its own
     /// fill by default). A bucket's clock is `offset + elapsed·m`, so its empty instant means
@@ -243,7 +246,7 @@ impl TokenBucket {
             fill_units,
             max_elapsed: (u64::MAX - 2 * fill_units) / m,
             per_token,
-            decision_meta: decision_meta(burst, m, per_token),
+            decision: DecisionHead::new(decision_meta(burst, m, per_token), per_token.magic),
             offset: fill_units,
             lead: 0,
         })
@@ -483,7 +486,7 @@ impl TokenBucket {
             fill_units: fill,
             max_elapsed: lifetime,
             per_token,
-            decision_meta: decision_meta(self.burst, m, per_token),
+            decision: DecisionHead::new(decision_meta(self.burst, m, per_token), per_token.magic),
             offset: fill,
             lead: 0,
             ..self
@@ -531,7 +534,7 @@ impl TokenBucket {
             fill_units: burst * t,
             max_elapsed,
             per_token,
-            decision_meta: decision_meta(burst, m, per_token),
+            decision: DecisionHead::new(decision_meta(burst, m, per_token), per_token.magic),
             offset,
             lead: offset - burst * t,
         }
@@ -539,16 +542,11 @@ impl TokenBucket {
 
     // ---- crate-internal fixed-point helpers, all exact ----
 
-    /// [`Decision`]'s packed word for this quota, outcome `Allowed` (code 0).
+    /// [`Decision`]'s first two words for this quota, outcome `Allowed` (code 0): its packed
+    /// word and the multiplier that divides by `t` (never zero: see [`Divisor::new`]).
     #[inline(always)]
-    pub(crate) const fn decision_meta(&self) -> NonZeroU64 {
-        self.decision_meta
-    }
-
-    /// The multiplier that divides by `t` (never zero: see [`Divisor::new`]).
-    #[inline(always)]
-    pub(crate) const fn per_token_magic(&self) -> u64 {
-        self.per_token.magic
+    pub(crate) const fn decision_head(&self) -> DecisionHead {
+        self.decision
     }
 
     /// Whether `d`, a check's decision on `n` tokens under this quota, is a denial on a stamp
