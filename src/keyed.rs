@@ -12,6 +12,14 @@ mod policy;
 pub(crate) mod table;
 mod tiers;
 
+/// The home group, 0 or 1, of a `u64` key whose placement hash is `hash`, in a table of two
+/// groups a shard (the loom models' tables): for the models that need keys of one home.
+#[cfg(tollgate_loom)]
+#[doc(hidden)]
+pub fn loom_home_of(hash: u64) -> u64 {
+    (table::Table::<[u64; 1]>::place(hash) & 1) as u64
+}
+
 use core::borrow::Borrow;
 use core::fmt;
 use core::marker::PhantomData;

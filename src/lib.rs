@@ -38,6 +38,9 @@ pub use engine::direct::{Algorithm, Direct};
 pub use engine::error::{ConfigError, UpdateError};
 pub use engine::pacer::{Arrivals, Pacer};
 pub use engine::time::Nanos;
+#[cfg(tollgate_loom)]
+#[doc(hidden)]
+pub use keyed::loom_home_of;
 pub use keyed::{
     Hashed, IpPrefix, Key, KeyHasher, Keyed, KeyedAlgorithm, KeyedBuilder, KeyedFixedWindow, KeyedLimit,
     KeyedLimiter, KeyedNginx, KeyedPolicy, KeyedSlidingLog, KeyedSlidingWindow, KeyedStats, Tier, WhenFull,

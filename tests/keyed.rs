@@ -537,7 +537,11 @@ fn a_time_before_the_origin_never_refills() {
         for now in [0, 1, origin / 2, origin - 1] {
             let d = l.check_n_at(&7, tollgate::Nanos::new(now), 1);
             assert_eq!(d.outcome(), Outcome::Denied, "origin {origin}, now {now}");
+            // The same time read from the limiter's clock, through `check`'s own test of it.
+            clock.set(tollgate::Nanos::new(now));
+            assert_eq!(l.check(&7).outcome(), Outcome::Denied, "origin {origin}, clock at {now}");
         }
+        clock.set(tollgate::Nanos::new(origin));
         assert!(!l.check(&7).is_allowed(), "origin {origin}: still spent at the origin");
         // The direct limiter, the same.
         let d = tollgate::Limiter::with_clock(TokenBucket::per_hour(1).unwrap(), clock.clone());

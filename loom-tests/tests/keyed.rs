@@ -218,10 +218,10 @@ fn a_given_up_claim_leaves_no_stamp() {
 }
 
 /// Keys `(v, v2, k3, k4)`, where `v` and `v2` share a home group in a model's table (two groups
-/// per shard under loom, chosen by the placement hash's lowest bit; see `table`'s seeds).
+/// per shard under loom, chosen by the table's placement of the hash; see `table`'s seeds).
 fn same_home_keys() -> (u64, u64, u64, u64) {
     let place = ahash::RandomState::with_seeds(1, 2, 3, 4);
-    let home = |k: u64| place.hash_one(k) & 1;
+    let home = |k: u64| tollgate::loom_home_of(place.hash_one(k));
     let v = 1;
     let v2 = (2..).find(|&k| home(k) == home(v)).unwrap();
     let mut others = (2..).filter(|&k| k != v2);
@@ -301,7 +301,7 @@ fn two_new_keys_of_one_home_commit_with_a_kept_claim() {
 /// the other one when not, and three more keys distinct from both.
 fn helper_keys(same_home: bool) -> (u64, u64, [u64; 3]) {
     let place = ahash::RandomState::with_seeds(1, 2, 3, 4);
-    let home = |k: u64| place.hash_one(k) & 1;
+    let home = |k: u64| tollgate::loom_home_of(place.hash_one(k));
     let a = 1;
     let b = (2..).find(|&k| (home(k) == home(a)) == same_home).unwrap();
     let mut others = (2..).filter(|&k| k != b);

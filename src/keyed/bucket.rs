@@ -243,6 +243,13 @@ struct Reserve<'a> {
     max_wait: u64,
 }
 
+/// A reservation's rule over `now`, for the table's tests: a rule that tests a word's state
+/// before it decides (`Rule::REFUSES_NOT_LIVE` is false).
+#[cfg(all(test, not(tollgate_loom)))]
+pub(crate) fn reserve_rule<'a>(now: &Now<'a>, max_wait: u64) -> impl Rule + 'a {
+    Reserve { now: *now, max_wait }
+}
+
 impl Rule for Reserve<'_> {
     type Taken = BucketWord;
     const GHOSTS: bool = true;

@@ -6,10 +6,12 @@
 //! A table is a power-of-two number of shards, each an equal range of one array of slots (so
 //! a key's slots are one pointer away), with its own cache-padded counters. Slots come in
 //! *groups* of 4 (64 bytes, one cache line, for `u64` keys), with one 64-bit *header* and one
-//! *ghost* word per group in arrays beside them. A hash's low bits pick a group of the whole
-//! array, the key's *home*: the lowest ones a group of its shard, the next ones the shard. The
-//! key lives in one of the 64 slots of its *window*: the home group and the 15 after it
-//! (wrapping in the shard).
+//! *ghost* word per group in arrays beside them. A hash's placement bits (`Table::place`: the
+//! bits above a group's size) pick a group of the whole array, the key's *home*: the lowest
+//! ones a group of its shard, the next ones the shard. The key lives in one of the 64 slots of
+//! its *window*: the home group and the 15 after it (wrapping in the shard). A new key takes
+//! the first vacant slot of its window in *claim order*: its home group's slots from the last
+//! down, then the window's other slots in order (see [`Shard::probe_group`] for why).
 //!
 //! ```text
 //!  slot word   63 62 61                                                   0
@@ -433,21 +435,28 @@ impl<'a, W: Words> Shard<'a, W> {
         self.acquire_next(words, hash, home, now, n)
     }
 
-    /// Decides on the key's live slot in group `g` (of its window), if it is the group's first
+    /// Decides on the key's live slot in group `g` (of its window), if it is the group's last
     /// slot holding the key's words. That slot is picked without branching (a select per
     /// slot), so that where the key sits costs no misprediction (and cache misses of
-    /// consecutive decisions overlap). Then its word is read (Acquire), its state tested and
-    /// its key compared again (`Slot::load_live`): only a key read after the word vouches
-    /// for it. The compare only picks the slot; a key it misses (one going live meanwhile) is
-    /// found by the fallback, as a key beyond the home is.
+    /// consecutive decisions overlap): the last of slots 1–3 whose key matches, or slot 0,
+    /// whose key is not compared here (one compare and its select fewer). Then its word is
+    /// read (Acquire) and its key compared again (`Slot::load_for`): only a key read after the
+    /// word vouches for it, and slot 0 chosen by default is rejected there when it is not the
+    /// key's. Its state is tested there too, or, for a rule that refuses every word not live,
+    /// only before a refusal (`attempt`). The compare only picks the slot; a key it misses (one
+    /// going live meanwhile) is found by the fallback, as a key beyond the home is.
     ///
     /// A group can hold a key's words in more than one slot: a slot keeps an evicted key's
     /// words until it is claimed again, and the key may come back in another slot of the
-    /// group. When the first is not the live one, the caller's fallback,
-    /// [`acquire_next`](Shard::acquire_next), walks them all. (Walking a mask of every match
-    /// here cost six instructions more on every decision, and a call for the walk that takes
-    /// `now` by reference stored it to the stack on every decision; reading all four words
-    /// first, to have the word at hand, kept them on the stack: nine more.)
+    /// group. New keys fill their home group from its last slot down ([`room`](Shard::room)),
+    /// so a key's live slot is above the copies of its words that were there when it was
+    /// claimed: the last match is the live one. When it is not (a copy left after the claim,
+    /// by a claim given back in a race, or a key claimed by eviction below a vacant copy), the
+    /// caller's fallback, [`acquire_next`](Shard::acquire_next), walks them all. (Walking a
+    /// mask of every match here cost six instructions more on every decision, and a call for
+    /// the walk that takes `now` by reference stored it to the stack on every decision;
+    /// reading all four words first, to have the word at hand, kept them on the stack: nine
+    /// more.)
     #[inline(always)]
     pub(crate) fn probe<R: Rule>(&self, g: usize, words: W, now: &R, n: u64) -> Option<Decision> {
         Self::probe_group(self.group(g), words, now, n).map(Decided::decision)
@@ -456,9 +465,6 @@ impl<'a, W: Words> Shard<'a, W> {
     /// [`probe`](Shard::probe) in a group found already (a key's home, [`Table::home_group`]).
     #[inline(always)]
     pub(crate) fn probe_group<R: Rule>(group: &Group<W>, words: W, now: &R, n: u64) -> Option<Decided> {
-        // The first match's byte offset in the group: selected as offsets, the index of a
-        // one-word key's slot (16 bytes) costs no shift to become an address (callgrind: one
-        // instruction fewer on the decision).
         let mut slot = &group.slots[0];
         for pos in 1..GROUP {
             let hit = W::load(&group.slots[pos].key, Relaxed) == words;
@@ -646,14 +652,15 @@ impl<'a, W: Words> Shard<'a, W> {
         }
     }
 
-    /// Finds room for a new key in its window: the first vacant slot (below capacity), the first
-    /// full bucket (evicted), or, with [`WhenFull::EvictFullest`], the stalest bucket.
+    /// Finds room for a new key in its window, in claim order (`claim_order`): the first vacant
+    /// slot (below capacity), the first full bucket (evicted), or, with
+    /// [`WhenFull::EvictFullest`], the stalest bucket.
     fn room<R: Rule>(&self, home: usize, now: &R) -> Room {
         // Vacant slots first, while below capacity: evicting a full bucket costs a header CAS,
         // and under a quota that refills within nanoseconds every bucket is full, so evicting
         // first would make keys evict each other for nothing.
         if self.live() < self.t.max_live {
-            for pos in 0..WINDOW {
+            for pos in (0..WINDOW).map(claim_order) {
                 let slot = self.slot(home, pos);
                 let w = slot.word.load(Relaxed);
                 // Acquire: our key-word stores must not move above the claim.
@@ -664,7 +671,7 @@ impl<'a, W: Words> Shard<'a, W> {
                 }
             }
         }
-        for pos in 0..WINDOW {
+        for pos in (0..WINDOW).map(claim_order) {
             let slot = self.slot(home, pos);
             let w = slot.word.load(Relaxed);
             if w & STATE == LIVE && w < now.evictable() {
@@ -1012,6 +1019,7 @@ fn attempt<W: Words, R: Rule>(
             return Err(cur);
         }
     };
+    debug_assert!(!R::REFUSES_NOT_LIVE || w & STATE == LIVE, "a rule that refuses words not live took one");
     // Success Release: the key words stay published by the release sequence this RMW
     // continues, and a refund that loads this value (Acquire) reads a clock no earlier than
     // this decision's (`Shard::refund`; free on x86). Failure Acquire: the new value may be
@@ -1025,6 +1033,18 @@ fn attempt<W: Words, R: Rule>(
             }
             Err(seen)
         }
+    }
+}
+
+/// The window position a new key tries `i`-th: its home group's slots from the last down, then
+/// the rest of the window in order, so that a key's live slot in its home group is above the
+/// copies of its words left there before ([`Shard::probe_group`] picks the last match).
+#[inline]
+fn claim_order(i: usize) -> usize {
+    if i < GROUP {
+        GROUP - 1 - i
+    } else {
+        i
     }
 }
 
@@ -1199,11 +1219,13 @@ mod tests {
     use crate::keyed::tiers::Tiers;
     use crate::WhenFull;
 
-    /// A key whose live slot sits after an evicted copy of its words in the same group (a
-    /// slot keeps a key's words until it is claimed again): the first match the probe selects
-    /// is the copy, and the fallback must decide on the live slot, once, inserting nothing.
+    /// A key whose live slot sits below a copy of its words in the same group (a slot keeps a
+    /// key's words until it is claimed again): the probe picks the copy (the last match, or
+    /// slot 0 without a compare), whatever state the copy's word is in, and the fallback must
+    /// decide on the live slot, once, inserting nothing. Under the bucket rule, whose probe
+    /// tests the state only before a refusal, and under a rule that tests it first.
     #[test]
-    fn a_stale_copy_before_the_live_slot_is_passed_over() {
+    fn a_stale_copy_above_the_live_slot_is_passed_over() {
         const KEY: [u64; 1] = [0xfeed];
         let q = TokenBucket::per_second(10).unwrap();
         let tiers =
@@ -1213,25 +1235,44 @@ mod tests {
         let q = p.tiers.get(0);
         let now = (1 << 60) + 5 * q.fill_units();
         let rule = Now { p: &p, q: &q, at: At { now, floor: now - q.fill_units() } };
-
-        let table = Table::<[u64; 1]>::new(WINDOW, 1).unwrap();
-        let shard = table.shard(0);
-        let slots = &shard.group(0).slots;
-        let copy = VACANT | 7;
-        let stamp = now - q.fill_units(); // a full bucket
-        for (pos, word) in [(0, copy), (2, LIVE | stamp)] {
-            <[u64; 1]>::store(&slots[pos].key, KEY, Relaxed);
-            slots[pos].word.store(word, Relaxed);
+        let stamp = now - q.fill_units(); // a full bucket: the take succeeds
+        let reserve = crate::keyed::bucket::reserve_rule(&rule, q.fill_units());
+        for (live, copy) in [(0, 2), (0, 3), (1, 3), (2, 3)] {
+            for copy_word in [VACANT | 7, LOCKED | (stamp - 1), CLAIMED | (stamp + 1)] {
+                for reserving in [false, true] {
+                    let table = Table::<[u64; 1]>::new(WINDOW, 1).unwrap();
+                    let shard = table.shard(0);
+                    let slots = &shard.group(0).slots;
+                    for (pos, word) in [(copy, copy_word), (live, LIVE | stamp)] {
+                        <[u64; 1]>::store(&slots[pos].key, KEY, Relaxed);
+                        slots[pos].word.store(word, Relaxed);
+                    }
+                    let case = format!("live {live}, copy {copy} {copy_word:#x}, reserving {reserving}");
+                    let d = if reserving {
+                        shard.acquire(KEY, 0, 0, &reserve, 1)
+                    } else {
+                        shard.acquire(KEY, 0, 0, &rule, 1)
+                    };
+                    assert_eq!(d.outcome(), Outcome::Allowed, "{case}: {d:?}");
+                    assert_eq!(slots[copy].word.load(Relaxed), copy_word, "{case}: the copy is left alone");
+                    let taken = slots[live].word.load(Relaxed);
+                    assert_eq!(taken, stamp + q.cost_units(1), "{case}: one take, on the live slot");
+                    // Nothing was claimed or inserted: every other slot of the window is as built.
+                    for pos in (0..WINDOW).filter(|&p| p != live && p != copy) {
+                        assert_eq!(shard.slot(0, pos).word.load(Relaxed), VACANT, "{case}: slot {pos}");
+                    }
+                    assert_eq!(shard.c().inserts.load(Relaxed), 0, "{case}");
+                }
+            }
         }
+    }
 
-        let d = shard.acquire(KEY, 0, 0, &rule, 1);
-        assert_eq!(d.outcome(), Outcome::Allowed, "{d:?}");
-        assert_eq!(slots[0].word.load(Relaxed), copy, "the copy is left alone");
-        assert_eq!(slots[2].word.load(Relaxed), stamp + q.cost_units(1), "one take, on the live slot");
-        // Nothing was claimed or inserted: every other slot of the window is as built.
-        for pos in (0..WINDOW).filter(|&p| p != 0 && p != 2) {
-            assert_eq!(shard.slot(0, pos).word.load(Relaxed), VACANT, "slot {pos}");
-        }
-        assert_eq!(shard.c().inserts.load(Relaxed), 0);
+    /// New keys fill their home group from its last slot down, then the window after it.
+    #[test]
+    fn new_keys_fill_the_home_group_from_the_top() {
+        let order: Vec<usize> = (0..WINDOW).map(claim_order).collect();
+        let mut expected: Vec<usize> = (0..GROUP).rev().collect();
+        expected.extend(GROUP..WINDOW);
+        assert_eq!(order, expected);
     }
 }

@@ -450,3 +450,51 @@ impl<W: Words> Overrides<W> {
         self.entries.bytes()
     }
 }
+
+#[cfg(all(test, not(tollgate_loom)))]
+mod fast_path_tests {
+    use super::*;
+
+    /// `uncounted_default`, the common decision's one test, opens only while nothing has
+    /// changed and the time is in range, and follows every writer of the flags.
+    #[test]
+    fn the_fast_test_follows_every_change() {
+        let q = TokenBucket::per_second(10).unwrap();
+        let tiers = |origin: u64| {
+            let mut t = Tiers::new(
+                &[("default".to_owned(), q), ("gold".to_owned(), q)],
+                Nanos::ZERO,
+                1 << 60,
+                1 << 61,
+            )
+            .unwrap();
+            t.start_at(origin);
+            t
+        };
+        let t = tiers(0);
+        let last = t.lifetime();
+        assert!(t.uncounted_default(0).is_some() && t.uncounted_default(last).is_some());
+        assert!(t.uncounted_default(last + 1).is_none(), "past the lifetime");
+        t.note_overrides(1);
+        assert!(t.uncounted_default(0).is_none(), "a key has an override");
+        t.note_overrides(0);
+        assert!(t.uncounted_default(0).is_some(), "no override left");
+        t.set(1, TokenBucket::per_second(5).unwrap()).unwrap();
+        assert!(t.uncounted_default(0).is_none(), "a tier changed, for good");
+        t.note_overrides(0);
+        assert!(t.uncounted_default(0).is_none(), "a tier changed, for good");
+
+        let counted = tiers(0);
+        counted.count_decisions();
+        assert!(counted.uncounted_default(0).is_none(), "counted");
+
+        // An origin near 2^64: the span is what is left below it, and every time before the
+        // origin (wrapped) is above it.
+        let origin = u64::MAX - 10;
+        let late = tiers(origin);
+        assert!(late.uncounted_default(10).is_some() && late.uncounted_default(11).is_none());
+        for before in [0, 1, 1 << 20, origin - 1] {
+            assert!(late.uncounted_default(before.wrapping_sub(origin)).is_none(), "time {before}");
+        }
+    }
+}
