@@ -4,8 +4,8 @@
 //!
 //! ```sh
 //! cargo build --release --example instructions
-//! for s in keyed_allow keyed_deny verdict_allow verdict_deny nginx_allow direct_allow direct_deny \
-//!     reserve_deny floor; do
+//! for s in keyed_allow keyed_deny verdict_allow verdict_deny coarse_allow nginx_allow \
+//!     direct_allow direct_deny reserve_deny floor; do
 //!     valgrind --tool=callgrind --toggle-collect="*${s%_*}_loop*" --callgrind-out-file=/dev/null \
 //!         target/release/examples/instructions "$s" 20000 2>&1 | grep -o 'Collected : [0-9]*'
 //! done    # divide each by 20000
@@ -13,7 +13,8 @@
 //!
 //! Subjects: `keyed_allow` / `keyed_deny` (`KeyedLimiter<u64>::check` over 1,024 keys),
 //! `verdict_*` (the same, read only by `is_allowed`: what the rest of the decision costs is
-//! then never spent), `nginx_allow` (a keyed nginx `limit_req`, as a policy's path), the
+//! then never spent), `coarse_allow` (`keyed_allow` on the `CoarseClock`), `nginx_allow` (a
+//! keyed nginx `limit_req`, as a policy's path), the
 //! same for `direct_*` (`Limiter::check`), `reserve_deny` (a refused `reserve_n(1)`), and
 //! `floor` (a TSC read, an ahash of the key and a CAS on a slot: the keyed floor). Each loop
 //! keeps its decision by reference (`black_box(&d)`), as the benchmark suite does: by value,
@@ -24,7 +25,9 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use tollgate::{Clock, Keyed, KeyedLimiter, Limiter, Nginx, ReserveError, TokenBucket, TscClock};
+use tollgate::{
+    Clock, CoarseClock, Keyed, KeyedLimiter, Limiter, Nginx, ReserveError, TokenBucket, TscClock,
+};
 
 /// Keys the keyed loops cycle through (a power of two: the index is one mask).
 const KEYS: usize = 1024;
@@ -43,6 +46,14 @@ fn keyed_loop(l: &KeyedLimiter<u64>, keys: &[u64], iters: usize) {
 fn verdict_loop(l: &KeyedLimiter<u64>, keys: &[u64], iters: usize) {
     for i in 0..iters {
         black_box(l.check(&keys[i & (KEYS - 1)]).is_allowed());
+    }
+}
+
+#[inline(never)]
+fn coarse_loop(l: &KeyedLimiter<u64, CoarseClock>, keys: &[u64], iters: usize) {
+    for i in 0..iters {
+        let d = l.check(&keys[i & (KEYS - 1)]);
+        black_box(&d);
     }
 }
 
@@ -106,6 +117,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 verdict_loop(&l, &keys, iters);
             }
         }
+        "coarse_allow" => {
+            let l = KeyedLimiter::<u64>::builder(allowing()?).capacity(4096).build_with_clock(CoarseClock::new()?)?;
+            for k in &keys {
+                let _ = l.check(k);
+            }
+            coarse_loop(&l, &keys, iters);
+        }
         "nginx_allow" => {
             // nginx `limit_req`, never refused: a billion a second, a burst of 16,776, nodelay.
             let p = Nginx::per_second(1_000_000_000)?.burst(16_776)?.nodelay();
@@ -129,7 +147,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let slots: Vec<AtomicU64> = (0..4096).map(|_| AtomicU64::new(0)).collect();
             floor_loop(&TscClock::new(), &ahash::RandomState::with_seeds(1, 2, 3, 4), &slots, &keys, iters);
         }
-        other => return Err(format!("unknown subject {other:?}: keyed_allow, keyed_deny, verdict_allow, verdict_deny, nginx_allow, direct_allow, direct_deny, reserve_deny, floor").into()),
+        other => return Err(format!("unknown subject {other:?}: keyed_allow, keyed_deny, verdict_allow, verdict_deny, coarse_allow, nginx_allow, direct_allow, direct_deny, reserve_deny, floor").into()),
     }
     Ok(())
 }
