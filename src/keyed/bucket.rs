@@ -362,11 +362,13 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     /// which passes them here). `n = 0` is always allowed and takes nothing; `n` above the
     /// burst is [`Outcome::Insufficient`]. Neither inserts the key.
     ///
-    /// One flag says "not the default tier's quota as built, or counted": the uncounted common
-    /// decision tests it once, where a test of its own for the counters cost three
-    /// instructions more on every decision. A counted one under the default tier is decided
-    /// inline as well, and counted out of line by its outcome's code alone (a decision
-    /// returned from an out-of-line call comes back through memory: 4 ns more).
+    /// One compare says "the time is in range, under the default tier's quota as built, not
+    /// counted" (`Tiers::uncounted_default`): the uncounted common decision tests it once,
+    /// where a test of its own for the counters cost three instructions more on every
+    /// decision, and one of the flags apart from the time's range two more. A counted one under
+    /// the default tier is decided inline as well, and counted out of line by its outcome's
+    /// code alone (a decision returned from an out-of-line call comes back through memory:
+    /// 4 ns more).
     // Always inline (as `check_n_at`, `Keyed`'s and `Direct::check_n_at`): out of line, the
     // decision is returned through memory and the call saves and restores six registers:
     // 1.17× the floor at 1K keys in the criterion bench, 1.12× inline.
