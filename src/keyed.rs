@@ -1184,7 +1184,10 @@ pub struct KeyedStats {
     pub forced_evictions: u64,
     /// New keys that found no room (denied or admitted untracked by the policy).
     pub refused: u64,
-    /// Mean distance of live keys from their home slot.
+    /// Mean distance of live keys from their home slot, the first of their home group. Keys at
+    /// 0 to 3 sit in their home group (new keys fill it from the top: the first key of a group
+    /// sits at 3), and a decision on them reads one cache line; a key further on is decided on
+    /// a slower path.
     pub mean_probe: f64,
     /// The largest distance of a live key from its home slot.
     pub max_probe: u64,
