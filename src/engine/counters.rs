@@ -16,8 +16,9 @@ use std::cell::Cell;
 
 use crossbeam_utils::CachePadded;
 
+use crate::engine::decision::code;
 use crate::sync::{AtomicU64, Ordering::Relaxed};
-use crate::Decision;
+use crate::{Decision, Outcome};
 
 /// Stripes: a power of two. More threads than stripes share some, still exactly (atomic adds).
 const STRIPES: usize = 16;
@@ -41,9 +42,8 @@ impl Counters {
         }
     }
 
-    /// Counts one decision, by its outcome's code (the order `Decision` encodes and
-    /// [`snapshot`](Counters::snapshot) reads: allowed, untracked, delayed, none, denied,
-    /// insufficient, table full, none).
+    /// Counts one decision, by its outcome's code (`Decision::outcome_code`, which
+    /// [`snapshot`](Counters::snapshot) reads back by outcome).
     #[inline]
     pub(crate) fn record(&self, d: &Decision) {
         self.record_code(d.outcome_code());
@@ -65,14 +65,18 @@ impl Counters {
                 *total += count.load(Relaxed);
             }
         }
-        let [allowed, untracked, delayed, _, denied, insufficient, table_full, _] = sum;
+        let count = |o: Outcome| {
+            #[expect(clippy::cast_possible_truncation, reason = "a code is below OUTCOMES")]
+            let i = code(o) as usize;
+            sum[i]
+        };
         CounterSnapshot {
-            allowed,
-            denied,
-            insufficient,
-            delayed,
-            table_full,
-            untracked,
+            allowed: count(Outcome::Allowed),
+            denied: count(Outcome::Denied),
+            insufficient: count(Outcome::Insufficient),
+            delayed: count(Outcome::Delayed),
+            table_full: count(Outcome::TableFull),
+            untracked: count(Outcome::Untracked),
             ..CounterSnapshot::default()
         }
     }

@@ -112,7 +112,7 @@ const META_OUTCOMES: u64 = 0b111 << META_OUTCOME;
 /// refusals. Every variant by name: a new one cannot be added without a code here and in
 /// `Decision::outcome`.
 #[inline(always)]
-const fn code(outcome: Outcome) -> u64 {
+pub(crate) const fn code(outcome: Outcome) -> u64 {
     match outcome {
         Outcome::Allowed => 0,
         Outcome::Untracked => 1,

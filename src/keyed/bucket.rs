@@ -294,7 +294,7 @@ impl Rule for Reserve<'_> {
 impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     /// Units since the limiter's creation (before the offset), saturating at the lifetime.
     ///
-    /// Branches that are never taken, not two saturations: both ends go to the cold path, and
+    /// A branch never taken, not two saturations: both ends go to one cold path, and
     /// the two conditional moves stay off the chain from the clock read to the CAS, which on
     /// every admission is the decision's critical path. The same as `Nanos::units_since`
     /// (the direct limiters'), written out here: through it, the origin, lifetime and `m`
@@ -303,29 +303,26 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
     /// 113), where this cold path takes only the table and reads them itself.
     #[inline]
     fn base(&self, now: Nanos) -> u64 {
+        self.base_since(now.as_u64().wrapping_sub(self.origin.as_u64()))
+    }
+
+    /// [`base`](KeyedLimiter::base) of the time `origin + e mod 2^64`. One test for both ends:
+    /// a time before the origin wraps above the span in range (`Tiers::new`).
+    #[inline]
+    fn base_since(&self, e: u64) -> u64 {
         let tiers = &self.params.tiers;
-        let (e, before_origin) = now.as_u64().overflowing_sub(self.origin.as_u64());
-        if before_origin || e > tiers.lifetime() {
-            return self.base_saturated(now);
+        if e >= tiers.open() {
+            return self.base_saturated(e);
         }
         e * tiers.units_per_nano()
     }
 
-    /// [`base`](KeyedLimiter::base) for a time before the origin (skew, or a caller's `now`)
-    /// or past the lifetime.
+    /// [`base_since`](KeyedLimiter::base_since) for a time before the origin (skew, or a
+    /// caller's `now`) or past the lifetime: the origin, or the lifetime's end. The time is at
+    /// or after the origin iff `origin + e` does not wrap.
     #[cold]
     #[inline(never)]
-    fn base_saturated(&self, now: Nanos) -> u64 {
-        let tiers = &self.params.tiers;
-        now.saturating_sub(self.origin).as_u64().min(tiers.lifetime()) * tiers.units_per_nano()
-    }
-
-    /// [`base_saturated`](KeyedLimiter::base_saturated) of the time `origin + e mod 2^64`:
-    /// from `e` alone, so that the common decision keeps no copy of the time for it (one
-    /// instruction). The time is at or after the origin iff the add does not wrap.
-    #[cold]
-    #[inline(never)]
-    fn base_wrapped(&self, e: u64) -> u64 {
+    fn base_saturated(&self, e: u64) -> u64 {
         let tiers = &self.params.tiers;
         let e = if e <= u64::MAX - self.origin.as_u64() { e.min(tiers.lifetime()) } else { 0 };
         e * tiers.units_per_nano()
@@ -385,9 +382,9 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         prefetch(t.group);
         debug_assert_eq!(counters.is_some(), self.params.tiers.counted(), "counters iff built to count");
         let now = self.clock.now();
-        // The time since the origin, tested with the tiers' flags in one compare (`base`
-        // written out: a time out of range, before the origin or past the lifetime, takes
-        // the general path below; see `Tiers::uncounted_default`).
+        // The time since the origin, tested with the tiers' flags in one compare (`base`'s
+        // test and the flags': a time out of range, before the origin or past the lifetime,
+        // takes the general path below; see `Tiers::uncounted_default`).
         let e = now.as_u64().wrapping_sub(self.origin.as_u64());
         match self.params.tiers.uncounted_default(e) {
             // `decide_fresh` written out: called here too, the compiler merged the two arms'
@@ -399,9 +396,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
                 Decided::Final(d) => d,
             },
             None => {
-                // `base`, from `e` (its test is `uncounted_default`'s without the flags).
-                let tiers = &self.params.tiers;
-                let base = if e < tiers.open() { e * tiers.units_per_nano() } else { self.base_wrapped(e) };
+                let base = self.base_since(e);
                 match (counters, self.params.tiers.built_default()) {
                     (Some(c), Some(q)) => {
                         let d = self.decide_fresh(q, &t, base, n);
@@ -738,20 +733,15 @@ pub(crate) fn build<K: Key + ?Sized, C: Clock>(
     let mut tiers = b.tiers;
     tiers.insert(0, ("default".to_owned(), b.config));
     let (slots, shards) = table_slots(b.capacity, shard_count(b.shards)?)?;
-    let tiers = Tiers::new(&tiers, b.fill_headroom, OFFSET, MAX_UNITS - OFFSET)?;
+    let origin = clock.now();
+    let tiers = Tiers::new(&tiers, b.fill_headroom, OFFSET, MAX_UNITS - OFFSET, origin, b.counters)?;
     if b.max_overrides > MAX_CAPACITY {
         return Err(ConfigError::TooManyOverrides {
             overrides: b.max_overrides as u64,
             max: MAX_CAPACITY as u64,
         });
     }
-    if b.counters {
-        tiers.count_decisions();
-    }
     let (place, fingerprint) = hashers(b.seeds);
-    let origin = clock.now();
-    let mut tiers = tiers;
-    tiers.start_at(origin.as_u64());
     Ok(BucketTable {
         table: Table::new(slots, shards)?,
         overrides: Overrides::new(b.max_overrides)?,

@@ -1228,8 +1228,15 @@ mod tests {
     fn a_stale_copy_above_the_live_slot_is_passed_over() {
         const KEY: [u64; 1] = [0xfeed];
         let q = TokenBucket::per_second(10).unwrap();
-        let tiers =
-            Tiers::new(&[("default".to_owned(), q)], Nanos::ZERO, 1 << 60, MAX_UNITS - (1 << 60)).unwrap();
+        let tiers = Tiers::new(
+            &[("default".to_owned(), q)],
+            Nanos::ZERO,
+            1 << 60,
+            MAX_UNITS - (1 << 60),
+            Nanos::ZERO,
+            false,
+        )
+        .unwrap();
         let p =
             Params { tiers, when_full: WhenFull::Deny, hasher: ahash::RandomState::with_seeds(1, 2, 3, 4) };
         let q = p.tiers.get(0);

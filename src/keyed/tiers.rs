@@ -74,6 +74,15 @@ const OVERRIDDEN: u64 = 2;
 /// that the uncounted common decision tests this with the other two, in the same load.
 const COUNTED: u64 = 4;
 
+/// `Tiers::fast_until` for the flags `changed`: open while none is set.
+fn fast_until(changed: u64, open: u64) -> u64 {
+    if changed == 0 {
+        open
+    } else {
+        0
+    }
+}
+
 /// The tier table.
 #[derive(Debug)]
 pub(crate) struct Tiers {
@@ -96,7 +105,7 @@ pub(crate) struct Tiers {
     fast_until: AtomicU64,
     /// One more than the times since the origin a decision may take as they are: the
     /// lifetime, or fewer where the origin is within a lifetime of 2^64 (then every time
-    /// before the origin, wrapped, is above them; see [`start_at`](Tiers::start_at)).
+    /// before the origin, wrapped, is above them; see [`new`](Tiers::new)).
     open: u64,
     /// The largest fill, in units, any tier may have, fixed at construction: a stamp more
     /// than this below now is a full bucket in every tier, whatever the tiers change to.
@@ -112,11 +121,22 @@ pub(crate) struct Tiers {
 impl Tiers {
     /// `quotas[0]` is the default. Each is compiled at the default's units per nanosecond.
     /// Fill times may later grow up to the largest built one or `headroom`, whichever is more.
+    ///
+    /// `origin` is the table's clock reading at creation: times since it are taken wrapped,
+    /// `now − origin mod 2^64`, so that one compare rejects times before it as well as times
+    /// past the lifetime ([`open`](Tiers::open)). That holds while the origin is at most
+    /// `2^64 − 1 − lifetime`; a later origin shortens the span to what is left below 2^64 (no
+    /// later time exists), and a time `t` before the origin wraps to `2^64 − origin + t`, above
+    /// it. `counted`: the table counts its decisions, so that
+    /// [`uncounted_default`](Tiers::uncounted_default) is always `None` and every `check`
+    /// takes the path that counts it.
     pub(crate) fn new(
         tiers: &[(String, TokenBucket)],
         headroom: Nanos,
         fill_limit: u64,
         lifetime_units: u64,
+        origin: Nanos,
+        counted: bool,
     ) -> Result<Tiers, ConfigError> {
         if tiers.len() > MAX_TIERS {
             return Err(ConfigError::TooManyTiers { tiers: tiers.len() as u64, max: MAX_TIERS as u64 });
@@ -137,14 +157,16 @@ impl Tiers {
         #[expect(clippy::cast_possible_truncation, reason = "at most fill_limit")]
         let max_fill = built.iter().map(TokenBucket::fill_units).max().unwrap_or(0).max(headroom as u64);
         let min_fill = built.iter().map(TokenBucket::fill_units).min().unwrap_or(0);
+        let open = lifetime.min(u64::MAX - origin.as_u64()) + 1;
+        let changed = if counted { COUNTED } else { 0 };
         Ok(Tiers {
             names: tiers.iter().map(|(n, _)| n.as_str().into()).collect(),
             cells: built.iter().map(Cell::new).collect(),
             default: built[0],
             built,
-            changed: AtomicU64::new(0),
-            fast_until: AtomicU64::new(lifetime + 1),
-            open: lifetime + 1,
+            changed: AtomicU64::new(changed),
+            fast_until: AtomicU64::new(fast_until(changed, open)),
+            open,
             max_fill,
             min_fill: AtomicU64::new(min_fill),
             m,
@@ -166,26 +188,8 @@ impl Tiers {
         }
     }
 
-    /// Marks the table's decisions as counted: [`uncounted_default`](Tiers::uncounted_default)
-    /// is `None` from now on, so that every `check` takes the path that counts it.
-    pub(crate) fn count_decisions(&self) {
-        self.note(|changed| changed | COUNTED);
-    }
-
-    /// Sets the table's origin, before the table is shared: times since it are taken
-    /// wrapped, `now − origin mod 2^64`, so that one compare rejects times before it as well
-    /// as times past the lifetime. That holds while the origin is at most `2^64 − 1 −
-    /// lifetime`; an origin later than that shortens the span to what is left below 2^64
-    /// (no later time exists), and a time `t` before the origin wraps to `2^64 − origin + t`,
-    /// above it.
-    pub(crate) fn start_at(&mut self, origin: u64) {
-        self.open = self.lifetime.min(u64::MAX - origin) + 1;
-        self.note(|changed| changed);
-    }
-
-    /// One more than the largest time since the origin that is in range ([`start_at`]).
-    ///
-    /// [`start_at`]: Tiers::start_at
+    /// One more than the largest time since the origin that is in range (see
+    /// [`new`](Tiers::new)).
     #[inline]
     pub(crate) fn open(&self) -> u64 {
         self.open
@@ -205,10 +209,10 @@ impl Tiers {
         // themselves.
         let changed = f(self.changed.load(Relaxed));
         self.changed.store(changed, Relaxed);
-        self.fast_until.store(if changed == 0 { self.open } else { 0 }, Relaxed);
+        self.fast_until.store(fast_until(changed, self.open), Relaxed);
     }
 
-    /// Whether [`count_decisions`](Tiers::count_decisions) was called.
+    /// Whether the table counts its decisions.
     pub(crate) fn counted(&self) -> bool {
         self.changed.load(Relaxed) & COUNTED != 0
     }
@@ -227,7 +231,7 @@ impl Tiers {
 
     /// [`built_default`](Tiers::built_default), and only while decisions are not counted
     /// either and `e`, a time's nanoseconds since the table's origin (wrapped, see
-    /// [`start_at`](Tiers::start_at)), is at or after the origin and at most the lifetime:
+    /// [`new`](Tiers::new)), is at or after the origin and at most the lifetime:
     /// for a `check` that nothing else need see. One load and one test for all four.
     #[inline]
     pub(crate) fn uncounted_default(&self, e: u64) -> Option<&TokenBucket> {
@@ -460,18 +464,11 @@ mod fast_path_tests {
     #[test]
     fn the_fast_test_follows_every_change() {
         let q = TokenBucket::per_second(10).unwrap();
-        let tiers = |origin: u64| {
-            let mut t = Tiers::new(
-                &[("default".to_owned(), q), ("gold".to_owned(), q)],
-                Nanos::ZERO,
-                1 << 60,
-                1 << 61,
-            )
-            .unwrap();
-            t.start_at(origin);
-            t
+        let tiers = |origin: u64, counted: bool| {
+            let quotas = [("default".to_owned(), q), ("gold".to_owned(), q)];
+            Tiers::new(&quotas, Nanos::ZERO, 1 << 60, 1 << 61, Nanos::new(origin), counted).unwrap()
         };
-        let t = tiers(0);
+        let t = tiers(0, false);
         let last = t.lifetime();
         assert!(t.uncounted_default(0).is_some() && t.uncounted_default(last).is_some());
         assert!(t.uncounted_default(last + 1).is_none(), "past the lifetime");
@@ -484,14 +481,15 @@ mod fast_path_tests {
         t.note_overrides(0);
         assert!(t.uncounted_default(0).is_none(), "a tier changed, for good");
 
-        let counted = tiers(0);
-        counted.count_decisions();
+        let counted = tiers(0, true);
         assert!(counted.uncounted_default(0).is_none(), "counted");
+        counted.note_overrides(0);
+        assert!(counted.uncounted_default(0).is_none(), "counted, for good");
 
         // An origin near 2^64: the span is what is left below it, and every time before the
         // origin (wrapped) is above it.
         let origin = u64::MAX - 10;
-        let late = tiers(origin);
+        let late = tiers(origin, false);
         assert!(late.uncounted_default(10).is_some() && late.uncounted_default(11).is_none());
         for before in [0, 1, 1 << 20, origin - 1] {
             assert!(late.uncounted_default(before.wrapping_sub(origin)).is_none(), "time {before}");
