@@ -66,6 +66,7 @@ fn color_of(palette: &[&str], subject: &str) -> RGBColor {
     match subject {
         "floor" => RGBColor(130, 130, 130),
         "floor-coarse" => RGBColor(190, 190, 190),
+        "floor-coarse-select" => RGBColor(160, 160, 160),
         "tollgate" => RGBColor(213, 94, 0),
         "tollgate-coarse" => RGBColor(230, 159, 0),
         "tollgate-batch" => RGBColor(204, 121, 167),

@@ -125,6 +125,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
         &[
             "floor",
             "floor-coarse",
+            "floor-coarse-select",
             "tollgate",
             "tollgate-counters",
             "tollgate-coarse",

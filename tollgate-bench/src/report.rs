@@ -323,6 +323,27 @@ impl Report {
                 });
             }
         }
+        // What the coarse target's ratio is made of: the same floor in a table that checks keys
+        // among four slots of a line (the select and the key read after the word), then
+        // tollgate's own work over that.
+        for w in ["1K-keys", "1M-keys"] {
+            if let (Some(t), Some(f), Some(sf)) = (
+                ns(w, a, "tollgate-coarse", 1),
+                ns(w, a, "floor-coarse", 1),
+                ns(w, a, "floor-coarse-select", 1),
+            ) {
+                out.push(Target {
+                    what: format!("keyed {w}, coarse clock, 1 thread: a four-slot key select, then tollgate's own work"),
+                    goal: "report the shares".into(),
+                    measured: format!(
+                        "select floor {sf:.1} ns ({:.2}× the coarse floor); tollgate {t:.1} ({:.2}× the select floor)",
+                        sf / f,
+                        t / sf
+                    ),
+                    met: true,
+                });
+            }
+        }
         // Issue 14's lookahead for per-request callers: `prefetch` a few requests ahead, then
         // `check`, against plain `check` in the same run.
         for w in ["1K-keys", "1M-keys"] {

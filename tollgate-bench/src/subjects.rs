@@ -288,6 +288,18 @@ impl<C: Clock + Sync> Subject for KeyedFloor<C> {
     }
 }
 
+/// The keyed floor in a table that checks keys among four slots of a line
+/// ([`Floor::step_select`]).
+struct SelectFloor<C: Clock>(Floor<C>);
+
+impl<C: Clock + Sync> Subject for SelectFloor<C> {
+    fn run(&self, keys: &[u64]) {
+        for &k in keys {
+            self.0.step_select(k);
+        }
+    }
+}
+
 struct Keyed<C: Clock>(KeyedLimiter<u64, C>);
 
 impl<C: Clock + Sync> Subject for Keyed<C> {
@@ -495,6 +507,10 @@ pub fn keyed_subject(name: &str) -> Option<Maker> {
             let clock = CoarseClock::new().expect("a coarse clock");
             Box::new(KeyedFloor(Floor::new(slots_for(s.capacity), clock)))
         },
+        "floor-coarse-select" => |s| {
+            let clock = CoarseClock::new().expect("a coarse clock");
+            Box::new(SelectFloor(Floor::new(slots_for(s.capacity), clock)))
+        },
         "tollgate" => |s| Box::new(Keyed(keyed(s, WhenFull::Deny, TscClock::new()))),
         "tollgate-coarse" => {
             |s| Box::new(Keyed(keyed(s, WhenFull::Deny, CoarseClock::new().expect("a coarse clock"))))
@@ -539,4 +555,30 @@ pub fn keyed_subject(name: &str) -> Option<Maker> {
         "mutex" => |s| Box::new(MutexMap { map: Mutex::new(HashMap::new()), params: s.load.float() }),
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workloads::key;
+
+    /// The select floor holds each key in one slot, found again by later decisions, and
+    /// CASes that slot's word on every decision: a table that checks keys, not a stand-in.
+    #[test]
+    fn the_select_floor_keeps_one_slot_a_key() {
+        let floor = Floor::new(1024, TscClock::new());
+        let keys: Vec<u64> = (0..700).map(key).collect();
+        for round in 1..=3u64 {
+            for &k in &keys {
+                floor.step_select(k);
+            }
+            let held = floor.held();
+            assert_eq!(held.len(), keys.len(), "each key in one slot, after round {round}");
+            for (word, tag) in held {
+                assert!(keys.contains(&tag), "only the stream's keys are held");
+                // Each decision adds an odd number to its slot's word.
+                assert_eq!(word % 2, round % 2, "every decision reached its key's slot");
+            }
+        }
+    }
 }
