@@ -301,7 +301,7 @@ impl TokenBucket {
     /// headroom shortens the limiter's [`lifetime`](TokenBucket::lifetime) by as much. Keyed
     /// tables take [`KeyedBuilder::max_fill_time`](crate::KeyedBuilder::max_fill_time) instead.
     pub fn with_max_fill_time(self, max: Duration) -> Result<TokenBucket, ConfigError> {
-        let m = self.units_per_nano;
+        let m = self.units_per_nano();
         let units = u128::from(Nanos::try_from(max)?.as_u64()) * u128::from(m);
         if units > u128::from(MAX_FILL_UNITS) {
             return Err(ConfigError::FillTimeTooLong {
@@ -323,7 +323,7 @@ impl TokenBucket {
     /// The largest fill time a direct limiter of this quota may be given at runtime, rounded
     /// up to whole nanoseconds (see [`with_max_fill_time`](TokenBucket::with_max_fill_time)).
     pub fn max_fill_time(&self) -> Nanos {
-        Nanos::new(self.offset.div_ceil(self.units_per_nano))
+        Nanos::new(self.offset.div_ceil(self.units_per_nano()))
     }
 
     /// The configured rate.
@@ -331,8 +331,15 @@ impl TokenBucket {
         self.rate
     }
     /// The burst: the bucket's capacity, in tokens.
+    #[inline]
     pub const fn burst(&self) -> u64 {
-        self.burst
+        let burst = self.burst;
+        // SAFETY: `new` refuses a burst of 0 or above `MAX_BURST`, every other constructor
+        // keeps a built quota's burst, and `from_words` (reachable from outside, see there)
+        // clamps what it reads. Told to the compiler, a request of one token is never above
+        // the burst: no test on that path.
+        unsafe { core::hint::assert_unchecked(burst >= 1 && burst <= MAX_BURST) };
+        burst
     }
 
     /// Whether a request for `n` tokens takes none: `n = 0`, or `n` above the burst (never
@@ -347,8 +354,17 @@ impl TokenBucket {
         self.initial
     }
     /// `m`: the bucket counts time in units of `1/m` ns (1 ≤ m ≤ 64).
+    #[inline]
     pub const fn units_per_nano(&self) -> u64 {
-        self.units_per_nano
+        let m = self.units_per_nano;
+        // SAFETY: every quota is built with `1 ≤ m ≤ MAX_UNITS_PER_NANO`: `new` takes `m` from
+        // `choose_units` (which tries 1..=64 only), `compiled_at` from a quota built so, and
+        // `from_words`, which any caller can reach through the public
+        // `Algorithm::from_config_words`, clamps what it reads into that range. Told to the
+        // compiler, a wait's bound (`max_wait · m`) and a division by `m` need no test for
+        // zero on a reservation.
+        unsafe { core::hint::assert_unchecked(m >= 1 && m <= MAX_UNITS_PER_NANO) };
+        m
     }
     /// `t`: each token costs exactly `t` time units, so the effective per-token time is `t/m` ns,
     /// never less than `period / tokens`.
@@ -360,12 +376,12 @@ impl TokenBucket {
     pub fn is_exact(&self) -> bool {
         let period = u128::from(Nanos::from_duration_saturating(self.rate.period).as_u64());
         u128::from(self.units_per_token) * u128::from(self.rate.tokens)
-            == period * u128::from(self.units_per_nano)
+            == period * u128::from(self.units_per_nano())
     }
 
     /// The time to refill from empty to full, rounded up to whole nanoseconds.
     pub fn fill_time(&self) -> Nanos {
-        Nanos::new(self.fill_units.div_ceil(self.units_per_nano))
+        Nanos::new(self.fill_units.div_ceil(self.units_per_nano()))
     }
     /// How long after its creation a limiter with this quota keeps refilling (see the type docs).
     pub const fn lifetime(&self) -> Nanos {
@@ -456,7 +472,7 @@ impl TokenBucket {
     /// [`Direct::set_policy`](crate::Direct::set_policy)): counted at its `m`, from its clock's
     /// `offset`, with its lifetime; the fill may be at most that offset.
     pub(crate) fn for_running(self, built: &TokenBucket) -> Result<TokenBucket, ConfigError> {
-        let m = built.units_per_nano;
+        let m = built.units_per_nano();
         match self.compiled_at(m, built.offset, built.max_elapsed) {
             Ok(q) => Ok(TokenBucket { offset: built.offset, lead: built.offset - q.fill_units, ..q }),
             Err(ConfigError::TierFillTooLong { fill_nanos, max_nanos }) => {
@@ -523,8 +539,15 @@ impl TokenBucket {
     /// A quota from [`TokenBucket::words`].
     pub(crate) fn from_words(w: [u64; WORDS]) -> TokenBucket {
         let [tokens, period, burst, initial, m_shift, t, max_elapsed, magic, offset, _] = w;
+        // The engine reads back only words a quota wrote (`words`), whose burst and `m` are in
+        // range; but `Algorithm::from_config_words` is public, so any words can arrive here.
+        // Clamped, because `burst` and `units_per_nano` vouch for them to the compiler: the
+        // clamp is what keeps that sound. (Words no quota wrote give a nonsense quota, not
+        // undefined behaviour.)
+        let burst = burst.clamp(1, MAX_BURST);
+        let m = (m_shift & 0xffff_ffff).clamp(1, MAX_UNITS_PER_NANO);
         let shift = (m_shift >> 32) as u32;
-        let (m, per_token) = (m_shift & 0xffff_ffff, Divisor { magic, shift });
+        let per_token = Divisor { magic, shift };
         TokenBucket {
             rate: Rate::per(tokens, Duration::from_nanos(period)),
             burst,
@@ -580,14 +603,14 @@ impl TokenBucket {
     pub(crate) const fn now_units(&self, elapsed: Nanos) -> At {
         let e = elapsed.as_u64();
         let e = if e > self.max_elapsed { self.max_elapsed } else { e };
-        At::new(self, e * self.units_per_nano)
+        At::new(self, e * self.units_per_nano())
     }
 
     /// [`now_units`](TokenBucket::now_units) of `now − origin`, with `now` before `origin` read as
     /// `origin` ([`Nanos::units_since`]).
     #[inline]
     pub(crate) fn instant(&self, now: Nanos, origin: Nanos) -> At {
-        At::new(self, now.units_since(origin, self.max_elapsed, self.units_per_nano))
+        At::new(self, now.units_since(origin, self.max_elapsed, self.units_per_nano()))
     }
 }
 
@@ -651,6 +674,11 @@ mod tests {
             let Ok(q) = TokenBucket::new(Rate::per(tokens, Duration::from_nanos(period)), burst) else {
                 return Ok(());
             };
+            // What `units_per_nano` and `burst` vouch for to the compiler, read from the fields;
+            // and a quota's words give back the same quota.
+            proptest::prop_assert!((1..=MAX_UNITS_PER_NANO).contains(&q.units_per_nano), "{q:?}");
+            proptest::prop_assert!((1..=MAX_BURST).contains(&q.burst), "{q:?}");
+            proptest::prop_assert_eq!(TokenBucket::from_words(q.words()), q);
             let (m, t) = (u128::from(q.units_per_nano()), u128::from(q.units_per_token()));
             let (tokens, period, burst) = (u128::from(tokens), u128::from(period), u128::from(burst));
             // Never faster than configured: t/m ≥ period/tokens.
@@ -768,6 +796,21 @@ mod tests {
         );
         // Every message names its limit.
         assert!(ConfigError::BurstTooLarge { burst: 1 << 40 }.to_string().contains("4294967295"));
+    }
+
+    /// `from_words` keeps `m` and the burst in the range their accessors promise, even from
+    /// words no quota wrote: the engine reads back only words a quota wrote, but
+    /// `Algorithm::from_config_words` is public, and the accessors' promise rests on this.
+    #[test]
+    fn words_read_back_keep_m_and_the_burst_in_range() {
+        let q = TokenBucket::per_second(10).unwrap();
+        let mut w = q.words();
+        w[2] = 0; // the burst
+        w[4] &= !0xffff_ffff; // m
+        let r = TokenBucket::from_words(w);
+        assert_eq!((r.units_per_nano, r.burst), (1, 1));
+        w[4] |= 0xffff_ffff;
+        assert_eq!(TokenBucket::from_words(w).units_per_nano, MAX_UNITS_PER_NANO);
     }
 
     #[test]
