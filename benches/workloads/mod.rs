@@ -107,14 +107,6 @@ pub fn floor_step(clock: &impl Clock, word: &AtomicU64) {
 /// Slots to a group in [`Floor::step_select`]: a 64-byte line of 16-byte slots.
 const GROUP_SLOTS: usize = 4;
 
-/// A key's tag in [`Floor::step_select`]'s slots: the key itself. 0 marks a free slot, and is
-/// no stream's key: [`key`] gives it only to the rank 0x292f_e2fd_68f5_9781.
-#[inline]
-fn tag_of(key: u64) -> u64 {
-    debug_assert_ne!(key, 0, "0 marks a free slot");
-    key
-}
-
 /// The keyed floor: one clock read, one ahash of the key, and one load + CAS on a slot of a
 /// preallocated table with as many 16-byte slots as tollgate's, with no key check. The slots
 /// are on huge pages where tollgate's are ([`HugeSlots`]), so that the floor pays no page walks
@@ -162,16 +154,17 @@ impl<C: Clock> Floor<C> {
     }
 
     /// [`step_prefetched`](Floor::step_prefetched) in a table that checks keys, with four
-    /// 16-byte slots (a word and a key's tag) to a 64-byte group, tollgate's shape for `u64`
-    /// keys: the slot is the last of slots 1–3 whose tag matches, or slot 0, picked without
+    /// 16-byte slots (a word and a key) to a 64-byte group, tollgate's shape for `u64` keys:
+    /// the slot is the last of slots 1–3 whose key matches, or slot 0, picked without
     /// branching (where a key sits in its group cannot be predicted); then its word is read,
-    /// its tag read again after the word (what vouches for a word read without a lock), and
-    /// the word CASed. A key not found there takes [`select_slow`](Floor::select_slow), as
+    /// its key read again after the word (what vouches for a word read without a lock), and
+    /// the word CASed. A key of 0 marks a free slot, and is no stream's key: [`key`] gives it
+    /// only to the rank 0x292f_e2fd_68f5_9781. A key not found there takes [`select_slow`](Floor::select_slow), as
     /// tollgate's do. No bucket arithmetic, no answer: the least a table that checks keys
     /// among four slots of a line pays, beside which tollgate's own work can be read.
     #[inline]
     pub fn step_select(&self, key: u64) {
-        let tag = tag_of(key);
+        debug_assert_ne!(key, 0, "0 marks a free slot");
         let first = self.hasher.hash_one(key) as usize & self.mask & !(GROUP_SLOTS - 1);
         let group = &self.slots[first..first + GROUP_SLOTS];
         #[cfg(target_arch = "x86_64")]
@@ -182,13 +175,13 @@ impl<C: Clock> Floor<C> {
         let now = self.clock.now().as_u64();
         let mut slot = &group[0];
         for candidate in &group[1..] {
-            slot = if candidate[1].load(Relaxed) == tag { candidate } else { slot };
+            slot = if candidate[1].load(Relaxed) == key { candidate } else { slot };
         }
         let cur = slot[0].load(Acquire);
-        if slot[1].load(Relaxed) == tag {
+        if slot[1].load(Relaxed) == key {
             self.cas_from(&slot[0], cur, now);
         } else {
-            self.select_slow(first, tag, now);
+            self.select_slow(first, key, now);
         }
     }
 
@@ -197,19 +190,19 @@ impl<C: Clock> Floor<C> {
     /// never removed (the floor's tables are sized for their streams, as tollgate's are).
     #[cold]
     #[inline(never)]
-    fn select_slow(&self, first: usize, tag: u64, now: u64) {
+    fn select_slow(&self, first: usize, key: u64, now: u64) {
         for group in 0..=self.mask / GROUP_SLOTS {
             for pos in (0..GROUP_SLOTS).rev() {
                 let slot = &self.slots[(first + group * GROUP_SLOTS + pos) & self.mask];
                 // Acquire (the load and a failed claim): pairs with a claim's AcqRel.
                 let mut held = slot[1].load(Acquire);
                 if held == 0 {
-                    held = match slot[1].compare_exchange(0, tag, AcqRel, Acquire) {
-                        Ok(_) => tag,
+                    held = match slot[1].compare_exchange(0, key, AcqRel, Acquire) {
+                        Ok(_) => key,
                         Err(held) => held,
                     };
                 }
-                if held == tag {
+                if held == key {
                     self.cas_from(&slot[0], slot[0].load(Relaxed), now);
                     return;
                 }
@@ -223,12 +216,12 @@ impl<C: Clock> Floor<C> {
         self.cas_from(word, word.load(Relaxed), now);
     }
 
-    /// The word and tag of every slot [`step_select`](Floor::step_select) has given a key.
+    /// The word and key of every slot [`step_select`](Floor::step_select) has given a key.
     pub fn held(&self) -> Vec<(u64, u64)> {
         self.slots
             .iter()
             .map(|s| (s[0].load(Relaxed), s[1].load(Relaxed)))
-            .filter(|&(_, tag)| tag != 0)
+            .filter(|&(_, key)| key != 0)
             .collect()
     }
 

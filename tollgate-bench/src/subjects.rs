@@ -574,8 +574,8 @@ mod tests {
             }
             let held = floor.held();
             assert_eq!(held.len(), keys.len(), "each key in one slot, after round {round}");
-            for (word, tag) in held {
-                assert!(keys.contains(&tag), "only the stream's keys are held");
+            for (word, held_key) in held {
+                assert!(keys.contains(&held_key), "only the stream's keys are held");
                 // Each decision adds an odd number to its slot's word.
                 assert_eq!(word % 2, round % 2, "every decision reached its key's slot");
             }
