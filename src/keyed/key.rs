@@ -343,7 +343,20 @@ tuples!((A 0, B 1), (A 0, B 1, C 2), (A 0, B 1, C 2, D 3));
 ///
 /// A prefix longer than the address (`V6 > 128`, `V4 > 32`) is the whole address. IPv4
 /// addresses and their IPv4-mapped IPv6 forms are one key, as for [`IpAddr`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+///
+/// Equality, hashing and order are those of the network the key stands for (its
+/// [`network`](IpPrefix::network)), not of the address given: two addresses of one `/64` are
+/// one key, in a `HashMap` as in a limiter.
+///
+/// ```
+/// # use std::net::IpAddr;
+/// # use tollgate::IpPrefix;
+/// let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+/// assert_eq!(IpPrefix::<64>::new(ip("2001:db8::1")), IpPrefix::new(ip("2001:db8::2")));
+/// assert_eq!(IpPrefix::<64>::new(ip("::ffff:192.0.2.1")), IpPrefix::new(ip("192.0.2.1")));
+/// assert_ne!(IpPrefix::<64>::new(ip("2001:db8::1")), IpPrefix::new(ip("2001:db8:0:1::1")));
+/// ```
+#[derive(Clone, Copy, Debug)]
 pub struct IpPrefix<const V6: u8 = 64, const V4: u8 = 32>(IpAddr);
 
 impl<const V6: u8, const V4: u8> IpPrefix<V6, V4> {
@@ -358,7 +371,8 @@ impl<const V6: u8, const V4: u8> IpPrefix<V6, V4> {
         self.0
     }
 
-    /// The network the key stands for: the address with its host bits cleared.
+    /// The network the key stands for: the address with its host bits cleared (an
+    /// IPv4-mapped IPv6 address is cut as the IPv4 address it maps, and given as one).
     pub fn network(&self) -> IpAddr {
         let keep = |bits: u8, width: u32| -> u128 {
             let bits = u32::from(bits).min(width);
@@ -368,7 +382,12 @@ impl<const V6: u8, const V4: u8> IpPrefix<V6, V4> {
                 u128::MAX << (128 - bits)
             }
         };
-        match self.0 {
+        // A mapped IPv6 address is the IPv4 host it maps, and is cut as one.
+        let addr = match self.0 {
+            IpAddr::V6(a) => a.to_ipv4_mapped().map_or(self.0, IpAddr::V4),
+            v4 => v4,
+        };
+        match addr {
             IpAddr::V4(a) => {
                 let mask = keep(V4, 32) >> 96;
                 let mask = mask as u32;
@@ -376,6 +395,32 @@ impl<const V6: u8, const V4: u8> IpPrefix<V6, V4> {
             }
             IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) & keep(V6, 128))),
         }
+    }
+}
+
+impl<const V6: u8, const V4: u8> PartialEq for IpPrefix<V6, V4> {
+    fn eq(&self, other: &Self) -> bool {
+        self.network() == other.network()
+    }
+}
+
+impl<const V6: u8, const V4: u8> Eq for IpPrefix<V6, V4> {}
+
+impl<const V6: u8, const V4: u8> std::hash::Hash for IpPrefix<V6, V4> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.network().hash(state);
+    }
+}
+
+impl<const V6: u8, const V4: u8> PartialOrd for IpPrefix<V6, V4> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl<const V6: u8, const V4: u8> Ord for IpPrefix<V6, V4> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.network().cmp(&other.network())
     }
 }
 
@@ -389,12 +434,7 @@ impl<const V6: u8, const V4: u8> Key for IpPrefix<V6, V4> {
     type Words = [u64; 2];
     #[inline]
     fn words(&self, fp: &KeyHasher) -> [u64; 2] {
-        // A mapped IPv6 address is the IPv4 host it maps, and is cut as one.
-        let addr = match self.0 {
-            IpAddr::V6(a) => a.to_ipv4_mapped().map_or(self.0, IpAddr::V4),
-            v4 => v4,
-        };
-        IpPrefix::<V6, V4>(addr).network().words(fp)
+        self.network().words(fp)
     }
 }
 
@@ -414,6 +454,29 @@ mod tests {
         assert_eq!("tenant-7".words(&fp), String::from("tenant-7").words(&fp));
     }
 
+    /// Issue 34: equality and hashing were the whole address's, though the limiter keyed the
+    /// network: `2001:db8::1 != 2001:db8::2` as `IpPrefix<64>`, `::ffff:1.2.3.4 != 1.2.3.4`.
+    #[test]
+    fn prefixes_compare_and_hash_as_their_network() {
+        use std::collections::HashSet;
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let p = |s| IpPrefix::<64>::new(ip(s));
+        assert_eq!(p("2001:db8::1"), p("2001:db8::2"));
+        assert_eq!(p("::ffff:1.2.3.4"), p("1.2.3.4"));
+        assert_ne!(p("1.2.3.4"), p("1.2.3.5"));
+        assert_ne!(p("2001:db8::1"), p("2001:db8:0:1::1"));
+        let set: HashSet<_> =
+            ["2001:db8::1", "2001:db8::2", "2001:db8::ffff:0:1", "1.2.3.4", "::ffff:1.2.3.4"]
+                .into_iter()
+                .map(p)
+                .collect();
+        assert_eq!(set.len(), 2, "{set:?}");
+        assert!(p("2001:db8::1") < p("2001:db8:0:1::1"));
+        assert_eq!(p("2001:db8::1").cmp(&p("2001:db8::9")), std::cmp::Ordering::Equal);
+        // The address given is kept.
+        assert_eq!(p("2001:db8::2").addr(), ip("2001:db8::2"));
+    }
+
     #[test]
     fn prefixes_cut_addresses_to_their_network() {
         let fp = KeyHasher(ahash::RandomState::with_seeds(1, 2, 3, 4));
@@ -428,6 +491,7 @@ mod tests {
         let all = |s| IpPrefix::<200, 200>::new(ip(s)).words(&fp);
         assert_ne!(all("2001:db8::1"), all("2001:db8::2"));
         assert_eq!(IpPrefix::<48, 24>::new(ip("198.51.100.7")).network(), ip("198.51.100.0"));
+        assert_eq!(IpPrefix::<64, 24>::new(ip("::ffff:198.51.100.7")).network(), ip("198.51.100.0"));
         // Tuples: parts in order.
         assert_ne!((1u8, 2u8).words(&fp), (2u8, 1u8).words(&fp));
         assert_eq!((ip("192.0.2.1"), 443u16).words(&fp), (ip("192.0.2.1"), 443u16).words(&fp));
