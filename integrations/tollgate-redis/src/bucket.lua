@@ -3,8 +3,11 @@
 -- The value is the engine's own state (tollgate's `TokenBucket::decide_stored`): the bucket's
 -- stamp, the instant it was (or will be) empty in 1/m ns units, and the clock the stamp is
 -- counted on: its start in server microseconds, its m, and its offset (the clock's reading at
--- the start, at least the fill). 28 bytes, seven big-endian 32-bit limbs. Lua's numbers are
--- doubles, exact below 2^53, so every 64-bit quantity here is a (hi, lo) pair of 32-bit limbs.
+-- the start, at least the fill). 36 bytes: the tag 'tgb1' (the format, version 1), seven
+-- big-endian 32-bit limbs, and a check word computed from them (src/value.rs documents the
+-- format; a value that is not one is refused with the code TOLLGATE_CORRUPT, never read as a
+-- bucket). Lua's numbers are doubles, exact below 2^53, so every 64-bit quantity here is a
+-- (hi, lo) pair of 32-bit limbs.
 --
 -- The script decides and writes; the client rebuilds the decision's fields (remaining, waits)
 -- from the stamp and the clock it returns, with the same engine function, and checks that both
@@ -56,6 +59,20 @@ local function sub(ah, al, bh, bl)
   if l < 0 then return h - 1, l + P end
   return h, l
 end
+-- The check word of a value's seven limbs: a polynomial modulo the largest prime below 2^32,
+-- every step below 2^37 (exact in doubles), as src/value.rs computes it.
+local CHECK_PRIME = 4294967291
+local function checkword(w1, w2, w3, w4, w5, w6, w7)
+  local c = 0
+  for _, w in ipairs({w1, w2, w3, w4, w5, w6, w7}) do
+    c = (c * 31 + w) % CHECK_PRIME
+  end
+  return c
+end
+local function corrupt(why)
+  return redis.error_reply('TOLLGATE_CORRUPT ' .. why)
+end
+
 local function store(origin, kh, kl, sh, sl, nh, nl)
   -- The key lives until the bucket is full again under every quota that can share it: those
   -- of this unit whose fill is at most the clock's offset k, so until `stamp + k` on the clock
@@ -64,7 +81,9 @@ local function store(origin, kh, kl, sh, sl, nh, nl)
   -- clock trailing TIME's microseconds; the doubles' rounding error is far below the rest.
   -- An early expiry would hand out a full bucket too soon; a late one costs nothing.
   local oh1 = math.floor(origin / P)
-  local value = struct.pack('>I4I4I4I4I4I4I4', oh1, origin - oh1 * P, m, kh, kl, sh, sl)
+  local ol1 = origin - oh1 * P
+  local value = 'tgb1' .. struct.pack('>I4I4I4I4I4I4I4I4', oh1, ol1, m, kh, kl, sh, sl,
+    checkword(oh1, ol1, m, kh, kl, sh, sl))
   if replay then
     redis.call('SET', key, value)
     return
@@ -80,11 +99,21 @@ local origin, kh, kl, sh, sl = now_us, oh, ol, sub(oh, ol, fh, fl)
 local restarted = false
 local raw = redis.call('GET', key)
 if raw then
-  if #raw ~= 28 then
-    return redis.error_reply('ERR tollgate: the value is ' .. #raw .. ' bytes, not a tollgate bucket of 28')
+  if #raw ~= 36 then
+    return corrupt('the value is ' .. #raw .. ' bytes, not a tollgate bucket of 36')
   end
-  local o1, o2, km
-  o1, o2, km, kh, kl, sh, sl = struct.unpack('>I4I4I4I4I4I4I4', raw)
+  if string.sub(raw, 1, 4) ~= 'tgb1' then
+    return corrupt('the value does not begin with the tag tgb1 of a tollgate bucket')
+  end
+  local o1, o2, km, check
+  o1, o2, km, kh, kl, sh, sl, check = struct.unpack('>I4I4I4I4I4I4I4I4', raw, 5)
+  local want = checkword(o1, o2, km, kh, kl, sh, sl)
+  if check ~= want then
+    return corrupt(string.format("the value's check word is %d, not the %d its fields give: not a tollgate bucket, or damaged", check, want))
+  end
+  if km < 1 or km > 64 then
+    return corrupt('the value\'s clock counts ' .. km .. ' units per ns, not 1 to 64')
+  end
   origin = o1 * P + o2
   if km ~= m or lt(kh, kl, fh, fl) then
     -- A clock of another unit, or one with too little room for this quota's fill: the bucket

@@ -43,6 +43,7 @@ mod failure;
 mod lease_word;
 mod leased;
 mod limiter;
+pub mod value;
 
 pub use error::Error;
 pub use failure::{share, OnFailure, Stats};
@@ -50,3 +51,4 @@ pub use leased::{LeaseStats, LeasedLimiter};
 pub use limiter::{Builder, RedisLimiter};
 /// The client this crate is built on, for matching on [`Error::Redis`]'s kinds and codes.
 pub use redis;
+pub use value::BucketValue;

@@ -434,7 +434,9 @@ impl RedisLimiter {
         invocation.arg(&arg[..]);
         let reply = match self.call(inner.conn.invoke(&invocation)).await {
             Ok(reply) => reply,
-            Err(e) => return self.on_failure(key, policy_n, take, e).map(Answer::Policy),
+            Err(e) => {
+                return self.on_failure(key, policy_n, take, corrupt_value(&full, e)).map(Answer::Policy)
+            }
         };
         let (decision, stamp, now) = self.read_reply(&full, &reply, n, takes).map_err(|e| self.failed(e))?;
         Counters::bump(&inner.counters.redis);
@@ -518,5 +520,17 @@ impl RedisLimiter {
                 Ok(Decision::untracked())
             }
         }
+    }
+}
+
+/// The script's refusal of a value that is not a bucket (`TOLLGATE_CORRUPT`, see
+/// [`crate::value`]) as [`Error::Corrupt`] naming the key; any other error as it is.
+fn corrupt_value(full: &[u8], e: Error) -> Error {
+    match e {
+        Error::Redis(e) if e.code() == Some("TOLLGATE_CORRUPT") => Error::Corrupt {
+            key: String::from_utf8_lossy(full).into_owned(),
+            reason: e.detail().unwrap_or("not a tollgate bucket").to_owned(),
+        },
+        e => e,
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::Server;
 use proptest::prelude::*;
 use tollgate::{Decision, Limiter, ManualClock, Nanos, Outcome, Rate, TokenBucket};
-use tollgate_redis::{Error, RedisLimiter};
+use tollgate_redis::{redis, Error, RedisLimiter};
 
 /// Microseconds since the Unix epoch of a day in 2026: schedules replayed from here.
 const T0: u64 = 1_780_000_000_000_000;
@@ -293,20 +293,46 @@ fn a_key_that_is_not_a_bucket_is_a_typed_error() {
             .await
             .unwrap();
         server.cli(&["HSET", "bad:hash", "tokens", "5"]).unwrap();
-        server.cli(&["SET", "bad:short", "garbage"]).unwrap();
+        server.cli(&["SET", "bad:short", "not a bucket"]).unwrap();
+        // 28 bytes of garbage (the length of the untagged format before issue 34), 36 bytes
+        // of garbage (the length of a bucket), and a bucket with one byte damaged.
+        server.cli(&["SET", "bad:garbage28", &"x".repeat(28)]).unwrap();
+        server.cli(&["SET", "bad:garbage36", &"y".repeat(36)]).unwrap();
         match l.check("hash").await {
             Err(Error::Redis(e)) => assert_eq!(e.code(), Some("WRONGTYPE"), "{e}"),
             other => panic!("{other:?}"),
         }
-        match l.check("short").await {
-            Err(e @ Error::Redis(_)) => {
-                assert!(e.to_string().contains("7 bytes, not a tollgate bucket"), "{e}")
+        let corrupt = |r: Result<tollgate::Decision, Error>, key: &str, why: &str| match r {
+            Err(Error::Corrupt { key: k, reason }) => {
+                assert_eq!(k, key);
+                assert!(reason.contains(why), "{reason}");
             }
-            other => panic!("{other:?}"),
-        }
+            other => panic!("{key}: {other:?}"),
+        };
+        corrupt(l.check("short").await, "bad:short", "12 bytes, not a tollgate bucket of 36");
+        corrupt(l.check("garbage28").await, "bad:garbage28", "28 bytes");
+        corrupt(l.check("garbage36").await, "bad:garbage36", "tag tgb1");
         assert!(l.check("fine").await.unwrap().is_allowed_now());
+        // What Redis holds for a bucket is what `BucketValue` reads, and writes back alike.
+        let raw = {
+            let client = redis::Client::open(server.url()).unwrap();
+            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            redis::cmd("GET").arg("bad:fine").query_async::<Vec<u8>>(&mut c).await.unwrap()
+        };
+        let v = tollgate_redis::BucketValue::decode(&raw).unwrap();
+        assert_eq!(v.encode().as_slice(), raw.as_slice());
+        assert_eq!(v.units_per_nano, 1, "5/s is exact at 1 unit a ns");
+        // One byte of a bucket damaged: the script's check word refuses it.
+        let mut damaged = raw.clone();
+        damaged[20] ^= 0x01;
+        {
+            let client = redis::Client::open(server.url()).unwrap();
+            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            redis::cmd("SET").arg("bad:damaged").arg(&damaged).query_async::<()>(&mut c).await.unwrap();
+        }
+        corrupt(l.check("damaged").await, "bad:damaged", "check word");
         let s = l.stats();
-        assert_eq!((s.failed_error, s.failed_allow, s.redis), (2, 0, 1));
+        assert_eq!((s.failed_error, s.failed_allow, s.redis), (5, 0, 1));
     });
 }
 
