@@ -21,8 +21,9 @@ pub(crate) enum Hop {
 const MAX_HOPS: usize = 64;
 
 /// A node as written in either header: `192.0.2.1`, `192.0.2.1:80`, `2001:db8::1`,
-/// `[2001:db8::1]`, `[2001:db8::1]:443`.
-fn node(s: &str) -> Hop {
+/// `[2001:db8::1]`, `[2001:db8::1]:443`. Bytes that are not UTF-8 (obs-text) are no address.
+fn node(s: &[u8]) -> Hop {
+    let Ok(s) = std::str::from_utf8(s) else { return Hop::Unknown };
     let s = s.trim();
     if let Ok(ip) = s.parse::<IpAddr>() {
         return Hop::Addr(ip.to_canonical());
@@ -38,15 +39,13 @@ fn node(s: &str) -> Hop {
     Hop::Unknown
 }
 
-/// `X-Forwarded-For`'s hops, over every line of the header in order.
+/// `X-Forwarded-For`'s hops, over every line of the header in order. A line is read as bytes:
+/// a hop that is not visible ASCII (obs-text) is one unknown hop, and the hops beside it keep
+/// their addresses (a comma is ASCII, never part of a multi-byte character).
 pub(crate) fn x_forwarded_for(headers: &HeaderMap) -> Vec<Hop> {
     let mut hops = Vec::new();
     for line in headers.get_all("x-forwarded-for") {
-        let Ok(line) = line.to_str() else {
-            hops.push(Hop::Unknown);
-            continue;
-        };
-        for part in line.split(',') {
+        for part in line.as_bytes().split(|&b| b == b',') {
             hops.push(node(part));
         }
     }
@@ -58,16 +57,14 @@ pub(crate) fn x_forwarded_for(headers: &HeaderMap) -> Vec<Hop> {
 pub(crate) fn forwarded_for(lines: GetAll<'_, HeaderValue>) -> Vec<Hop> {
     let mut hops = Vec::new();
     for line in lines {
-        let Ok(line) = line.to_str() else {
-            hops.push(Hop::Unknown);
-            continue;
-        };
-        for element in split_outside_quotes(line, ',') {
+        // Bytes, as for `X-Forwarded-For`: obs-text in one element leaves the others readable.
+        for element in split_outside_quotes(line.as_bytes(), b',') {
             let mut hop = Hop::Unknown;
-            for pair in split_outside_quotes(element, ';') {
-                let Some((name, value)) = pair.split_once('=') else { continue };
-                if name.trim().eq_ignore_ascii_case("for") {
-                    hop = match unquote(value.trim()) {
+            for pair in split_outside_quotes(element, b';') {
+                let Some(eq) = pair.iter().position(|&b| b == b'=') else { continue };
+                let (name, value) = (&pair[..eq], &pair[eq + 1..]);
+                if name.trim_ascii().eq_ignore_ascii_case(b"for") {
+                    hop = match unquote(value.trim_ascii()) {
                         Some(v) => node(v),
                         None => Hop::Unknown,
                     };
@@ -87,17 +84,17 @@ fn keep_right(mut hops: Vec<Hop>) -> Vec<Hop> {
 }
 
 /// `s` split at `sep` where it is not inside a quoted-string (with `\` escapes).
-fn split_outside_quotes(s: &str, sep: char) -> impl Iterator<Item = &str> {
+fn split_outside_quotes(s: &[u8], sep: u8) -> impl Iterator<Item = &[u8]> {
     let mut parts = Vec::new();
     let (mut start, mut quoted, mut escaped) = (0, false, false);
-    for (i, c) in s.char_indices() {
+    for (i, &c) in s.iter().enumerate() {
         match c {
             _ if escaped => escaped = false,
-            '\\' if quoted => escaped = true,
-            '"' => quoted = !quoted,
+            b'\\' if quoted => escaped = true,
+            b'"' => quoted = !quoted,
             c if c == sep && !quoted => {
                 parts.push(&s[start..i]);
-                start = i + c.len_utf8();
+                start = i + 1;
             }
             _ => {}
         }
@@ -108,10 +105,12 @@ fn split_outside_quotes(s: &str, sep: char) -> impl Iterator<Item = &str> {
 
 /// A token, or a quoted-string's content (no escapes: an address never needs one); `None` for a
 /// quoted-string that does not close, or has an escape.
-fn unquote(v: &str) -> Option<&str> {
-    match v.strip_prefix('"') {
+fn unquote(v: &[u8]) -> Option<&[u8]> {
+    match v.strip_prefix(b"\"") {
         None => Some(v),
-        Some(rest) => rest.strip_suffix('"').filter(|inner| !inner.contains(['"', '\\'])),
+        Some(rest) => {
+            rest.strip_suffix(b"\"").filter(|inner| !inner.iter().any(|&b| b == b'"' || b == b'\\'))
+        }
     }
 }
 
@@ -162,6 +161,17 @@ mod tests {
         assert_eq!(fwd(&[r#"for="1.2.3.4, 5.6.7.8""#]), [Hop::Unknown]);
         assert_eq!(fwd(&[r#"for="1.2.3.4"#]), [Hop::Unknown]);
         assert_eq!(fwd(&["proto=https"]), [Hop::Unknown]);
+    }
+
+    /// Issue 34: a line with obs-text was one unknown hop, hiding the trusted hops after it.
+    #[test]
+    fn a_hop_that_is_not_ascii_is_one_unknown_hop_and_the_others_are_read() {
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", HeaderValue::from_bytes(b"1.2.3.4, \xff\xfe, 10.0.0.1").unwrap());
+        assert_eq!(x_forwarded_for(&h), [a("1.2.3.4"), Hop::Unknown, a("10.0.0.1")]);
+        let mut h = HeaderMap::new();
+        h.append("forwarded", HeaderValue::from_bytes(b"for=\"\xe9t\xe9\", for=192.0.2.60;by=\xff").unwrap());
+        assert_eq!(forwarded_for(h.get_all("forwarded")), [Hop::Unknown, a("192.0.2.60")]);
     }
 
     #[test]

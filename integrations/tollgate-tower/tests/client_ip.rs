@@ -163,3 +163,20 @@ proptest! {
         prop_assert_eq!(behind_proxies().client(&p).unwrap(), want);
     }
 }
+
+/// Issue 34: a line with a byte that is not visible ASCII (obs-text) was one unknown hop as a
+/// whole, so the key fell back to the socket peer even where trusted hops followed the client.
+/// Read as bytes, the client is found; the garbage hop is an unknown hop where it stands.
+#[test]
+fn a_line_with_obs_text_is_read_hop_by_hop() {
+    let c = behind_proxies();
+    let p = parts("10.0.0.1:80", &[("x-forwarded-for", b"\xfe\xff, 1.2.3.4, 10.0.0.2")]);
+    assert_eq!(c.client(&p).unwrap(), ip("1.2.3.4"));
+    let fwd = behind_proxies().header(ForwardedHeader::Forwarded);
+    let p = parts("10.0.0.1:80", &[("forwarded", b"for=\"\xe9\", for=1.2.3.4;by=\xff, for=10.0.0.2")]);
+    assert_eq!(fwd.client(&p).unwrap(), ip("1.2.3.4"));
+    // The garbage as the right-most untrusted hop is read as the hop `unknown` is.
+    let p = parts("10.0.0.1:80", &[("x-forwarded-for", b"1.2.3.4, \xfe\xff, 10.0.0.2")]);
+    let unknown = parts("10.0.0.1:80", &[("x-forwarded-for", b"1.2.3.4, unknown, 10.0.0.2")]);
+    assert_eq!(c.client(&p).ok(), c.client(&unknown).ok());
+}
