@@ -61,6 +61,19 @@ use limit::Taken;
 pub use limit::{HeaderQuota, Limit};
 
 /// Which header forms the layer writes. Several may be on at once.
+///
+/// Each family keeps the meaning its own specification or convention gives its fields, so
+/// one response can carry two different times, each right for its readers:
+///
+/// | field | means | as |
+/// |---|---|---|
+/// | `RateLimit: "name";r=R;t=T` | `t`: seconds until *more* quota is available (the refusal's wait, or the next unit's once none is left; absent while units remain) | draft-ietf-httpapi-ratelimit-headers-10 |
+/// | `RateLimit-Reset` (draft-03) | seconds until the quota is whole again (the bucket full, the window over) | draft-03, Envoy's `DRAFT_VERSION_03` |
+/// | `X-RateLimit-Reset` | the same instant: seconds until the quota is whole again, or, with [`ResetForm::UnixSeconds`], that instant as seconds since the Unix epoch | Envoy and most servers (delta seconds); GitHub and X (epoch seconds) |
+///
+/// Every time is rounded up, so a client that waits it is never early. For a token bucket at
+/// 10/min with a burst of 10, one request in: `RateLimit: "l";r=9` (no `t`: units remain)
+/// and `X-RateLimit-Reset: 6`; ten in: `r=0;t=6` and `X-RateLimit-Reset: 60`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Headers {
     /// IETF draft-10 `RateLimit` and `RateLimit-Policy` (structured fields).
@@ -69,6 +82,20 @@ pub struct Headers {
     pub draft03: bool,
     /// The de-facto `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
     pub x_ratelimit: bool,
+}
+
+/// How `X-RateLimit-Reset` gives the instant the quota is whole again
+/// ([`RateLimitLayer::x_ratelimit_reset`]). The draft-03 `RateLimit-Reset` is always delta
+/// seconds, as its draft says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ResetForm {
+    /// Seconds from now (rounded up): Envoy's, and most servers'.
+    #[default]
+    DeltaSeconds,
+    /// Seconds since the Unix epoch (rounded up), on the server's wall clock: GitHub's and
+    /// X's. A client whose clock is off reads it off by as much.
+    UnixSeconds,
 }
 
 impl Headers {
@@ -108,6 +135,8 @@ struct Config {
     delays: Delays,
     insufficient: StatusCode,
     key_error: StatusCode,
+    /// `X-RateLimit-Reset`'s form.
+    reset_form: ResetForm,
     /// The application's refusal body ([`RateLimitLayer::refusal_body`]), instead of the
     /// problem details.
     body: Option<RefusalBody>,
@@ -144,6 +173,7 @@ impl Config {
             delays: Delays::default(),
             insufficient: StatusCode::TOO_MANY_REQUESTS,
             key_error: StatusCode::BAD_REQUEST,
+            reset_form: ResetForm::DeltaSeconds,
             body: None,
             cache: Vec::new(),
             policy_all: None,
@@ -256,6 +286,12 @@ impl RateLimitLayer {
         self.with(|c| c.body = Some(body))
     }
 
+    /// How `X-RateLimit-Reset` is written (default: [`ResetForm::DeltaSeconds`]); see
+    /// [`Headers`] for what every field means.
+    pub fn x_ratelimit_reset(self, form: ResetForm) -> RateLimitLayer {
+        self.with(|c| c.reset_form = form)
+    }
+
     /// What to do with delayed admissions (default: wait, then serve).
     pub fn delays(self, delays: Delays) -> RateLimitLayer {
         self.with(|c| c.delays = delays)
@@ -333,6 +369,8 @@ struct Rendered {
     legacy: Option<[HeaderValue; 3]>,
     /// draft-03's names, `X-RateLimit-*`'s names.
     legacy_forms: [bool; 2],
+    /// `X-RateLimit-Reset` when it differs from `legacy`'s reset ([`ResetForm::UnixSeconds`]).
+    x_reset: Option<HeaderValue>,
 }
 
 impl Out {
@@ -367,7 +405,7 @@ impl Out {
         ];
         static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
         static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-        let Rendered { policy, ratelimit, legacy, legacy_forms } = out;
+        let Rendered { policy, ratelimit, legacy, legacy_forms, x_reset } = out;
         let forms = if legacy.is_some() { legacy_forms.iter().filter(|&&on| on).count() } else { 0 };
         h.reserve(usize::from(policy.is_some()) + usize::from(ratelimit.is_some()) + 3 * forms + extra);
         if let Some(v) = policy {
@@ -393,6 +431,9 @@ impl Out {
                 }
                 _ => {}
             }
+        }
+        if let Some(v) = x_reset {
+            h.insert(LEGACY[1][2].clone(), v);
         }
     }
 }
@@ -616,8 +657,15 @@ impl Config {
             None => cached.limit.clone(),
             Some((q, _)) => number(q),
         };
-        let reset = number(ceil_seconds(d.reset_after()));
-        h.legacy = Some([limit, number(remaining), reset]);
+        let reset_after = ceil_seconds(d.reset_after());
+        if self.headers.x_ratelimit && self.reset_form == ResetForm::UnixSeconds {
+            // The instant the quota is whole again, on the wall clock, rounded up.
+            let since_epoch = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| ceil_seconds(d));
+            h.x_reset = Some(number(since_epoch.saturating_add(reset_after)));
+        }
+        h.legacy = Some([limit, number(remaining), number(reset_after)]);
         h.legacy_forms = [self.headers.draft03, self.headers.x_ratelimit];
         Out(Some(h))
     }

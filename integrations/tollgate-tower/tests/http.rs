@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 use tollgate::{
     KeyedLimiter, Limiter, ManualClock, Nginx, NginxLimiter, Queued, QueuedLimiter, TokenBucket, WhenFull,
 };
-use tollgate_tower::{Delays, HeaderKey, Headers, Limit, PeerIp, RateLimitLayer};
+use tollgate_tower::{Delays, HeaderKey, Headers, Limit, PeerIp, RateLimitLayer, ResetForm};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 async fn hello(_: Request<hyper::body::Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
@@ -136,6 +136,45 @@ async fn headers_at_known_instants() {
     // 500 ms later one token is back.
     clock.advance(Duration::from_millis(500));
     assert_eq!(get(&c, addr, "/", &[]).await.status, StatusCode::OK);
+}
+
+/// Issue 34: one response said `t=6` and `X-RateLimit-Reset: 60`. Each family keeps its own
+/// meaning (see `Headers`), pinned here on one bucket of 10 per minute: draft-10's `t` is the
+/// wait for more quota; draft-03's `RateLimit-Reset` and the de-facto `X-RateLimit-Reset` are
+/// the time until the quota is whole again, as Envoy writes them, or as GitHub's epoch seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_header_family_keeps_its_meaning() {
+    let clock = ManualClock::new();
+    let per_ip = bucket("10/min", &clock);
+    let layer =
+        RateLimitLayer::new([Limit::keyed("l", Arc::clone(&per_ip), PeerIp::<64>)]).headers(Headers::ALL);
+    let (addr, c) = (serve(layer).await, client());
+    // One in: units remain, so no `t`; the quota is whole again in 6 s.
+    let r = get(&c, addr, "/", &[]).await;
+    assert_eq!(r.header("ratelimit"), Some(r#""l";r=9"#));
+    assert_eq!((r.header("ratelimit-reset"), r.header("x-ratelimit-reset")), (Some("6"), Some("6")));
+    for _ in 0..9 {
+        get(&c, addr, "/", &[]).await;
+    }
+    // Ten in: the next unit in 6 s (`t`), the whole quota in 60 s (both resets).
+    let r = get(&c, addr, "/", &[]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header("ratelimit"), Some(r#""l";r=0;t=6"#));
+    assert_eq!(r.header("retry-after"), Some("6"), "Retry-After is never earlier than t");
+    assert_eq!((r.header("ratelimit-reset"), r.header("x-ratelimit-reset")), (Some("60"), Some("60")));
+
+    // GitHub's form: the same instant as seconds since the epoch; draft-03's stays a delta.
+    let layer = RateLimitLayer::new([Limit::keyed("l", per_ip, PeerIp::<64>)])
+        .headers(Headers::ALL)
+        .x_ratelimit_reset(ResetForm::UnixSeconds);
+    let addr = serve(layer).await;
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let r = get(&c, addr, "/", &[]).await;
+    let after = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let epoch: u64 = r.header("x-ratelimit-reset").unwrap().parse().unwrap();
+    assert!((before + 60..=after + 61).contains(&epoch), "{before} {epoch} {after}");
+    assert_eq!(r.header("ratelimit-reset"), Some("60"));
+    assert_eq!(r.header("ratelimit"), Some(r#""l";r=0;t=6"#));
 }
 
 /// `Retry-After` is the exact wait rounded up to whole seconds, never down: 1 per 1.5 s.
