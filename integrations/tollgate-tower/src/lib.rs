@@ -660,9 +660,8 @@ impl Config {
         let reset_after = ceil_seconds(d.reset_after());
         if self.headers.x_ratelimit && self.reset_form == ResetForm::UnixSeconds {
             // The instant the quota is whole again, on the wall clock, rounded up.
-            let since_epoch = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| ceil_seconds(d));
+            let since_epoch =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, ceil_seconds);
             h.x_reset = Some(number(since_epoch.saturating_add(reset_after)));
         }
         h.legacy = Some([limit, number(remaining), number(reset_after)]);
