@@ -6,19 +6,42 @@
 //! (0/1), the limit (`max_burst + 1`), the tokens remaining, the retry-after in seconds (`-1`
 //! when allowed, or when the quantity can never fit), and the seconds until the bucket is full
 //! again, seconds rounded as redis-cell rounds them (truncated, plus one if the rest is at least
-//! a millisecond). Each distinct `(max_burst, count, period)` gets its own keyed table, built on
-//! first use, holding up to the server's capacity of keys (full buckets are evicted first); at
-//! `max_quotas` tables, one unused for its quota's fill time (so every key in it is full again,
-//! and dropping it changes no answer) makes room for a new quota.
+//! a millisecond). The integer arguments are read as Redis reads its own: decimal digits, no
+//! sign, no leading zero (`+5` and `05` are errors; redis-cell, which parses with Rust's
+//! `parse`, takes both).
+//!
+//! # Quotas
+//!
+//! Each distinct `(max_burst, count, period)` is a keyed table of its own. Quotas **declared**
+//! in the configuration ([`Config::quotas`], `--quota 15:30:60`) are built at start, each with
+//! the capacity it was declared with, and are never dropped: no client can take their room.
+//! Others (**undeclared**) are built on first use, each holding [`Config::capacity`] keys, up
+//! to [`Config::max_quotas`] of them at once, each filling within
+//! [`Config::max_fill_time`]: at the limit, one unused for its quota's fill time (so every key
+//! in it is full again, and dropping it changes no answer) makes room for a new one; otherwise
+//! the new quota is refused, never served by dropping state (that would admit more than the
+//! quota). A flood of distinct shapes therefore costs at most `max_quotas` tables, holds them
+//! at most `max_fill_time` past its last call, and never touches a declared quota;
+//! `max_quotas = 0` serves the declared quotas only.
+//!
+//! # Authentication
+//!
+//! With users configured ([`Config::users`]: `--requirepass` for Redis's `default` user,
+//! `--user name:password` for more), a connection must `AUTH password`, `AUTH user password`
+//! or `HELLO 3 AUTH user password` before anything but `QUIT`: other commands get `-NOAUTH`,
+//! a wrong password `-WRONGPASS` (counted in `INFO` as `auth_failures`), and until it
+//! authenticates a request may hold 10 arguments of 16 KiB each, Redis's limits for
+//! unauthenticated clients. Passwords are compared in constant time.
+//!
+//! # The rest
 //!
 //! Also `PING`, `ECHO`, `QUIT`, `HELLO` (RESP2 and RESP3: the replies of the other commands are
 //! the same in both), `COMMAND`, `INFO` with the server's counters, and the few commands clients
-//! send on connecting (`CLIENT …`, `SELECT 0`, `CONFIG GET`). Unknown commands, bad arguments
-//! and refused requests (an argument over the limit, skipped as it arrives, unbuffered; too
-//! many arguments) get errors that say what was wrong, and the connection goes on; a frame
-//! whose lengths cannot be read, or a request over the request limit, gets its error and then
-//! the connection is closed, as Redis does (see [`resp`]). Silent connections are closed after
-//! the idle timeout, so that they cannot hold every connection slot.
+//! send on connecting (`CLIENT …`, `SELECT 0`, `CONFIG GET`). Unknown commands and bad
+//! arguments get errors that say what was wrong, and the connection goes on; a frame whose
+//! lengths cannot be read, or a request over a limit, gets its error and then the connection
+//! is closed, as Redis does (see [`resp`]). Silent connections are closed after the idle
+//! timeout, so that they cannot hold every connection slot.
 
 pub mod resp;
 
@@ -36,13 +59,21 @@ use tollgate::{Decision, KeyedLimiter, Outcome, Rate, TokenBucket, WhenFull};
 
 use resp::{reply, Limits, Parsed, Parser};
 
-/// How the server is bounded.
-#[derive(Clone, Copy, Debug)]
+/// How the server is bounded, what it serves, and who may use it.
+#[derive(Clone, Debug)]
 pub struct Config {
-    /// Keys per quota's table.
+    /// Keys per undeclared quota's table.
     pub capacity: usize,
-    /// Distinct `(max_burst, count, period)` quotas, each a table of `capacity` keys.
+    /// Undeclared `(max_burst, count, period)` quotas held at once, each a table of
+    /// `capacity` keys (0: only the declared quotas are served).
     pub max_quotas: usize,
+    /// The longest fill time (`(max_burst + 1) × period / count`) an undeclared quota may
+    /// have: its table is held at least this long after its last call.
+    pub max_fill_time: Duration,
+    /// The declared quotas: built at start, never dropped.
+    pub quotas: Vec<Quota>,
+    /// Who may connect: none, and anyone may; otherwise every connection authenticates.
+    pub users: Vec<User>,
     /// Connections served at once; more are told so and closed.
     pub max_connections: usize,
     /// What one request may hold.
@@ -56,11 +87,148 @@ impl Default for Config {
         Config {
             capacity: 1 << 20,
             max_quotas: 8,
+            max_fill_time: Duration::from_secs(3600),
+            quotas: Vec::new(),
+            users: Vec::new(),
             max_connections: 1024,
             limits: Limits::default(),
             idle_timeout: Some(Duration::from_secs(300)),
         }
     }
+}
+
+/// A declared quota: `max_burst:count:period[:capacity]` (`15:30:60`, `15:30:60:100000`), the
+/// three numbers of `CL.THROTTLE` and the keys its table holds (default: the server's
+/// [`Config::capacity`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota {
+    /// `max_burst` (the burst is one more).
+    pub max_burst: u64,
+    /// Tokens per period.
+    pub count: u64,
+    /// The period, in seconds.
+    pub period: u64,
+    /// Keys its table holds.
+    pub capacity: Option<usize>,
+}
+
+impl std::str::FromStr for Quota {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Quota, String> {
+        let parts: Vec<&str> = s.split(':').collect();
+        if !(3..=4).contains(&parts.len()) {
+            return Err(format!("quota {s:?} is not max_burst:count:period[:capacity] (as `15:30:60`)"));
+        }
+        let int = |i: usize, name: &str| {
+            strict_u64(parts[i].as_bytes())
+                .ok_or_else(|| format!("quota {s:?}: {name} {:?} is not a non-negative integer", parts[i]))
+        };
+        let capacity = match parts.get(3) {
+            None => None,
+            Some(c) => Some(
+                usize::try_from(int(3, "capacity")?)
+                    .map_err(|_| format!("quota {s:?}: capacity {c:?} is too large"))?,
+            ),
+        };
+        Ok(Quota {
+            max_burst: int(0, "max_burst")?,
+            count: int(1, "count")?,
+            period: int(2, "period")?,
+            capacity,
+        })
+    }
+}
+
+impl std::fmt::Display for Quota {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}:{}", self.max_burst, self.count, self.period)?;
+        match self.capacity {
+            Some(c) => write!(f, ":{c}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A user who may `AUTH`: `name:password` (the password is everything after the first colon).
+/// `--requirepass` is the user `default`, as in Redis.
+#[derive(Clone, PartialEq, Eq)]
+pub struct User {
+    /// The name given to `AUTH name password`.
+    pub name: String,
+    /// The password.
+    pub password: String,
+}
+
+impl std::fmt::Debug for User {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("User").field("name", &self.name).field("password", &"***").finish()
+    }
+}
+
+impl std::str::FromStr for User {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<User, String> {
+        match s.split_once(':') {
+            Some((name, password)) if !name.is_empty() && !password.is_empty() => {
+                Ok(User { name: name.to_owned(), password: password.to_owned() })
+            }
+            _ => Err("a user is name:password, both non-empty".to_owned()),
+        }
+    }
+}
+
+/// Why a [`Config`] cannot be served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A declared quota the server cannot hold.
+    Quota {
+        /// The quota, as declared.
+        quota: Quota,
+        /// Why.
+        reason: String,
+    },
+    /// A quota declared twice.
+    DuplicateQuota(Quota),
+    /// A user named twice.
+    DuplicateUser(String),
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::Quota { quota, reason } => write!(f, "quota {quota}: {reason}"),
+            ConfigError::DuplicateQuota(q) => {
+                write!(f, "quota {}:{}:{} is declared twice", q.max_burst, q.count, q.period)
+            }
+            ConfigError::DuplicateUser(name) => write!(f, "user {name:?} is given twice"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// `bytes` as Redis reads an integer argument: decimal digits, no sign, no leading zero (but
+/// `0` itself), within `u64`.
+fn strict_u64(bytes: &[u8]) -> Option<u64> {
+    match bytes {
+        [] | [b'0', _, ..] => None,
+        _ if !bytes.iter().all(u8::is_ascii_digit) => None,
+        _ => std::str::from_utf8(bytes).ok()?.parse().ok(),
+    }
+}
+
+/// `a == b` in a time that depends on their lengths only, not on where they differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// What one connection is: authenticated or not.
+#[derive(Debug)]
+struct Session {
+    authenticated: bool,
 }
 
 /// The server's counters, as `INFO` shows them.
@@ -76,6 +244,9 @@ struct Counters {
     protocol_errors: AtomicU64,
     unknown_commands: AtomicU64,
     quotas_evicted: AtomicU64,
+    quotas_refused: AtomicU64,
+    auth_failures: AtomicU64,
+    noauth_refusals: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -105,6 +276,8 @@ type QuotaKey = (u64, u64, u64);
 #[derive(Debug)]
 struct QuotaTable {
     limiter: KeyedLimiter<Vec<u8>>,
+    /// Declared: never dropped, not counted against `max_quotas`.
+    pinned: bool,
     /// Milliseconds since the server started, at the last decision (written under the tables'
     /// read lock, read under their write lock: see [`Server::evict_idle`]).
     last_used_ms: AtomicU64,
@@ -134,16 +307,42 @@ enum Flow {
 }
 
 impl Server {
-    /// A server with `config`.
-    pub fn new(config: Config) -> Arc<Server> {
-        Arc::new(Server {
+    /// A server with `config`, its declared quotas built (each writes every slot of its
+    /// table: tens of milliseconds per million keys).
+    pub fn new(config: Config) -> Result<Arc<Server>, ConfigError> {
+        let mut users: Vec<&str> = config.users.iter().map(|u| u.name.as_str()).collect();
+        users.sort_unstable();
+        if let Some(w) = users.windows(2).find(|w| w[0] == w[1]) {
+            return Err(ConfigError::DuplicateUser(w[0].to_owned()));
+        }
+        let server = Server {
+            connections: Arc::new(Semaphore::new(config.max_connections.clamp(1, Semaphore::MAX_PERMITS))),
             config,
             tables: RwLock::new(HashMap::new()),
             building: Mutex::new(()),
             counters: Counters::default(),
-            connections: Arc::new(Semaphore::new(config.max_connections.clamp(1, Semaphore::MAX_PERMITS))),
             started: Instant::now(),
-        })
+        };
+        {
+            let mut tables = server.tables.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for &quota in &server.config.quotas {
+                let key = (quota.max_burst, quota.count, quota.period);
+                if tables.contains_key(&key) {
+                    return Err(ConfigError::DuplicateQuota(quota));
+                }
+                let capacity = quota.capacity.unwrap_or(server.config.capacity);
+                let table = server
+                    .build_table(key, capacity, true)
+                    .map_err(|reason| ConfigError::Quota { quota, reason })?;
+                tables.insert(key, table);
+            }
+        }
+        Ok(Arc::new(server))
+    }
+
+    /// Whether connections must authenticate.
+    fn auth_required(&self) -> bool {
+        !self.config.users.is_empty()
     }
 
     /// Accepts connections on `listener`, each on its own task, for as long as the task runs.
@@ -190,6 +389,8 @@ impl Server {
     async fn connection(&self, mut stream: TcpStream) -> io::Result<()> {
         let limits = self.config.limits;
         let mut parser = Parser::new(limits);
+        let mut session = Session { authenticated: !self.auth_required() };
+        parser.set_authenticated(session.authenticated);
         let mut input = BytesMut::with_capacity(16 * 1024);
         let mut out = BytesMut::with_capacity(16 * 1024);
         loop {
@@ -198,10 +399,9 @@ impl Server {
             let mut flow = Flow::Continue;
             while flow == Flow::Continue {
                 match parser.next(&mut input) {
-                    Parsed::Request(args) => flow = self.execute(&args, &mut out),
-                    Parsed::Error(e) => {
-                        bump(&self.counters.protocol_errors);
-                        reply::error(&mut out, &e);
+                    Parsed::Request(args) => {
+                        flow = self.execute(&args, &mut out, &mut session);
+                        parser.set_authenticated(session.authenticated);
                     }
                     Parsed::Fatal(e) => {
                         bump(&self.counters.protocol_errors);
@@ -240,7 +440,7 @@ impl Server {
     }
 
     /// Runs one command, appending its reply.
-    fn execute(&self, args: &[Vec<u8>], out: &mut BytesMut) -> Flow {
+    fn execute(&self, args: &[Vec<u8>], out: &mut BytesMut, session: &mut Session) -> Flow {
         bump(&self.counters.commands);
         let name = args[0].to_ascii_uppercase();
         let arity = |want: &str, ok: bool, out: &mut BytesMut| {
@@ -249,7 +449,19 @@ impl Server {
             }
             ok
         };
+        if !session.authenticated && !matches!(name.as_slice(), b"AUTH" | b"HELLO" | b"QUIT") {
+            bump(&self.counters.noauth_refusals);
+            reply::error(out, "NOAUTH Authentication required.");
+            return Flow::Continue;
+        }
         match name.as_slice() {
+            b"AUTH" => match args.len() {
+                2 => self.auth(b"default", &args[1], out, session),
+                3 => self.auth(&args[1], &args[2], out, session),
+                _ => {
+                    arity("auth", false, out);
+                }
+            },
             b"CL.THROTTLE" => {
                 if arity("cl.throttle", matches!(args.len(), 5 | 6), out) {
                     self.throttle(args, out);
@@ -271,7 +483,7 @@ impl Server {
                 reply::simple(out, "OK");
                 return Flow::Close;
             }
-            b"HELLO" => self.hello(args, out),
+            b"HELLO" => self.hello(args, out, session),
             b"COMMAND" => match args.get(1).map(|a| a.to_ascii_uppercase()) {
                 Some(sub) if sub == b"COUNT" => reply::integer(out, COMMANDS.len() as i64),
                 _ => reply::array(out, 0),
@@ -299,7 +511,40 @@ impl Server {
         Flow::Continue
     }
 
-    fn hello(&self, args: &[Vec<u8>], out: &mut BytesMut) {
+    /// `AUTH [user] password`: the user's password, compared in constant time.
+    fn auth(&self, user: &[u8], password: &[u8], out: &mut BytesMut, session: &mut Session) {
+        if !self.check_password(user, password, out) {
+            return;
+        }
+        session.authenticated = true;
+        reply::simple(out, "OK");
+    }
+
+    /// Whether `user` has `password`; if not, the error is written.
+    fn check_password(&self, user: &[u8], password: &[u8], out: &mut BytesMut) -> bool {
+        if !self.auth_required() {
+            reply::error(
+                out,
+                "ERR AUTH <password> called without any password configured for the default user. \
+                 Are you sure your configuration is correct?",
+            );
+            return false;
+        }
+        // Every user's password is compared, so that the time taken does not say which names
+        // exist.
+        let mut ok = false;
+        for u in &self.config.users {
+            ok |= same_secret(u.name.as_bytes(), user) & same_secret(u.password.as_bytes(), password);
+        }
+        if !ok {
+            bump(&self.counters.auth_failures);
+            reply::error(out, "WRONGPASS invalid username-password pair or user is disabled.");
+        }
+        ok
+    }
+
+    /// `HELLO [protover [AUTH username password] [SETNAME name]]`.
+    fn hello(&self, args: &[Vec<u8>], out: &mut BytesMut, session: &mut Session) {
         let version =
             match args.get(1).map(|v| std::str::from_utf8(v).ok().and_then(|v| v.parse::<u32>().ok())) {
                 None => 2,
@@ -309,6 +554,41 @@ impl Server {
                     return;
                 }
             };
+        let mut at = 2;
+        let mut credentials = None;
+        while at < args.len() {
+            match args[at].to_ascii_uppercase().as_slice() {
+                b"AUTH" if at + 2 < args.len() => {
+                    credentials = Some((&args[at + 1], &args[at + 2]));
+                    at += 3;
+                }
+                b"SETNAME" if at + 1 < args.len() => at += 2,
+                _ => {
+                    let shown = String::from_utf8_lossy(&args[at][..args[at].len().min(32)]).into_owned();
+                    reply::error(out, &format!("ERR Syntax error in HELLO option '{shown}'"));
+                    return;
+                }
+            }
+        }
+        match credentials {
+            Some((user, password)) => {
+                if !self.check_password(user, password, out) {
+                    return;
+                }
+                session.authenticated = true;
+            }
+            None if !session.authenticated => {
+                bump(&self.counters.noauth_refusals);
+                reply::error(
+                    out,
+                    "NOAUTH HELLO must be called with the client already authenticated, otherwise the \
+                     HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and \
+                     select the RESP protocol version at the same time",
+                );
+                return;
+            }
+            None => {}
+        }
         // The replies of every other command are the same in RESP2 and RESP3, so the version
         // only changes this one: a map in RESP3, a flat array in RESP2.
         let fields: [(&str, &[u8]); 4] = [
@@ -335,9 +615,11 @@ impl Server {
         bump(&self.counters.throttle_calls);
         let int = |i: usize, name: &str| -> Result<u64, String> {
             let a = &args[i];
-            std::str::from_utf8(a).ok().and_then(|s| s.parse::<u64>().ok()).ok_or_else(|| {
+            strict_u64(a).ok_or_else(|| {
                 let shown = String::from_utf8_lossy(&a[..a.len().min(32)]).into_owned();
-                format!("ERR {name} must be a non-negative integer, got '{shown}'")
+                format!(
+                    "ERR {name} must be a non-negative integer (decimal digits, no sign, no leading zero), got '{shown}'"
+                )
             })
         };
         let parsed = (|| -> Result<(u64, u64, u64, u64), String> {
@@ -400,20 +682,46 @@ impl Server {
         }
     }
 
-    /// Builds the table of this quota (on its first use). At `--max-quotas`, a table unused for
-    /// longer than its quota's fill time makes room: every key in it is full again, so dropping
-    /// it changes no answer (a key a table does not hold is a full bucket). Otherwise the quota
-    /// is refused.
+    /// A table for `key` holding `capacity` keys (writes every slot: built outside the
+    /// tables' lock).
+    fn build_table(&self, key: QuotaKey, capacity: usize, pinned: bool) -> Result<QuotaTable, String> {
+        let quota = quota_of(key)?;
+        let limiter = KeyedLimiter::<Vec<u8>>::builder(quota)
+            .capacity(capacity)
+            .when_full(WhenFull::EvictFullest)
+            .build()
+            .map_err(|e| format!("cannot hold this quota: {e}"))?;
+        let fill_ms = quota.fill_time().as_u64().div_ceil(1_000_000);
+        let idle_ms = fill_ms.saturating_add(fill_ms / 100).saturating_add(10);
+        Ok(QuotaTable { limiter, pinned, last_used_ms: AtomicU64::new(self.now_ms()), idle_ms })
+    }
+
+    /// Builds the table of an undeclared quota (on its first use). At `max_quotas`, a table
+    /// unused for longer than its quota's fill time makes room: every key in it is full again,
+    /// so dropping it changes no answer (a key a table does not hold is a full bucket).
+    /// Otherwise the quota is refused. Declared tables are never dropped.
     fn add_table(&self, key: QuotaKey) -> Result<(), String> {
+        let quota = quota_of(key).map_err(|e| format!("ERR {e}"))?;
         let (max_burst, count, period) = key;
-        if count == 0 || period == 0 {
-            return Err("ERR Zero rates are not supported".into());
+        let shape = format!("(max_burst {max_burst}, count {count}, period {period})");
+        if self.config.max_quotas == 0 {
+            bump(&self.counters.quotas_refused);
+            return Err(format!(
+                "ERR quota {shape} is not declared, and this server serves only its declared quotas (--quota)"
+            ));
         }
-        let burst = max_burst.checked_add(1).ok_or("ERR max_burst is too large")?;
-        let quota = TokenBucket::new(Rate::per(count, Duration::from_secs(period)), burst)
-            .map_err(|e| format!("ERR invalid quota: {e}"))?;
+        let fill = quota.fill_time().as_duration();
+        if fill > self.config.max_fill_time {
+            bump(&self.counters.quotas_refused);
+            return Err(format!(
+                "ERR quota {shape} fills in {} s, longer than the {} s allowed for a quota not declared \
+                 (--max-fill-time); declare it (--quota {max_burst}:{count}:{period})",
+                fill.as_secs_f64().ceil(),
+                self.config.max_fill_time.as_secs()
+            ));
+        }
         // One table built at a time, so that the tables never hold more than `max_quotas + 1`
-        // tables' memory, however many connections ask for new quotas at once.
+        // undeclared tables' memory, however many connections ask for new quotas at once.
         let _building = self.building.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         {
             let tables = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -421,36 +729,38 @@ impl Server {
                 return Ok(()); // built by another connection meanwhile
             }
             // A hint: taken again under the write lock by `evict_idle`.
-            if tables.len() >= self.config.max_quotas && self.idlest(&tables).is_none() {
+            if self.undeclared(&tables) >= self.config.max_quotas && self.idlest(&tables).is_none() {
+                bump(&self.counters.quotas_refused);
                 return Err(self.too_many_quotas());
             }
         }
         // Built outside the tables' lock (it writes every slot of the table): decisions on the
         // other quotas go on meanwhile.
-        let limiter = KeyedLimiter::<Vec<u8>>::builder(quota)
-            .capacity(self.config.capacity)
-            .when_full(WhenFull::EvictFullest)
-            .build()
-            .map_err(|e| format!("ERR cannot hold this quota: {e}"))?;
-        let fill_ms = quota.fill_time().as_u64().div_ceil(1_000_000);
-        let idle_ms = fill_ms.saturating_add(fill_ms / 100).saturating_add(10);
-        let table = QuotaTable { limiter, last_used_ms: AtomicU64::new(self.now_ms()), idle_ms };
+        let table = self.build_table(key, self.config.capacity, false).map_err(|e| format!("ERR {e}"))?;
         let mut tables = self.tables.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         if tables.contains_key(&key) {
             return Ok(()); // built by another connection meanwhile
         }
-        if tables.len() >= self.config.max_quotas && !self.evict_idle(&mut tables) {
+        if self.undeclared(&tables) >= self.config.max_quotas && !self.evict_idle(&mut tables) {
+            bump(&self.counters.quotas_refused);
             return Err(self.too_many_quotas());
         }
         tables.insert(key, table);
         Ok(())
     }
 
-    /// The table unused the longest, if it has gone unused for longer than its fill time.
+    /// The undeclared tables held.
+    fn undeclared(&self, tables: &HashMap<QuotaKey, QuotaTable>) -> usize {
+        tables.values().filter(|t| !t.pinned).count()
+    }
+
+    /// The undeclared table unused the longest, if it has gone unused for longer than its fill
+    /// time.
     fn idlest(&self, tables: &HashMap<QuotaKey, QuotaTable>) -> Option<QuotaKey> {
         let now = self.now_ms();
         tables
             .iter()
+            .filter(|(_, t)| !t.pinned)
             .map(|(k, t)| (now.saturating_sub(t.last_used_ms.load(Relaxed)), t.idle_ms, *k))
             .filter(|&(unused, idle_ms, _)| unused > idle_ms)
             .max_by_key(|&(unused, _, _)| unused)
@@ -470,8 +780,8 @@ impl Server {
 
     fn too_many_quotas(&self) -> String {
         format!(
-            "ERR this server holds {} distinct (max_burst, count, period) quotas, its limit (--max-quotas), \
-             and each was used within its fill time",
+            "ERR this server holds {} undeclared (max_burst, count, period) quotas, its limit (--max-quotas), \
+             and each was used within its fill time; declare the quotas you rely on (--quota)",
             self.config.max_quotas
         )
     }
@@ -481,13 +791,15 @@ impl Server {
         let tables = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         let keys: u64 = tables.values().map(|t| t.limiter.len()).sum();
         let capacity: u64 = tables.values().map(|t| t.limiter.capacity()).sum();
+        let bytes: usize = tables.values().map(|t| t.limiter.memory_bytes()).sum();
         format!(
             "# Server\r\nserver:tollgate\r\ntollgate_version:{}\r\nuptime_in_seconds:{}\r\n\
              \r\n# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n\
              \r\n# Stats\r\ntotal_connections_received:{}\r\nrejected_connections:{}\r\naccept_errors:{}\r\n\
              total_commands_processed:{}\r\nthrottle_calls:{}\r\nthrottle_limited:{}\r\n\
-             protocol_errors:{}\r\nunknown_commands:{}\r\n\
-             \r\n# Keyspace\r\nquotas:{}\r\nmax_quotas:{}\r\nquotas_evicted:{}\r\nkeys:{}\r\nkeys_capacity:{}\r\n",
+             protocol_errors:{}\r\nunknown_commands:{}\r\nauth_failures:{}\r\nnoauth_refusals:{}\r\n\
+             \r\n# Keyspace\r\nquotas:{}\r\nquotas_declared:{}\r\nmax_quotas:{}\r\nquotas_evicted:{}\r\nquotas_refused:{}\r\n\
+             keys:{}\r\nkeys_capacity:{}\r\ntables_bytes:{}\r\n",
             env!("CARGO_PKG_VERSION"),
             self.started.elapsed().as_secs(),
             c.connected.load(Relaxed),
@@ -500,18 +812,33 @@ impl Server {
             c.throttle_limited.load(Relaxed),
             c.protocol_errors.load(Relaxed),
             c.unknown_commands.load(Relaxed),
+            c.auth_failures.load(Relaxed),
+            c.noauth_refusals.load(Relaxed),
             tables.len(),
+            tables.values().filter(|t| t.pinned).count(),
             self.config.max_quotas,
             c.quotas_evicted.load(Relaxed),
+            c.quotas_refused.load(Relaxed),
             keys,
             capacity,
+            bytes,
         )
     }
 }
 
+/// The token bucket of `CL.THROTTLE`'s `(max_burst, count, period)`.
+fn quota_of((max_burst, count, period): QuotaKey) -> Result<TokenBucket, String> {
+    if count == 0 || period == 0 {
+        return Err("Zero rates are not supported".into());
+    }
+    let burst = max_burst.checked_add(1).ok_or("max_burst is too large")?;
+    TokenBucket::new(Rate::per(count, Duration::from_secs(period)), burst)
+        .map_err(|e| format!("invalid quota: {e}"))
+}
+
 /// The commands this server knows (for `COMMAND COUNT`).
-const COMMANDS: [&str; 10] =
-    ["CL.THROTTLE", "PING", "ECHO", "QUIT", "HELLO", "COMMAND", "INFO", "SELECT", "CLIENT", "CONFIG"];
+const COMMANDS: [&str; 11] =
+    ["CL.THROTTLE", "AUTH", "PING", "ECHO", "QUIT", "HELLO", "COMMAND", "INFO", "SELECT", "CLIENT", "CONFIG"];
 
 /// Seconds as redis-cell replies them: truncated, plus one if the rest is at least 1 ms.
 fn cell_seconds(d: Duration) -> i64 {
@@ -551,16 +878,24 @@ mod tests {
     }
 
     fn run(server: &Server, cmd: &[&str]) -> Vec<u8> {
+        run_in(server, cmd, &mut Session { authenticated: true })
+    }
+
+    fn run_in(server: &Server, cmd: &[&str], session: &mut Session) -> Vec<u8> {
         let args: Vec<Vec<u8>> = cmd.iter().map(|a| a.as_bytes().to_vec()).collect();
         let mut out = BytesMut::new();
-        server.execute(&args, &mut out);
+        server.execute(&args, &mut out, session);
         out.to_vec()
+    }
+
+    fn server(config: Config) -> Arc<Server> {
+        Server::new(config).unwrap()
     }
 
     /// redis-cell's README: `CL.THROTTLE user123 15 30 60` on a fresh key gives 0, 16, 15, -1, 2.
     #[test]
     fn the_redis_cell_vector() {
-        let server = Server::new(Config { capacity: 1024, ..Config::default() });
+        let server = server(Config { capacity: 1024, ..Config::default() });
         let got = run(&server, &["CL.THROTTLE", "user123", "15", "30", "60"]);
         assert_eq!(got, b"*5\r\n:0\r\n:16\r\n:15\r\n:-1\r\n:2\r\n");
         // Sixteen in all, then limited with a wait of one token (2 s).
@@ -584,7 +919,7 @@ mod tests {
 
     #[test]
     fn a_table_unused_for_its_fill_time_makes_room_and_a_busy_one_stays() {
-        let server = Server::new(Config { capacity: 1024, max_quotas: 2, ..Config::default() });
+        let server = server(Config { capacity: 1024, max_quotas: 2, ..Config::default() });
         let cmd = |c: &[&str]| String::from_utf8(run(&server, c)).unwrap();
         // Quota A: burst 2 at 2/s (full again 1 s after it empties); B: burst 1 at 1/min; C:
         // burst 1 at 4/s. (Fill times long enough that a stalled test thread does not make a
@@ -596,7 +931,7 @@ mod tests {
         assert!(cmd(&b).starts_with("*5\r\n:0\r\n"));
         assert!(cmd(&b).starts_with("*5\r\n:1\r\n"), "B's one token is spent");
         // Both just used: a third quota is refused.
-        assert!(cmd(&c).contains("2 distinct"));
+        assert!(cmd(&c).contains("2 undeclared"));
         // A goes unused for longer than its fill time (1 s, plus the margin); B keeps being used.
         // The third quota takes A's place, never B's, whose key is empty.
         let start = Instant::now();
@@ -619,23 +954,146 @@ mod tests {
 
     #[test]
     fn bad_arguments_are_errors_that_say_what_was_wrong() {
-        let server = Server::new(Config { capacity: 1024, max_quotas: 2, ..Config::default() });
+        let server = server(Config { capacity: 1024, max_quotas: 2, ..Config::default() });
         let err = |cmd: &[&str]| String::from_utf8(run(&server, cmd)).unwrap();
         assert!(err(&["CL.THROTTLE", "k", "15", "0", "60"]).starts_with("-ERR Zero rates"));
         assert!(err(&["CL.THROTTLE", "k", "15", "30", "0"]).starts_with("-ERR Zero rates"));
-        assert!(err(&["CL.THROTTLE", "k", "-1", "30", "60"])
-            .contains("max_burst must be a non-negative integer, got '-1'"));
+        assert!(
+            err(&["CL.THROTTLE", "k", "-1", "30", "60"]).contains("max_burst must be a non-negative integer")
+        );
+        assert!(err(&["CL.THROTTLE", "k", "-1", "30", "60"]).contains("got '-1'"));
+        // Redis's own integer arguments refuse a sign and leading zeros; so does this server.
+        assert!(err(&["CL.THROTTLE", "k", "+5", "30", "60"]).contains("no sign, no leading zero), got '+5'"));
+        assert!(err(&["CL.THROTTLE", "k", "05", "30", "60"]).contains("got '05'"));
+        assert!(err(&["CL.THROTTLE", "k", "5", "30", "60", " 1"]).contains("quantity must be"));
         assert!(err(&["CL.THROTTLE", "k", "15", "30"]).contains("wrong number of arguments"));
         assert!(err(&["CL.THROTTLE", "k", "18446744073709551615", "30", "60"]).starts_with("-ERR"));
         assert!(err(&["NOPE", "a"]).starts_with("-ERR unknown command 'NOPE', with 1 arguments"));
         assert!(err(&["CL.THROTTLE", "k", "1", "30", "60"]).starts_with("*5"));
         assert!(err(&["CL.THROTTLE", "k", "2", "30", "60"]).starts_with("*5"));
-        assert!(err(&["CL.THROTTLE", "k", "3", "30", "60"]).contains("2 distinct"));
+        assert!(err(&["CL.THROTTLE", "k", "3", "30", "60"]).contains("2 undeclared"));
         // Both tables were just used, and their fill time is a minute: neither makes room.
         assert!(err(&["INFO"]).contains("quotas_evicted:0\r\n"));
         assert_eq!(err(&["PING"]), "+PONG\r\n");
         assert_eq!(err(&["HELLO", "4"]), "-NOPROTO unsupported protocol version\r\n");
         assert!(err(&["HELLO", "3"]).starts_with("%5\r\n"));
         assert!(err(&["INFO"]).contains("throttle_calls:"));
+    }
+
+    #[test]
+    fn integers_are_read_as_redis_reads_them() {
+        assert_eq!(strict_u64(b"0"), Some(0));
+        assert_eq!(strict_u64(b"18446744073709551615"), Some(u64::MAX));
+        for bad in
+            [&b""[..], b"+5", b"05", b"00", b"-0", b" 5", b"5 ", b"18446744073709551616", b"1e3", b"\xff"]
+        {
+            assert_eq!(strict_u64(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    /// Issue 34: a stranger sending a few shapes with a fill time of a year
+    /// (`CL.THROTTLE a 10 1 31536000`) took every table until a restart. Declared quotas are
+    /// never displaced, a shape filling beyond `max_fill_time` is refused, and the undeclared
+    /// tables are bounded in number.
+    #[test]
+    fn a_flood_of_shapes_cannot_lock_out_the_declared_quotas() {
+        let declared: Quota = "15:30:60:64".parse().unwrap();
+        let server = server(Config {
+            capacity: 64,
+            max_quotas: 2,
+            quotas: vec![declared],
+            max_fill_time: Duration::from_secs(3600),
+            ..Config::default()
+        });
+        let cmd = |c: &[&str]| String::from_utf8(run(&server, c)).unwrap();
+        // A year's fill: refused outright, naming the bound and the way to declare it.
+        let year = cmd(&["CL.THROTTLE", "a", "10", "1", "31536000"]);
+        assert!(
+            year.contains("longer than the 3600 s allowed") && year.contains("--quota 10:1:31536000"),
+            "{year}"
+        );
+        // Shapes within the bound take the two undeclared tables, then are refused.
+        for i in 0..50 {
+            let got = cmd(&["CL.THROTTLE", "a", &i.to_string(), "1", "60"]);
+            assert_eq!(got.starts_with("*5"), i < 2, "{i}: {got}");
+        }
+        // The declared quota answers throughout, with its own state.
+        for i in 0..16 {
+            let got = cmd(&["CL.THROTTLE", "user123", "15", "30", "60"]);
+            assert!(got.starts_with("*5\r\n:0\r\n:16\r\n"), "{i}: {got}");
+        }
+        assert!(cmd(&["CL.THROTTLE", "user123", "15", "30", "60"]).starts_with("*5\r\n:1\r\n"));
+        let info = cmd(&["INFO"]);
+        assert!(info.contains("quotas:3\r\nquotas_declared:1\r\n"), "{info}");
+        assert!(info.contains("quotas_refused:49\r\n"), "{info}");
+        // Only declared quotas, when asked.
+        let strict = server_only_declared();
+        let got = String::from_utf8(run(&strict, &["CL.THROTTLE", "a", "1", "1", "1"])).unwrap();
+        assert!(got.contains("is not declared"), "{got}");
+        assert!(String::from_utf8(run(&strict, &["CL.THROTTLE", "a", "1", "2", "3"]))
+            .unwrap()
+            .starts_with("*5"));
+    }
+
+    fn server_only_declared() -> Arc<Server> {
+        server(Config {
+            capacity: 16,
+            max_quotas: 0,
+            quotas: vec!["1:2:3".parse().unwrap()],
+            ..Config::default()
+        })
+    }
+
+    #[test]
+    fn declared_quotas_and_users_are_checked() {
+        let q = |s: &str| s.parse::<Quota>();
+        assert_eq!(q("15:30:60"), Ok(Quota { max_burst: 15, count: 30, period: 60, capacity: None }));
+        assert_eq!(q("15:30:60:100").unwrap().capacity, Some(100));
+        assert!(q("15:30").unwrap_err().contains("max_burst:count:period"));
+        assert!(q("15:+30:60").unwrap_err().contains("count \"+30\""));
+        let bad = |config: Config| Server::new(config).unwrap_err().to_string();
+        let twice = vec![q("1:2:3").unwrap(), q("1:2:3:10").unwrap()];
+        assert_eq!(
+            bad(Config { capacity: 8, quotas: twice, ..Config::default() }),
+            "quota 1:2:3 is declared twice"
+        );
+        let zero = vec![q("1:0:3").unwrap()];
+        assert!(bad(Config { capacity: 8, quotas: zero, ..Config::default() })
+            .contains("quota 1:0:3: Zero rates"));
+        let users = vec!["a:x".parse().unwrap(), "a:y".parse().unwrap()];
+        assert_eq!(bad(Config { capacity: 8, users, ..Config::default() }), "user \"a\" is given twice");
+        assert!("nopass".parse::<User>().is_err() && ":x".parse::<User>().is_err());
+        assert_eq!("u:p:q".parse::<User>().unwrap().password, "p:q");
+        assert!(!format!("{:?}", "u:secret".parse::<User>().unwrap()).contains("secret"));
+    }
+
+    #[test]
+    fn a_connection_authenticates_before_anything_else() {
+        let users = vec!["default:s3cret".parse().unwrap(), "ops:hunter2".parse().unwrap()];
+        let server = server(Config { capacity: 16, users, ..Config::default() });
+        let mut s = Session { authenticated: false };
+        let mut cmd = |c: &[&str]| String::from_utf8(run_in(&server, c, &mut s)).unwrap();
+        assert_eq!(cmd(&["PING"]), "-NOAUTH Authentication required.\r\n");
+        assert_eq!(cmd(&["CL.THROTTLE", "k", "1", "1", "1"]), "-NOAUTH Authentication required.\r\n");
+        assert!(cmd(&["HELLO", "3"]).starts_with("-NOAUTH HELLO must be called"));
+        assert!(cmd(&["AUTH", "wrong"]).starts_with("-WRONGPASS"));
+        assert!(cmd(&["AUTH", "ops", "s3cret"]).starts_with("-WRONGPASS"));
+        assert!(cmd(&["AUTH"]).contains("wrong number of arguments for 'auth'"));
+        assert_eq!(cmd(&["PING"]), "-NOAUTH Authentication required.\r\n");
+        assert_eq!(cmd(&["AUTH", "s3cret"]), "+OK\r\n");
+        assert_eq!(cmd(&["PING"]), "+PONG\r\n");
+        let info = cmd(&["INFO"]);
+        assert!(info.contains("auth_failures:2\r\nnoauth_refusals:4\r\n"), "{info}");
+        // HELLO with AUTH authenticates a new connection in one step.
+        let mut s = Session { authenticated: false };
+        let mut cmd = |c: &[&str]| String::from_utf8(run_in(&server, c, &mut s)).unwrap();
+        assert!(cmd(&["HELLO", "3", "AUTH", "ops", "nope"]).starts_with("-WRONGPASS"));
+        assert!(cmd(&["HELLO", "3", "AUTH", "ops", "hunter2", "SETNAME", "x"]).starts_with("%5\r\n"));
+        assert!(cmd(&["CL.THROTTLE", "k", "1", "1", "1"]).starts_with("*5"));
+        assert!(cmd(&["HELLO", "3", "BOGUS"]).contains("Syntax error in HELLO option 'BOGUS'"));
+        // Without users, AUTH says there is nothing to authenticate against.
+        let open = server_only_declared();
+        let got = String::from_utf8(run(&open, &["AUTH", "x"])).unwrap();
+        assert!(got.contains("without any password configured"), "{got}");
     }
 }

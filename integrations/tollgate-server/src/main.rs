@@ -9,7 +9,7 @@ use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use clap::Parser;
-use tollgate_server::{resp::Limits, Config, Server};
+use tollgate_server::{resp::Limits, Config, Quota, Server, User};
 
 /// A RESP server compatible with redis-cell's CL.THROTTLE, on tollgate's keyed token bucket.
 #[derive(Parser, Debug)]
@@ -21,20 +21,40 @@ struct Args {
     /// The port (0: any free one, printed on the first line of output).
     #[arg(long, default_value_t = 6380)]
     port: u16,
-    /// Keys per quota (each distinct max_burst, count, period): the table's capacity.
+    /// A declared quota, `max_burst:count:period[:capacity]` (`15:30:60`), built at start and
+    /// never dropped; repeat for more. Declare every quota your clients rely on: no client can
+    /// take a declared quota's room.
+    #[arg(long = "quota", value_name = "MAX_BURST:COUNT:PERIOD[:CAPACITY]")]
+    quotas: Vec<Quota>,
+    /// Keys per table of a quota (a declared one without its own capacity, and every
+    /// undeclared one): about 37 bytes a key.
     #[arg(long, default_value_t = 1 << 20)]
     capacity: usize,
-    /// Distinct quotas the server holds, each a table of --capacity keys allocated when first
-    /// used (about 48 bytes a slot, so the defaults bound the tables to about 0.4 GB, and one
-    /// table more while a new one is built: one at a time). At the
-    /// limit, a table unused for its quota's fill time (every key full again) makes room for a
-    /// new quota; otherwise the new quota is refused.
+    /// Undeclared quotas (a (max_burst, count, period) no --quota names) held at once, each a
+    /// table of --capacity keys allocated when first used (one at a time). At the limit, one
+    /// unused for its quota's fill time (every key full again) makes room for a new one;
+    /// otherwise the new quota is refused. 0: serve the declared quotas only.
     #[arg(long, default_value_t = 8)]
     max_quotas: usize,
+    /// The longest fill time, in seconds, of an undeclared quota ((max_burst + 1) × period /
+    /// count): a longer one must be declared. Bounds how long a client can hold an undeclared
+    /// table.
+    #[arg(long, default_value_t = 3600)]
+    max_fill_time: u64,
+    /// The password of Redis's `default` user: connections must `AUTH <password>` first.
+    /// Prefer the environment variable, which other users of the machine cannot read in the
+    /// process list.
+    #[arg(long, env = "TOLLGATE_REQUIREPASS", hide_env_values = true)]
+    requirepass: Option<String>,
+    /// A user, `name:password`, for `AUTH name password`; repeat for more. With any user,
+    /// connections must authenticate.
+    #[arg(long = "user", value_name = "NAME:PASSWORD")]
+    users: Vec<User>,
     /// Connections served at once.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
-    /// The largest argument, in bytes (a larger one is refused and skipped unbuffered).
+    /// The largest argument, in bytes (a larger one is refused and the connection closed,
+    /// before any of it is buffered).
     #[arg(long, default_value_t = 64 * 1024)]
     max_arg_bytes: usize,
     /// The largest request, in bytes (a larger one is refused and the connection closed).
@@ -50,9 +70,16 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
+    let mut users = args.users;
+    if let Some(password) = args.requirepass.filter(|p| !p.is_empty()) {
+        users.push(User { name: "default".to_owned(), password });
+    }
     let config = Config {
         capacity: args.capacity,
         max_quotas: args.max_quotas,
+        max_fill_time: std::time::Duration::from_secs(args.max_fill_time),
+        quotas: args.quotas,
+        users,
         max_connections: args.max_connections.max(1),
         idle_timeout: (args.idle_timeout > 0).then(|| std::time::Duration::from_secs(args.idle_timeout)),
         limits: Limits {
@@ -69,6 +96,10 @@ fn main() {
         Ok(r) => r,
         Err(e) => fail(&format!("cannot start the runtime: {e}")),
     };
+    let server = match Server::new(config) {
+        Ok(s) => s,
+        Err(e) => fail(&format!("invalid configuration: {e}")),
+    };
     runtime.block_on(async {
         let addr = SocketAddr::new(args.bind, args.port);
         let listener = match tokio::net::TcpListener::bind(addr).await {
@@ -79,7 +110,7 @@ fn main() {
         println!("tollgate-server listening on {local}");
         let _ = std::io::stdout().flush();
         tokio::select! {
-            () = Server::new(config).serve(listener) => {}
+            () = server.serve(listener) => {}
             _ = tokio::signal::ctrl_c() => {}
         }
     });

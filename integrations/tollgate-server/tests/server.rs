@@ -157,19 +157,16 @@ fn the_redis_crate_pipelines_and_many_connections_share_the_tables() {
 fn garbage_gets_errors_and_the_connection_survives() {
     let server = Running::start(&["--max-arg-bytes", "1024", "--max-request-bytes", "100000"]);
     let mut s = server.raw();
-    // Unknown commands, binary noise, too many arguments (the request skipped whole, its QUIT
-    // never run): each an error, then PING still answers.
-    s.write_all(b"NOPE\r\n\xff\xfe\x00\r\n*2000\r\n$4\r\nQUIT\r\n").unwrap();
-    for _ in 0..1999 {
-        s.write_all(b"$1\r\nx\r\n").unwrap();
-    }
-    s.write_all(b"PING\r\n").unwrap();
+    // Unknown commands and binary noise: each an error, then PING still answers.
+    s.write_all(b"NOPE\r\n\xff\xfe\x00\r\nPING\r\n").unwrap();
     let got = read_until(&mut s, "+PONG\r\n");
-    assert_eq!(got.matches("-ERR").count(), 3, "{got:?}");
+    assert_eq!(got.matches("-ERR").count(), 2, "{got:?}");
 
     // Frames whose lengths cannot be read: an error, then the connection is closed (there is
     // no way to find the next request).
-    for garbage in [&b"*x\r\n"[..], b"*1\r\n:3\r\n", b"*1\r\n$2\r\nabcd\r\n", b"*1\r\n$-5\r\n"] {
+    for garbage in
+        [&b"*x\r\n"[..], b"*1\r\n:3\r\n", b"*1\r\n$2\r\nabcd\r\n", b"*1\r\n$-5\r\n", b"*1\r\n$-1\r\n"]
+    {
         let mut s = server.raw();
         s.write_all(garbage).unwrap();
         let got = read_until(&mut s, "\r\n");
@@ -177,17 +174,24 @@ fn garbage_gets_errors_and_the_connection_survives() {
         assert_eq!(read_n(&mut s, 1), "", "{garbage:?}: closed");
     }
 
-    // An oversized bulk string: refused at once, its payload skipped as it arrives.
-    let mut s = server.raw();
-    s.write_all(b"*3\r\n$4\r\nECHO\r\n$5000000\r\n").unwrap();
-    let got = read_until(&mut s, "\r\n");
-    assert!(got.starts_with("-ERR Protocol error: a bulk string of 5000000 bytes"), "{got:?}");
-    let chunk = vec![b'x'; 100_000];
-    for _ in 0..50 {
-        s.write_all(&chunk).unwrap();
+    // Issue 34: an oversized bulk string was refused and then waited for (up to 999,999,999
+    // bytes, until the idle timeout). Refused at its length line, and the connection closed
+    // at once, as Redis does; so are too many arguments.
+    for (frame, says) in [
+        (
+            &b"*3\r\n$4\r\nECHO\r\n$999999999\r\n"[..],
+            "invalid bulk length: 999999999 bytes, more than the 1024 allowed",
+        ),
+        (b"*2000\r\n$4\r\nQUIT\r\n", "invalid multibulk length: 2000 arguments, more than the 1024 allowed"),
+    ] {
+        let mut s = server.raw();
+        s.write_all(frame).unwrap();
+        let started = std::time::Instant::now();
+        let got = read_until(&mut s, "\r\n");
+        assert!(got.starts_with(&format!("-ERR Protocol error: {says}")), "{got:?}");
+        assert_eq!(read_n(&mut s, 1), "", "closed");
+        assert!(started.elapsed() < Duration::from_secs(5), "closed without waiting for the payload");
     }
-    s.write_all(b"\r\n$4\r\nQUIT\r\nPING\r\n").unwrap(); // the rest of that request, then PING
-    assert_eq!(read_until(&mut s, "+PONG\r\n"), "+PONG\r\n");
 
     // A request over the request limit (100,000 bytes here): refused, and the connection closed.
     let mut s = server.raw();
@@ -202,6 +206,183 @@ fn garbage_gets_errors_and_the_connection_survives() {
     assert!(got.is_empty() || got.starts_with("-ERR Protocol error: a request over 100000 bytes"), "{got:?}");
     let info = server.cli(&["INFO"]);
     assert!(info.contains("protocol_errors:"), "{info}");
+}
+
+/// A real `redis-server` on a free port, with no persistence; killed on drop.
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server not found: install it (apt-get install redis-server)");
+        // Held from here, so that it is killed and waited for on every path.
+        let redis = Redis { child, port };
+        for _ in 0..500 {
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return redis;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("redis-server did not start on port {port}");
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a server answers to `frame` on a new connection: the type byte of each reply (`+`,
+/// `-`, `:`, `$`, `*`) with the error code of each error, and whether it then closed.
+fn answer(port: u16, frame: &[u8]) -> (Vec<String>, bool) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    s.write_all(frame).unwrap();
+    let mut got = Vec::new();
+    let mut closed = false;
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => {
+                closed = true;
+                break;
+            }
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                closed = true;
+                break;
+            }
+            Err(_) => break, // the timeout: still open
+        }
+    }
+    let text = String::from_utf8_lossy(&got).into_owned();
+    let kinds = text
+        .split("\r\n")
+        .filter(|line| !line.is_empty())
+        .map(|line| match line.as_bytes()[0] {
+            b'-' => line.split(' ').next().unwrap_or("-").to_owned(),
+            b'+' => line.to_owned(),
+            _ => line[..1].to_owned(),
+        })
+        .collect();
+    (kinds, closed)
+}
+
+/// Issue 34: `*-1`, `*0`, `$-1` and the other edges of the protocol answered as Redis answers
+/// them, checked against a real `redis-server`: the same replies (their types and error codes)
+/// and the same closes.
+#[test]
+fn frames_are_answered_as_redis_answers_them() {
+    let redis = Redis::start();
+    let server = Running::start(&[]);
+    let frames: [&[u8]; 14] = [
+        b"*0\r\nPING\r\n",
+        b"*-1\r\nPING\r\n",
+        b"$-1\r\nPING\r\n",
+        b"*1\r\n$-1\r\nPING\r\n",
+        b"*1\r\n$4\r\nPING\r\n*2\r\n$4\r\nECHO\r\n$999999999999\r\n",
+        b"*x\r\nPING\r\n",
+        b"*2\r\n$4\r\nECHO\r\n+5\r\nPING\r\n",
+        b"\r\n\r\nPING\r\n",
+        b"*1\r\n$4\r\nPING\r\n*1\r\n$3\r\nFOO\r\nPING\r\n",
+        b"*2\r\n$5\r\nHELLO\r\n$1\r\n4\r\nPING\r\n",
+        b"*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n",
+        b"*3\r\n$4\r\nECHO\r\n$1\r\na\r\n$1\r\nb\r\nPING\r\n",
+        b"PING a b\r\nPING\r\n",
+        b"*1\r\n$4\r\nQUIT\r\nPING\r\n",
+    ];
+    for frame in frames {
+        let want = answer(redis.port, frame);
+        let got = answer(server.port, frame);
+        assert_eq!(got, want, "{:?}", String::from_utf8_lossy(frame));
+    }
+}
+
+/// Issue 34: with a password, a stranger can do nothing but authenticate, and cannot create a
+/// single table; `redis-cli -a` and the `redis` crate's URL password authenticate as with Redis.
+#[test]
+fn a_password_keeps_strangers_out_and_real_clients_in() {
+    let server = Running::start(&["--requirepass", "s3cret", "--user", "ops:hunter2", "--quota", "15:30:60"]);
+    let mut s = server.raw();
+    s.write_all(b"CL.THROTTLE a 10 1 31536000\r\nPING\r\nAUTH nope\r\n").unwrap();
+    let got = read_until(&mut s, "user is disabled.\r\n");
+    assert_eq!(got.matches("-NOAUTH Authentication required.").count(), 2, "{got:?}");
+    // Before authenticating, a request may hold 10 arguments.
+    s.write_all(b"*11\r\n").unwrap();
+    let got = read_until(&mut s, "\r\n");
+    assert!(got.contains("more than the 10 allowed before authentication"), "{got:?}");
+    assert_eq!(read_n(&mut s, 1), "", "closed");
+
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &server.port.to_string(), "--no-auth-warning", "-a", "s3cret"])
+        .args(["CL.THROTTLE", "user123", "15", "30", "60"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "0\n16\n15\n-1\n2\n");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let client = redis::Client::open(format!("redis://ops:hunter2@127.0.0.1:{}", server.port)).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let r: Vec<i64> = redis::cmd("CL.THROTTLE")
+            .arg("user123")
+            .arg(15)
+            .arg(30)
+            .arg(60)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(r[..3], [0, 16, 14]);
+        let bad = redis::Client::open(format!("redis://ops:wrong@127.0.0.1:{}", server.port)).unwrap();
+        let err = bad.get_multiplexed_async_connection().await.unwrap_err();
+        assert_eq!(err.kind(), redis::ErrorKind::AuthenticationFailed, "{err}");
+    });
+    let info = Command::new("redis-cli")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &server.port.to_string(),
+            "--no-auth-warning",
+            "-a",
+            "s3cret",
+            "INFO",
+        ])
+        .output()
+        .unwrap();
+    let info = String::from_utf8_lossy(&info.stdout);
+    assert!(info.contains("quotas:1\r\nquotas_declared:1\r\n"), "no table was made by the stranger: {info}");
+}
+
+/// Issue 34, the attack over the network: a client sending shapes with a fill time of a year
+/// and a flood of distinct shapes cannot take the room of a declared quota, and the undeclared
+/// tables stay bounded in number and memory.
+#[test]
+fn a_flood_of_shapes_over_the_network_cannot_lock_the_server_out() {
+    let server = Running::start(&["--quota", "15:30:60", "--max-quotas", "2", "--max-fill-time", "600"]);
+    let mut s = server.raw();
+    let mut flood = Vec::new();
+    for burst in 0..100 {
+        flood.extend_from_slice(
+            format!("CL.THROTTLE a {burst} 1 31536000\r\nCL.THROTTLE a {burst} 1 2\r\n").as_bytes(),
+        );
+    }
+    flood.extend_from_slice(b"PING\r\n");
+    s.write_all(&flood).unwrap();
+    let got = read_until(&mut s, "+PONG\r\n");
+    assert_eq!(got.matches("longer than the 600 s allowed").count(), 100, "year-long shapes refused");
+    assert_eq!(got.matches("2 undeclared").count(), 98, "at most two undeclared tables");
+    assert_eq!(server.cli(&["CL.THROTTLE", "user123", "15", "30", "60"]), "0\n16\n15\n-1\n2\n");
+    let info = server.cli(&["INFO"]);
+    assert!(info.contains("quotas:3\r\n"), "{info}");
 }
 
 #[test]
@@ -236,7 +417,7 @@ fn connections_are_bounded() {
 /// asked), and the quotas then count apart.
 #[test]
 fn new_quotas_from_many_connections_at_once_are_all_built() {
-    let server = Running::start(&["--max-quotas", "16"]);
+    let server = Running::start(&["--max-quotas", "16", "--max-fill-time", "86400"]);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let (client, config) = server.redis_client();
