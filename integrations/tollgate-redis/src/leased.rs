@@ -36,7 +36,8 @@ use crate::Error;
 /// # Lease size
 ///
 /// Adapts per key to the local demand: a lease spent before it lapses doubles the next one (up
-/// to `max_lease`, default a tenth of the burst), a lease that lapses with tokens left halves
+/// to `max_lease`, by default a tenth of the burst but at least half of it up to 8: see
+/// [`LeasedLimiter::default_max_lease`]), a lease that lapses with tokens left halves
 /// it (down to 1). When Redis has fewer tokens than asked, the lease takes what there is; when
 /// it has fewer than the request needs, the request is refused with the shared bucket's exact
 /// retry-after.
@@ -100,15 +101,16 @@ struct Lease {
 
 impl LeasedLimiter {
     /// Leased mode over `redis`: leases live `ttl` (default 50 ms) and hold at most `max_lease`
-    /// tokens (default a tenth of the burst, at least 1); at most `max_keys` keys hold a lease
-    /// at once (default 65,536; beyond it, plain round trips).
+    /// tokens (default [`default_max_lease`](LeasedLimiter::default_max_lease) of the burst);
+    /// at most `max_keys` keys hold a lease at once (default 65,536; beyond it, plain round
+    /// trips).
     pub fn new(redis: RedisLimiter) -> LeasedLimiter {
         let burst = redis.quota().burst();
         LeasedLimiter {
             redis,
             leases: Mutex::new(HashMap::new()),
             ttl: Duration::from_millis(50),
-            max_lease: (burst / 10).max(1),
+            max_lease: LeasedLimiter::default_max_lease(burst),
             max_keys: 1 << 16,
             start: Instant::now(),
             counters: LeaseCounters::default(),
@@ -119,6 +121,33 @@ impl LeasedLimiter {
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
+    }
+
+    /// The largest lease by default for a bucket of `burst` tokens: a tenth of the burst, but
+    /// at least half of it up to 8 tokens, and at least 1:
+    ///
+    /// | burst | 1 | 2 | 4 | 10 | 16 | 100 | 1,000 |
+    /// |---|---|---|---|---|---|---|---|
+    /// | largest lease | 1 | 1 | 2 | 5 | 8 | 10 | 100 |
+    ///
+    /// The trade: a lease of `L` tokens serves up to `L − 1` of every `L` decisions without a
+    /// round trip, and can strand up to `L` tokens (taken from the shared bucket, refused to
+    /// every other instance until they refill) when demand stops. A tenth of the burst keeps
+    /// the stranded share small where bursts are large; at small bursts a tenth is one token,
+    /// so every decision would be a round trip and the mode would be a slower round trip
+    /// mode. Half the burst, up to 8, lets two instances hold leases at once and serves at
+    /// least half of a busy key's decisions locally from a burst of 4 up. The adaptation
+    /// (doubling while leases are spent, halving when one lapses) keeps quiet keys at
+    /// smaller leases whatever the cap. Set your own with [`max_lease`](LeasedLimiter::max_lease).
+    pub const fn default_max_lease(burst: u64) -> u64 {
+        let tenth = burst / 10;
+        let half_up_to_8 = if burst / 2 < 8 { burst / 2 } else { 8 };
+        let lease = if tenth > half_up_to_8 { tenth } else { half_up_to_8 };
+        if lease == 0 {
+            1
+        } else {
+            lease
+        }
     }
 
     /// The largest lease, in tokens (at most the burst).

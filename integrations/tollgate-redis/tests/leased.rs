@@ -182,3 +182,33 @@ fn leases_follow_demand() {
         assert!(s.leases <= 30 && s.local >= 19_970, "{s:?}");
     });
 }
+
+/// Issue 34: the default lease was a tenth of the burst, so at a burst of 10 every lease was
+/// one token and no decision was local. The default now leases up to half a small burst (see
+/// `LeasedLimiter::default_max_lease`): a busy key at a burst of 10 is served mostly from
+/// leases, and still admits exactly its burst.
+#[test]
+fn the_default_lease_makes_small_bursts_local() {
+    let table: Vec<u64> = [1, 2, 4, 10, 16, 100, 1000].map(LeasedLimiter::default_max_lease).to_vec();
+    assert_eq!(table, [1, 1, 2, 5, 8, 10, 100]);
+    let server = Server::start(&[]);
+    rt().block_on(async {
+        let redis = RedisLimiter::builder(TokenBucket::new(Rate::per_minute(10), 10).unwrap())
+            .url(server.url())
+            .prefix("small:")
+            .timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .unwrap();
+        let l = LeasedLimiter::new(redis).lease_ttl(Duration::from_secs(30));
+        let mut admitted = 0;
+        for _ in 0..15 {
+            if l.check("k").await.unwrap().is_allowed() {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 10, "exactly the burst");
+        let s = l.stats();
+        assert!(s.local >= 5, "most of the burst served locally: {s:?}");
+    });
+}
