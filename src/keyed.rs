@@ -42,8 +42,29 @@ use crate::{
 };
 
 /// What a keyed table does with a new key when the table has no room for it: every slot
-/// of the key's window holds a bucket that is not yet full (full buckets are evicted on the
-/// spot), or its shard holds its share of the capacity.
+/// of the key's window holds a key that cannot be reclaimed yet (reclaimable ones are evicted
+/// on the spot), or its shard holds its share of the capacity.
+///
+/// # When a bucket can be reclaimed
+///
+/// A token bucket is reclaimable once it would be full under every quota its key may be given:
+/// once its stamp lies strictly below `now − F`, `F` the longest fill time any tier may have
+/// ([`KeyedBuilder::max_fill_time`], by default the longest tier's), in the table's time unit
+/// (`1/m` ns). For a key of the longest tier that is from the first clock reading after the
+/// instant its bucket refilled (readings come in whole nanoseconds); a key of a tier that
+/// fills sooner waits the difference too. So a new key that arrives at the very nanosecond
+/// at which the last bucket of its window refills still finds no room (under `Deny`,
+/// [`Outcome::TableFull`](crate::Outcome::TableFull)), and one nanosecond later takes a slot.
+///
+/// The one unit is the slot protocol's, not a rounding: a slot's word only grows, across the
+/// keys it holds, which is what keeps a thread still acting on an evicted key from ever
+/// committing on the next one (its compare-and-set expects a value the slot never holds
+/// again). So an eviction leaves the evicted stamp plus one, and the next key's word starts
+/// at or above that; for the next key to start exactly full, and for a refund or a cancel to
+/// bring it back to exactly full, the evicted stamp must lie at least one unit below the full
+/// line. Reclaiming a bucket at the instant it refills would start the new key one unit short
+/// of full (a burst of 1 then refuses its first request), or let a refund give the slot the
+/// evicted key's value back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum WhenFull {
@@ -69,7 +90,8 @@ pub enum WhenFull {
 }
 
 /// How to build a [`Keyed`] table: from [`Keyed::builder`] (or [`KeyedLimiter::builder`],
-/// [`KeyedNginx::builder`], ...), with the key type named by the limiter's type.
+/// [`KeyedNginx::builder`], ...), with the key type named by the limiter's type; on a type
+/// that names a clock other than the default, from [`Keyed::builder_for_clock`].
 ///
 /// Every table takes a capacity, shards, a table-full policy and seeds; the token bucket's
 /// also takes tiers and per-key overrides ([`tier`](KeyedBuilder::tier),
@@ -196,9 +218,10 @@ impl<K: Key + ?Sized> KeyedBuilder<TokenBucket, K> {
     }
 
     /// The longest fill time (`burst × period / tokens`) a tier may be given later with
-    /// [`Keyed::set_tier_quota`] (default: the longest among the tiers built). A bucket
-    /// is reclaimed once it has been full for this long in every tier, so a generous headroom
-    /// keeps idle keys in the table longer.
+    /// [`Keyed::set_tier_quota`] (default: the longest among the tiers built). A bucket is
+    /// reclaimed once it would be full even under a quota of this fill time, one unit of the
+    /// table's clock past it ([`WhenFull`] has the rule), so a generous headroom keeps idle
+    /// keys in the table longer.
     pub fn max_fill_time(mut self, fill: Duration) -> Self {
         self.fill_headroom = Nanos::from_duration_saturating(fill);
         self
@@ -446,9 +469,10 @@ impl KeyedAlgorithm for SlidingLog {
 /// group, and one CAS: no lock and no allocation. A new key is inserted lock-free; two threads
 /// inserting the same key share one state. A state that decides as a fresh key's (a bucket
 /// refilled to full, a past window, an nginx node whose excess has leaked, a wholly expired
-/// log) is reclaimed whenever the room is needed (and [`sweep`](Keyed::sweep) reclaims all of
-/// them): memory never grows, and no decision changes. When a new key finds no room, the
-/// [`WhenFull`] policy decides.
+/// log) is reclaimed when the room is needed (and [`sweep`](Keyed::sweep) reclaims all of
+/// them): memory never grows, and no decision changes. A token bucket is reclaimed from one
+/// unit of the table's clock after it refilled, not at that instant ([`WhenFull`] says when
+/// exactly, and why). When a new key finds no room, the [`WhenFull`] policy decides.
 ///
 /// ```
 /// use std::time::Duration;
@@ -505,7 +529,16 @@ pub type KeyedSlidingLog<K, C = DefaultClock> = Keyed<SlidingLog, K, C>;
 
 impl<A: KeyedAlgorithm, K: Key + ?Sized> Keyed<A, K, DefaultClock> {
     /// A builder for a table of `config` per key of `K`: `KeyedLimiter::<IpAddr>::builder(q)`,
-    /// or `Keyed::builder(q)` where the binding's type names the key.
+    /// or `Keyed::builder(q)` where the binding's type names the key. It builds on the default
+    /// clock ([`build`](KeyedBuilder::build)) or on any other
+    /// ([`build_with_clock`](KeyedBuilder::build_with_clock)).
+    ///
+    /// Found on the default clock's type only: `Keyed::builder(q)` and
+    /// `KeyedLimiter::<K, _>::builder(q)` name no clock, and finished with
+    /// `build_with_clock(clock)` they must build on whatever clock that is given (the builder
+    /// does not hold one). Were `builder` found on every clock's type, Rust would have no clock
+    /// type to pick for those calls (`type annotations needed`). A type that names another
+    /// clock takes [`builder_for_clock`](Keyed::builder_for_clock).
     pub fn builder(config: A) -> KeyedBuilder<A, K> {
         KeyedBuilder::new(config)
     }
@@ -518,6 +551,27 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized> Keyed<A, K, DefaultClock> {
 }
 
 impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Keyed<A, K, C> {
+    /// [`builder`](Keyed::builder) on a type that names its clock, whatever it is:
+    /// `KeyedLimiter::<u64, ManualClock>::builder_for_clock(q)`, finished with
+    /// [`build_with_clock`](KeyedBuilder::build_with_clock).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{KeyedLimiter, ManualClock, TokenBucket};
+    ///
+    /// type Table = KeyedLimiter<u64, ManualClock>;
+    /// let clock = ManualClock::new();
+    /// let q = TokenBucket::per_second(1)?;
+    /// let t = Table::builder_for_clock(q).capacity(10).build_with_clock(clock.clone())?;
+    /// assert!(t.check(&7).is_allowed() && !t.check(&7).is_allowed());
+    /// clock.advance(Duration::from_secs(1));
+    /// assert!(t.check(&7).is_allowed());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn builder_for_clock(config: A) -> KeyedBuilder<A, K> {
+        KeyedBuilder::new(config)
+    }
+
     /// One unit for `key` now, or how long to wait.
     #[inline]
     pub fn check<Q>(&self, key: &Q) -> Decision
@@ -881,7 +935,7 @@ impl<K: Key + ?Sized, C: Clock> Keyed<TokenBucket, K, C> {
         Q: Key<Words = K::Words> + ?Sized,
     {
         let r = self.reserve_n_within(key, n, max_wait)?;
-        Ok(crate::engine::direct::reserve::wait_until_due(self.clock(), r, |r| {
+        Ok(crate::engine::wait::wait_until_due(self.clock(), r.ready_at(), r, |r| {
             let _ = self.cancel(key, r);
         })
         .await)
@@ -915,6 +969,9 @@ impl<K: Key + ?Sized, C: Clock> Keyed<TokenBucket, K, C> {
     }
 
     /// One token for `key`, now or in the future: [`reserve_n`](Keyed::reserve_n) of 1.
+    /// Refused with [`ReserveError::TooLate`], taking nothing, if the token would be due more
+    /// than one fill time of the key's quota from now: a delay above `⌊burst·t/m⌋` ns (see
+    /// [`reserve_n`](Keyed::reserve_n)).
     pub fn reserve<Q>(&self, key: &Q) -> Result<Reservation, ReserveError>
     where
         K: Borrow<Q>,
@@ -927,12 +984,16 @@ impl<K: Key + ?Sized, C: Clock> Keyed<TokenBucket, K, C> {
     /// they are due. Exactly [`Limiter::reserve_n`](crate::Direct::reserve_n), per key: the
     /// key's bucket goes into debt of at most one burst, later checks and reservations of the
     /// key queue behind it (FIFO, with no lock and no queue), and refusals are immediate:
-    /// [`ReserveError::Insufficient`] above the key's burst, [`ReserveError::TooLate`] past one
-    /// fill time, [`ReserveError::TableFull`] for a new key with no room
-    /// ([`WhenFull::Deny`]). Under [`WhenFull::Allow`], a new key with no room gets a
-    /// reservation due at once that takes nothing. A key in debt is never evicted. In the last
-    /// fill time of the table's [`lifetime`](Keyed::lifetime), the debt allowed shrinks to
-    /// what is left of it.
+    /// [`ReserveError::Insufficient`] above the key's burst, [`ReserveError::TableFull`] for a
+    /// new key with no room ([`WhenFull::Deny`]), and [`ReserveError::TooLate`] when the
+    /// tokens would be due more than one fill time from now: when the delay (in whole
+    /// nanoseconds, rounded up) would exceed `⌊burst·t/m⌋` ns, the fill time of the key's
+    /// quota as the table counts it ([`tier_quota`](Keyed::tier_quota) of the key's tier:
+    /// `t` its [`units_per_token`](TokenBucket::units_per_token), `m` its
+    /// [`units_per_nano`](TokenBucket::units_per_nano)), rounded down. Under
+    /// [`WhenFull::Allow`], a new key with no room gets a reservation due at once that takes
+    /// nothing. A key in debt is never evicted. In the last fill time of the table's
+    /// [`lifetime`](Keyed::lifetime), the debt allowed shrinks to what is left of it.
     ///
     /// ```
     /// use std::time::Duration;
@@ -1015,8 +1076,10 @@ impl<K: Key + ?Sized, C: Clock> Keyed<TokenBucket, K, C> {
         self.table.cancel_words(key.words(self.table.fingerprint()), &r, || now)
     }
 
-    /// One token for `key`, waiting for it: [`acquire_n`](Keyed::acquire_n) of 1 with no limit
-    /// on the wait (at most one fill time).
+    /// One token for `key`, waiting for it up to one fill time: [`acquire_n`](Keyed::acquire_n)
+    /// of 1 with no limit of the caller's. Refused at once with [`ReserveError::TooLate`] if
+    /// the token would be due more than one fill time of the key's quota from now: a delay
+    /// above `⌊burst·t/m⌋` ns (see [`reserve_n`](Keyed::reserve_n)).
     pub fn acquire<Q>(&self, key: &Q) -> Result<Nanos, ReserveError>
     where
         K: Borrow<Q>,
@@ -1026,8 +1089,11 @@ impl<K: Key + ?Sized, C: Clock> Keyed<TokenBucket, K, C> {
     }
 
     /// Reserves `n` tokens for `key` and blocks the thread until they are due (asleep for the
-    /// bulk, spinning the last 100 µs); refused at once, taking nothing, if they would be due
-    /// more than `max_wait` from now. Returns the due instant on the limiter's clock, as
+    /// bulk, spinning the last 100 µs); refused at once with [`ReserveError::TooLate`], taking
+    /// nothing, if they would be due more than `max_wait` from now, or more than one fill time
+    /// of the key's quota from now whatever `max_wait` says: a delay above `⌊burst·t/m⌋` ns,
+    /// the bound of [`reserve_n`](Keyed::reserve_n). So it never blocks longer than one fill
+    /// time. Returns the due instant on the limiter's clock, as
     /// [`Limiter::acquire_n`](crate::Direct::acquire_n) does.
     pub fn acquire_n<Q>(&self, key: &Q, n: u64, max_wait: Duration) -> Result<Nanos, ReserveError>
     where
@@ -1035,7 +1101,7 @@ impl<K: Key + ?Sized, C: Clock> Keyed<TokenBucket, K, C> {
         Q: Key<Words = K::Words> + ?Sized,
     {
         let due = self.reserve_n_within(key, n, max_wait)?.ready_at();
-        crate::engine::direct::reserve::sleep_until(self.clock(), due);
+        crate::engine::wait::sleep_until(self.clock(), due);
         Ok(due)
     }
 
@@ -1155,7 +1221,7 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Admit for KeyedLimit<'_, A, K
     }
 
     #[inline]
-    fn peek(&self, n: u64) -> Decision {
+    fn peek_n(&self, n: u64) -> Decision {
         self.table.peek_n_at_words(self.words, self.table.clock().now(), n)
     }
 }

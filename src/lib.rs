@@ -33,10 +33,10 @@ pub use clock::{CoarseClock, TscClock};
 pub use engine::admit::{check_all, Admit, Receipt};
 pub use engine::counters::{CounterSnapshot, Counters};
 pub use engine::decision::{Decision, Outcome};
-pub use engine::direct::reserve::{Cancelled, Reservation, ReserveError};
 pub use engine::direct::{Algorithm, Direct};
 pub use engine::error::{ConfigError, UpdateError};
 pub use engine::pacer::{Arrivals, Pacer};
+pub use engine::rate::Rate;
 pub use engine::time::Nanos;
 #[cfg(tollgate_loom)]
 #[doc(hidden)]
@@ -53,6 +53,7 @@ pub use policies::nginx::{Nginx, NginxLimiter};
 pub use policies::parse::ParseError;
 pub use policies::policy::Policy;
 pub use policies::queued::{Queued, QueuedLimiter};
+pub use policies::reserve::{Cancelled, Reservation, ReserveError};
 pub use policies::sliding::{SlidingWindow, SlidingWindowLimiter};
-pub use policies::token_bucket::{Rate, TokenBucket};
+pub use policies::token_bucket::TokenBucket;
 pub use policies::window::{FixedWindow, FixedWindowLimiter};

@@ -9,6 +9,7 @@ pub(crate) mod nginx;
 pub(crate) mod parse;
 pub(crate) mod policy;
 pub(crate) mod queued;
+pub(crate) mod reserve;
 pub(crate) mod sliding;
 pub(crate) mod token_bucket;
 pub(crate) mod window;

@@ -80,8 +80,8 @@ impl<T: Table> Admit for OneKey<T> {
         self.limiter.limit(&self.key).refund(r);
     }
 
-    fn peek(&self, n: u64) -> Decision {
-        self.limiter.limit(&self.key).peek(n)
+    fn peek_n(&self, n: u64) -> Decision {
+        self.limiter.limit(&self.key).peek_n(n)
     }
 }
 
@@ -171,7 +171,7 @@ enum Step {
 
 /// The reference: every limit alone, peeked in order; if all admit, each is checked.
 fn model_all(limits: &[Box<dyn Admit>], n: u64) -> (bool, Vec<Decision>) {
-    let peeks: Vec<Decision> = limits.iter().map(|l| l.peek(n)).collect();
+    let peeks: Vec<Decision> = limits.iter().map(|l| l.peek_n(n)).collect();
     let all = peeks.iter().all(Decision::is_allowed);
     if all {
         let taken = limits.iter().map(|l| l.charge(n).0).collect();
@@ -218,7 +218,7 @@ proptest! {
                 }
             }
             for (e, m) in engine.iter().zip(&model) {
-                prop_assert_eq!(e.peek(1), m.peek(1));
+                prop_assert_eq!(e.peek_n(1), m.peek_n(1));
             }
         }
     }
@@ -319,11 +319,11 @@ proptest! {
             engine.refund(r);
         }
         for n in 0..=6 {
-            prop_assert_eq!(engine.peek(n), twin.peek(n));
+            prop_assert_eq!(engine.peek_n(n), twin.peek_n(n));
         }
         clock.advance(Duration::from_millis(1234));
         for n in 0..=6 {
-            prop_assert_eq!(engine.peek(n), twin.peek(n));
+            prop_assert_eq!(engine.peek_n(n), twin.peek_n(n));
         }
     }
 }
@@ -346,8 +346,8 @@ fn two_zones_largest_delay_wins_and_a_rejection_charges_nothing() {
         [(Allowed, 0), (Delayed, 1), (Delayed, 2), (Delayed, 3), (Delayed, 4), (Delayed, 5), (Denied, 0)]
     );
     // The server zone was charged 6 times, not 7: its excess is 5 requests, so one more fits.
-    assert_eq!(Admit::peek(&server, 1).outcome(), Delayed);
-    assert_eq!(Admit::peek(&server, 2).outcome(), Denied);
+    assert_eq!(Admit::peek_n(&server, 1).outcome(), Delayed);
+    assert_eq!(Admit::peek_n(&server, 2).outcome(), Denied);
 }
 
 /// A refusal reports the longest wait any limit asks for, and `None` when one never admits.
@@ -369,6 +369,39 @@ fn refusals_report_the_longest_wait() {
     assert_eq!(fast.peek_n(1).outcome(), Outcome::Denied);
     clock.set(Nanos::new(1000 * MS));
     assert!(fast.peek_n(1).is_allowed());
+}
+
+/// Owned limiters join `check_all` as they are: a reference, a `Box` or an `Arc` to a limit
+/// (or to a `dyn Admit`) is that limit, and a refusal refunds through it what it charged.
+#[test]
+fn limits_behind_pointers_join_check_all() {
+    let clock = ManualClock::new();
+    let bucket = |per_sec| Limiter::with_clock(TokenBucket::per_second(per_sec).unwrap(), clock.clone());
+    let shared = std::sync::Arc::new(bucket(2));
+    let boxed: Box<dyn Admit> = Box::new(bucket(2));
+    let arced: std::sync::Arc<dyn Admit> = std::sync::Arc::new(bucket(2));
+    let last = bucket(1);
+    let by_ref = &last;
+    let limits: [&dyn Admit; 4] = [&shared, &boxed, &arced, &by_ref];
+    assert!(check_all(&limits, 1).is_allowed());
+    // The last limit is empty: refused, and the three before it get their token back.
+    assert_eq!(check_all(&limits, 1).outcome(), Outcome::Denied);
+    assert_eq!(shared.peek_n(1).remaining(), 1, "the Arc's limit was refunded");
+    assert_eq!(boxed.peek_n(1).remaining(), 1, "the Box's limit was refunded");
+    assert_eq!(arced.peek_n(1).remaining(), 1, "the Arc<dyn Admit>'s limit was refunded");
+    // A list built at run time, of boxed limits of any kind.
+    let owned: Vec<Box<dyn Admit>> = vec![
+        Box::new(bucket(1)),
+        Box::new(NginxLimiter::with_clock(Nginx::per_second(1).unwrap(), clock.clone())),
+    ];
+    let refs: Vec<&dyn Admit> = owned.iter().map(|l| l as &dyn Admit).collect();
+    assert!(check_all(&refs, 1).is_allowed());
+    assert!(!check_all(&refs, 1).is_allowed());
+    // A receipt goes back through whichever pointer reaches its limit.
+    let (d, receipt) = shared.charge(1);
+    assert!(d.is_allowed());
+    Admit::refund(&&*shared, receipt.unwrap());
+    assert_eq!(shared.peek_n(1).remaining(), 1);
 }
 
 /// The review's trace: two charges on a full bucket, the older refunded first, the clock moves

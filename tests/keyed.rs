@@ -328,6 +328,37 @@ fn table_full_policies_at_the_boundary() {
     }
 }
 
+/// The reclaim line, exactly (`WhenFull`'s docs): a bucket is reclaimable from the first clock
+/// reading after the instant it would be full under the table's longest fill, not at that
+/// instant. At the very nanosecond every bucket of the window is full again, a new key still
+/// finds no room; one nanosecond later it takes a slot, and the headroom of
+/// `max_fill_time` moves the line by the difference.
+#[test]
+fn a_bucket_is_reclaimable_one_tick_after_it_refills() {
+    let q = TokenBucket::new(Rate::per_second(1), 1).unwrap(); // full again 1 s after its token
+    for (headroom, full_for) in
+        [(None, Duration::ZERO), (Some(Duration::from_secs(3)), Duration::from_secs(2))]
+    {
+        let clock = ManualClock::new();
+        let mut b = KeyedBuilder::new(q).capacity(56).shards(1).when_full(WhenFull::Deny).seeds(SEEDS);
+        if let Some(fill) = headroom {
+            b = b.max_fill_time(fill);
+        }
+        let l: KeyedLimiter<u64, ManualClock> = b.build_with_clock(clock.clone()).unwrap();
+        for k in 0..56u64 {
+            assert!(l.check(&k).is_allowed());
+        }
+        assert_eq!(l.check(&56).outcome(), Outcome::TableFull);
+        clock.advance(Duration::from_secs(1) + full_for); // every bucket full (for the longest fill)
+        assert_eq!(l.peek(&0).remaining(), 1);
+        assert_eq!(l.check(&56).outcome(), Outcome::TableFull, "{headroom:?}: not yet, at the instant");
+        clock.advance(Duration::from_nanos(1));
+        assert!(l.check(&56).is_allowed_now(), "{headroom:?}: one nanosecond later");
+        let s = l.stats();
+        assert_eq!((s.refused, s.evictions, s.live), (2, 1, 56), "{headroom:?}");
+    }
+}
+
 #[test]
 fn evict_stalest_leaves_a_ghost() {
     let q = TokenBucket::new(Rate::per_second(1), 4).unwrap();

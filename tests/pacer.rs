@@ -67,6 +67,23 @@ fn a_rate_change_sends_no_catch_up_burst() {
     assert_eq!(p.interval(), Duration::from_micros(500));
 }
 
+/// The origin is the first slot, the clock's reading at construction, and stays put when a
+/// rate change resumes the schedule later.
+#[test]
+fn the_origin_is_the_first_slot_and_never_moves() {
+    let clock = ManualClock::new();
+    clock.set(Nanos::new(7_000));
+    let p = Pacer::with_clock(Rate::per(1, Duration::from_micros(1)), clock.clone()).unwrap();
+    assert_eq!(p.origin(), Nanos::new(7_000));
+    assert_eq!(p.next_slot(), p.origin());
+    assert_eq!(p.next_slot(), Nanos::new(8_000));
+    clock.set(Nanos::new(50_000));
+    p.set_rate(Rate::per(1, Duration::from_micros(2))).unwrap();
+    assert_eq!(p.next_slot(), Nanos::new(50_000));
+    assert_eq!(p.origin(), Nanos::new(7_000), "a rate change resumes the schedule, not its origin");
+    assert!(format!("{p:?}").contains("origin"));
+}
+
 #[test]
 fn bad_rates_are_typed_errors() {
     let c = ManualClock::new();

@@ -404,6 +404,31 @@ fn bad_input_is_refused_at_once() {
     assert_eq!(l.cancel(now), Cancelled::Foreign);
 }
 
+/// The documented debt bound, exactly: a reservation is refused when its delay (whole
+/// nanoseconds, rounded up) exceeds `⌊burst·t/m⌋` ns, the fill time rounded down. At 3/s the
+/// quota counts thirds of a nanosecond (`m = 3`, `t = 10⁹`): a burst of 2 fills in
+/// 666,666,666.7 ns, so the second burst, due exactly one fill from now, rounds up to
+/// 666,666,667 ns and is refused, though `fill_time` (rounded up) says 666,666,667; a token
+/// less is due in 333,333,334 ns, and fits. The same per key.
+#[test]
+fn the_debt_bound_is_the_fill_time_rounded_down() {
+    let q = TokenBucket::per_second(3).unwrap().with_burst(2).unwrap();
+    assert_eq!((q.units_per_nano(), q.units_per_token()), (3, 1_000_000_000));
+    assert_eq!(q.fill_time(), Nanos::new(666_666_667));
+    let too_late = ReserveError::TooLate {
+        wait: Duration::from_nanos(666_666_667),
+        max_wait: Duration::from_nanos(666_666_666),
+    };
+    let l = Limiter::with_clock(q, ManualClock::new());
+    let _now = l.reserve_n(2).unwrap();
+    assert_eq!(l.reserve_n(2).unwrap_err(), too_late);
+    assert_eq!(l.reserve_n(1).unwrap().delay(), Duration::from_nanos(333_333_334));
+    let keyed = keyed_with(q, 8, WhenFull::Deny);
+    let _now = keyed.reserve_n(&1, 2).unwrap();
+    assert_eq!(keyed.reserve_n(&1, 2).unwrap_err(), too_late);
+    assert_eq!(keyed.reserve_n(&1, 1).unwrap().delay(), Duration::from_nanos(333_333_334));
+}
+
 /// `acquire_n` returns once the tokens are due, with the due instant (the intended time); a
 /// wait it cannot meet is refused at once, taking nothing. Correctness only: how precisely it
 /// wakes is a benchmark figure, not a test.
@@ -552,7 +577,7 @@ fn the_rate_changes_mid_wait() {
     };
     // Until the waiter has reserved: the line then ends at 200 ms, and one more token at the
     // old rate is due at 300 ms.
-    while l.peek().retry_after() != Some(Duration::from_millis(300)) {
+    while l.peek_n(1).retry_after() != Some(Duration::from_millis(300)) {
         std::thread::yield_now();
     }
     l.set_policy(TokenBucket::per_second(20).unwrap().with_burst(10).unwrap()).unwrap();

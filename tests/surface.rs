@@ -24,6 +24,29 @@ fn builders_are_called_on_the_typed_limiter() {
     assert!(windows.check(&3).is_allowed());
 }
 
+/// A table whose type names its clock is built from that type too: `builder_for_clock` on
+/// any clock's type, `builder` on the default clock's (whose `build_with_clock` takes any
+/// clock, so that `Keyed::builder(q)` needs no clock named).
+#[test]
+fn builders_are_called_on_a_type_that_names_its_clock() {
+    type Table = KeyedLimiter<u64, ManualClock>;
+    let q = TokenBucket::per_second(1).unwrap();
+    let clock = ManualClock::new();
+    let t = Table::builder_for_clock(q).capacity(10).build_with_clock(clock.clone()).unwrap();
+    assert!(t.check(&1).is_allowed() && !t.check(&1).is_allowed());
+    clock.advance(std::time::Duration::from_secs(1));
+    assert!(t.check(&1).is_allowed(), "on the clock it was given");
+    let nginx = KeyedNginx::<u32, ManualClock>::builder_for_clock("1r/s burst=1".parse().unwrap())
+        .capacity(10)
+        .build_with_clock(clock.clone())
+        .unwrap();
+    assert!(nginx.check(&1).is_allowed());
+    // The forms that name no clock keep building on the clock given.
+    let _: Table = KeyedLimiter::<u64>::builder(q).capacity(10).build_with_clock(clock.clone()).unwrap();
+    let _: Table = Keyed::builder(q).capacity(10).build_with_clock(clock.clone()).unwrap();
+    let _: Table = KeyedLimiter::<u64, _>::builder(q).build_with_clock(clock).unwrap();
+}
+
 #[test]
 fn string_keys_take_borrowed_lookups() {
     let l = KeyedLimiter::<String>::new(TokenBucket::per_minute(1).unwrap(), 100).unwrap();

@@ -1,4 +1,4 @@
-//! Reservations and cancels on the direct bucket (`src/engine/direct/reserve.rs`,
+//! Reservations and cancels on the direct bucket (`src/policies/reserve.rs`,
 //! `AtomicBucket::reserve` and `cancel`): a reservation is the decisions' CAS with a stamp that
 //! may lie ahead of now; a cancel is the refunds' CAS under their flag, waiting for it. The
 //! same per key (`src/keyed/bucket.rs`, `reserve_words` and `cancel_words`): the table's probe

@@ -44,7 +44,15 @@ impl Receipt {
 /// Implemented by [`Limiter`](crate::Limiter), by every [`Direct`](crate::Direct) limiter ([`NginxLimiter`],
 /// [`FixedWindowLimiter`], [`SlidingWindowLimiter`]), by
 /// [`SlidingLogLimiter`](crate::SlidingLogLimiter), and by one key of a
-/// [`KeyedLimiter`](crate::KeyedLimiter) ([`KeyedLimiter::limit`](crate::KeyedLimiter::limit)).
+/// [`KeyedLimiter`](crate::KeyedLimiter) ([`KeyedLimiter::limit`](crate::KeyedLimiter::limit));
+/// and by a reference, a `Box` or an `Arc` to any of them (or to a `dyn Admit`), which forward
+/// every method.
+///
+/// The trait's methods are named apart from the limiters' own of other signatures
+/// (`peek_n(n)` is the limiters' `peek_n(n)`, and no limiter has a method named `charge` or
+/// `refund`), so that, with the trait in scope, a call through a `Box` or an `Arc` (whose
+/// `Admit` methods method lookup finds before the limiter's) still means what it says:
+/// `arc.peek()` is the limiter's one-token peek, `arc.peek_n(n)` the same as the limiter's.
 ///
 /// [`NginxLimiter`]: crate::NginxLimiter
 /// [`FixedWindowLimiter`]: crate::FixedWindowLimiter
@@ -71,9 +79,36 @@ pub trait Admit {
     /// refusal on one bucket some refused requests keep their charge (an error toward refusal).
     fn refund(&self, receipt: Receipt);
 
-    /// What `n` units would get now, taking nothing.
-    fn peek(&self, n: u64) -> Decision;
+    /// What `n` units would get now, taking nothing (the limiters' own `peek_n`).
+    fn peek_n(&self, n: u64) -> Decision;
 }
+
+/// A limit behind a reference, a `Box` or an `Arc` is the limit itself: every method forwards,
+/// so a receipt the owner issued is refunded through any of them. Owned limiters (an
+/// `Arc<Limiter>` shared with other threads, a `Box<dyn Admit>` of a list built at run time)
+/// then join [`check_all`] as they are: `&[&arc, &boxed]`.
+macro_rules! forward_admit {
+    ($($pointer:ty),*) => {$(
+        impl<T: Admit + ?Sized> Admit for $pointer {
+            #[inline]
+            fn charge(&self, n: u64) -> (Decision, Option<Receipt>) {
+                (**self).charge(n)
+            }
+
+            #[inline]
+            fn refund(&self, receipt: Receipt) {
+                (**self).refund(receipt)
+            }
+
+            #[inline]
+            fn peek_n(&self, n: u64) -> Decision {
+                (**self).peek_n(n)
+            }
+        }
+    )*};
+}
+
+forward_admit!(&T, Box<T>, std::sync::Arc<T>);
 
 impl fmt::Debug for dyn Admit + '_ {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -150,7 +185,7 @@ fn longest_wait(limits: &[&dyn Admit], i: usize, refused: Decision, n: u64) -> D
         if j == i || retry.is_none() {
             continue;
         }
-        let d = l.peek(n);
+        let d = l.peek_n(n);
         retry = match (retry, d.retry_after_nanos()) {
             (Some(a), Some(b)) => Some(a.max(b)),
             _ => None,

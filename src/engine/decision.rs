@@ -5,8 +5,8 @@ use core::hash::{Hash, Hasher};
 use core::num::NonZeroU64;
 use core::time::Duration;
 
-use crate::policies::token_bucket::Divisor;
-use crate::{Nanos, TokenBucket};
+use crate::engine::arith::Divisor;
+use crate::Nanos;
 
 /// Whether a request conforms.
 ///
@@ -61,8 +61,8 @@ pub struct Decision {
     /// The outcome, the quota's `m` (units per nanosecond, ≤ 64), and either the whole tokens
     /// left or, with `magic`, the burst and the divisor's shift, packed into one word
     /// (`META_*`), so that a token bucket's decision ORs the outcome into a word the quota
-    /// keeps ready ([`TokenBucket::decision_head`]). Never zero (bit `META_SET`), so that
-    /// `Option<Decision>` is as small as `Decision`.
+    /// keeps ready (a `DecisionHead`). Never zero (bit `META_SET`), so that `Option<Decision>`
+    /// is as small as `Decision`.
     meta: NonZeroU64,
     /// The multiplier that divides by the quota's `t` (units per token; see `Divisor`), when
     /// `meta` holds the burst: then `remaining = burst − ⌈until_full / t⌉`. Zero when `meta`
@@ -75,8 +75,9 @@ pub struct Decision {
 }
 
 /// A token bucket decision's first two words (`Decision::meta` and `Decision::magic`), kept
-/// ready by its quota ([`TokenBucket::decision_head`]) in a decision's order, so that an
-/// admission copies both with one 16-byte load and store.
+/// ready by its quota (`TokenBucket::decision_head`) in a decision's order, so that an
+/// admission copies both with one 16-byte load and store. The engine only reads it: what the
+/// words hold is the quota's to say (`token_bucket.rs`, `decision_meta`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub(crate) struct DecisionHead {
@@ -127,12 +128,12 @@ pub(crate) const fn code(outcome: Outcome) -> u64 {
 pub(crate) const OUTCOME_CODES: usize = 8;
 
 impl Decision {
-    /// A token bucket's decision: `missing` more units of credit were needed (zero when
-    /// allowed), and the bucket is full again after `until_full` units. The tokens left follow
-    /// from `until_full` (`left = fill − until_full`, or none while in debt), when asked.
+    /// A token bucket's decision, from its quota's `head` (`TokenBucket::decision_head`):
+    /// `missing` more units of credit were needed (zero when allowed), and the bucket is full
+    /// again after `until_full` units. The tokens left follow from `until_full`
+    /// (`left = fill − until_full`, or none while in debt), when asked.
     #[inline(always)]
-    pub(crate) fn new(q: &TokenBucket, outcome: Outcome, missing: u64, until_full: u64) -> Decision {
-        let head = q.decision_head();
+    pub(crate) fn new(head: DecisionHead, outcome: Outcome, missing: u64, until_full: u64) -> Decision {
         // SAFETY: a head's outcome bits are zero (`DecisionHead::new`, its only constructor,
         // clears them). Told to the compiler, the outcome of this decision is known where the
         // caller's is: an admission's `is_allowed` is a constant, and what it does not read
@@ -425,33 +426,6 @@ impl fmt::Debug for Decision {
 #[cfg(all(test, not(tollgate_loom)))]
 mod tests {
     use super::Decision;
-
-    /// A token bucket's decision (the reciprocal form) and one built from the same whole
-    /// fields are equal and hash alike; any field that differs makes them unequal.
-    #[test]
-    fn equality_and_hashing_are_by_what_the_accessors_answer() {
-        use super::Outcome;
-        use crate::TokenBucket;
-        use core::hash::BuildHasher;
-        let same_hasher = std::collections::hash_map::RandomState::new();
-        let q = TokenBucket::per_second(10).unwrap(); // t = 1e8 units, m = 1, burst 10
-        for until_full in [0, 1, 99_999_999, 100_000_000, 100_000_001, 999_999_999, 1_000_000_000] {
-            let d = Decision::new(&q, Outcome::Allowed, 0, until_full);
-            let whole = Decision::allowed(
-                u32::try_from(d.remaining()).unwrap(),
-                core::time::Duration::from_nanos(until_full),
-            );
-            assert_eq!(d, whole, "until_full {until_full}");
-            assert_eq!(same_hasher.hash_one(d), same_hasher.hash_one(whole));
-            // One unit nearer full is one more token exactly at each token's boundary.
-            let expected = 10 - until_full.div_ceil(100_000_000);
-            assert_eq!(d.remaining(), expected, "until_full {until_full}");
-            let other = Decision::allowed(u32::try_from(expected).unwrap() + 1, d.reset_after());
-            assert_ne!(d, other);
-            let denied = Decision::new(&q, Outcome::Denied, 5, until_full);
-            assert_ne!(d, denied);
-        }
-    }
 
     #[test]
     fn a_decision_is_32_bytes() {

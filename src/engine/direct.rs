@@ -13,8 +13,6 @@ use crate::engine::config::{ConfigCell, WORDS};
 use crate::sync::{AtomicU64, Ordering::Relaxed, Ordering::Release};
 use crate::{Clock, CounterSnapshot, Counters, Decision, DefaultClock, Nanos, UpdateError};
 
-pub(crate) mod reserve;
-
 /// `Direct::flags`: the configuration has been replaced.
 const CHANGED: u64 = 1;
 /// `Direct::flags`: decisions are counted.
@@ -39,7 +37,7 @@ pub trait Algorithm {
     /// an algorithm that can tell a denial made on a reading gone stale (its thread descheduled
     /// between the reading and the state's load while others decided at later readings)
     /// decides it again at a fresh one. The token bucket can
-    /// ([`AtomicBucket::charge_fresh`](crate::policies::bucket::atomic::AtomicBucket)).
+    /// (`AtomicBucket::charge_fresh`, in `policies/bucket/atomic.rs`).
     #[doc(hidden)]
     #[inline(always)]
     fn direct_check_clock<C: Clock>(
@@ -285,6 +283,46 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
         (A::from_config_words(words), generation)
     }
 
+    /// The configuration decisions use now and its generation, lent to `f`: the one built
+    /// (generation 0), read in place, until the first [`set_policy`](Direct::set_policy);
+    /// then the published one. For an algorithm's own methods on `Direct` (the token bucket's
+    /// reservations, `policies/reserve.rs`), which need the two together.
+    #[inline(always)]
+    pub(crate) fn with_current<R>(&self, f: impl Fn(&A, u64) -> R) -> R {
+        // Relaxed: as in `check_n_at`.
+        if self.flags.load(Relaxed) & CHANGED == 0 {
+            return f(&self.algorithm, 0);
+        }
+        self.with_published(f)
+    }
+
+    /// [`with_current`](Direct::with_current) once the configuration has been replaced: out
+    /// of line, so that the common path addresses the built configuration's fields directly
+    /// (a pointer chosen between the two cost a dependent load on every step, as in `check`).
+    #[inline(never)]
+    fn with_published<R>(&self, f: impl Fn(&A, u64) -> R) -> R {
+        let (config, generation) = self.published();
+        f(config.as_ref().unwrap_or(&self.algorithm), generation)
+    }
+
+    /// The algorithm's state, for the algorithm's own methods on `Direct`.
+    #[inline(always)]
+    pub(crate) fn state(&self) -> &A::State {
+        &self.state
+    }
+
+    /// The limiter's creation on its clock, which its time counts from.
+    #[inline(always)]
+    pub(crate) fn origin(&self) -> Nanos {
+        self.origin
+    }
+
+    /// The identity its receipts (and reservations) carry.
+    #[inline(always)]
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Replaces the limiter's configuration, at once and safely under concurrent decisions:
     /// each decision uses either the old or the new one. The state is kept and read under the
     /// new configuration, as a keyed table's tiers are
@@ -436,8 +474,8 @@ impl<A: Algorithm, C: Clock> Admit for Direct<A, C> {
     }
 
     #[inline]
-    fn peek(&self, n: u64) -> Decision {
-        self.peek_n(n)
+    fn peek_n(&self, n: u64) -> Decision {
+        Direct::peek_n(self, n)
     }
 }
 

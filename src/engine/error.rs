@@ -2,11 +2,43 @@
 
 use core::fmt;
 
-use crate::policies::token_bucket::{MAX_BURST, MAX_FILL_UNITS, MAX_UNITS_PER_NANO};
+use crate::engine::arith::{MAX_BURST, MAX_FILL_UNITS, MAX_UNITS_PER_NANO};
 
 /// Why a limit's configuration, a limiter or a clock could not be built.
 ///
 /// Every variant names the limit that was crossed, so the message alone says how to fix it.
+///
+/// # One type for every configuration problem
+///
+/// A `ConfigError` is about a configuration itself: a value out of the range the algorithm or
+/// table supports, found wherever the configuration is used. Building anything returns it.
+/// Changing a running limiter ([`Direct::set_policy`](crate::Direct::set_policy),
+/// [`Keyed::set_policy`](crate::Keyed::set_policy),
+/// [`Keyed::set_tier_quota`](crate::Keyed::set_tier_quota),
+/// [`Keyed::set_override`](crate::Keyed::set_override)) returns an [`UpdateError`] instead,
+/// because such a change can also fail for reasons that are not in the new configuration (an
+/// unknown tier, overrides full, an algorithm that cannot change at runtime, a configuration
+/// that cannot read the running state). When the new configuration is itself the problem, the
+/// `UpdateError` carries this type: [`UpdateError::config_error`] gives it (and so does
+/// [`source`](std::error::Error::source)). So a caller that handles configuration problems in
+/// one place matches `ConfigError`, taking it out of an `UpdateError` with `config_error`.
+///
+/// ```
+/// use tollgate::{ConfigError, Limiter, TokenBucket};
+///
+/// fn problem(e: &ConfigError) -> String {
+///     format!("bad limit: {e}")
+/// }
+///
+/// let built = TokenBucket::per_second(0).map_err(|e| problem(&e));
+/// assert!(built.unwrap_err().contains("zero rates"));
+/// let l = Limiter::new(TokenBucket::per_second(10)?); // a fill time of 1 s at most
+/// let changed = l.set_policy(TokenBucket::per_minute(10)?).unwrap_err();
+/// let inner = changed.config_error().expect("the new quota itself is the problem");
+/// assert!(matches!(inner, ConfigError::FillAboveMaxFillTime { .. }), "{inner}");
+/// assert!(problem(inner).contains("with_max_fill_time"));
+/// # Ok::<(), ConfigError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -299,8 +331,17 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// Why a change to a running limiter (a tier's quota, a key's override) was refused. Nothing
-/// changed.
+/// Why a change to a running limiter (its configuration, a tier's quota, a key's override) was
+/// refused. Nothing changed.
+///
+/// A type of its own, beside [`ConfigError`], because a change can be refused for what the
+/// running limiter is, not only for what the new configuration is: the tier is not one of its
+/// own, its overrides are full, its algorithm cannot change at runtime, or the new
+/// configuration cannot read its state. When the new configuration is itself out of range,
+/// the refusal is [`UpdateError::Config`], and [`config_error`](UpdateError::config_error)
+/// (like [`source`](std::error::Error::source)) gives the [`ConfigError`] inside: one type to
+/// match for every configuration problem, built or changed. A `ConfigError` converts into an
+/// `UpdateError` (`?` in a function that returns one).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum UpdateError {
@@ -331,6 +372,19 @@ pub enum UpdateError {
     },
 }
 
+impl UpdateError {
+    /// The configuration problem, when the new configuration itself is out of range
+    /// ([`UpdateError::Config`]); `None` when the change was refused for what the running
+    /// limiter is (an unknown tier, full overrides, an algorithm that cannot change, a state
+    /// the new configuration cannot read).
+    pub fn config_error(&self) -> Option<&ConfigError> {
+        match self {
+            UpdateError::Config(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for UpdateError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -351,17 +405,43 @@ impl fmt::Display for UpdateError {
     }
 }
 
+/// The source of [`UpdateError::Config`] is the [`ConfigError`] inside.
 impl std::error::Error for UpdateError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            UpdateError::Config(e) => Some(e),
-            _ => None,
-        }
+        self.config_error().map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 
 impl From<ConfigError> for UpdateError {
     fn from(e: ConfigError) -> UpdateError {
         UpdateError::Config(e)
+    }
+}
+
+#[cfg(all(test, not(tollgate_loom)))]
+mod tests {
+    use super::{ConfigError, UpdateError};
+    use std::error::Error;
+
+    /// A configuration problem met on a change is the same `ConfigError` a build meets, taken
+    /// out of the `UpdateError` by `config_error` and by `source`; other refusals have none.
+    #[test]
+    fn an_update_error_gives_the_config_error_inside() {
+        let inner = ConfigError::BurstTooLarge { burst: 1 << 40 };
+        let e = UpdateError::from(inner.clone());
+        assert_eq!(e, UpdateError::Config(inner.clone()));
+        assert_eq!(e.config_error(), Some(&inner));
+        let source = e.source().and_then(|s| s.downcast_ref::<ConfigError>());
+        assert_eq!(source, Some(&inner));
+        assert!(e.to_string().contains(&inner.to_string()), "{e}");
+        for other in [
+            UpdateError::Unsupported,
+            UpdateError::UnknownTier { tier: 3, tiers: 1 },
+            UpdateError::OverridesFull { max: 1 },
+            UpdateError::Incompatible { reason: "the window may not change" },
+        ] {
+            assert_eq!(other.config_error(), None, "{other}");
+            assert!(other.source().is_none(), "{other}");
+        }
     }
 }

@@ -5,9 +5,10 @@ use core::fmt;
 use core::time::Duration;
 use std::cell::Cell;
 
-use crate::engine::direct::reserve::sleep_until;
+use crate::engine::rate::Rate;
+use crate::engine::wait::sleep_until;
 use crate::sync::{AtomicU64, Ordering::Relaxed};
-use crate::{Clock, ConfigError, DefaultClock, Nanos, Rate};
+use crate::{Clock, ConfigError, DefaultClock, Nanos};
 
 /// The schedule counts in sixteenths of a nanosecond: a rate's interval keeps its fraction
 /// (rounded up, slower by under `1/(16·interval_ns)`: 6·10⁻⁵ at a million per second), and a
@@ -55,6 +56,7 @@ pub struct Pacer<C: Clock = DefaultClock> {
     /// The mean interval, in sixteenths of a nanosecond.
     interval: AtomicU64,
     arrivals: Arrivals,
+    /// The first slot (see [`origin`](Pacer::origin)).
     origin: Nanos,
     clock: C,
 }
@@ -128,6 +130,15 @@ impl<C: Clock> Pacer<C> {
         Ok(())
     }
 
+    /// The schedule's origin, on the pacer's clock: its first slot, the clock's reading when
+    /// the pacer was built. Every slot is counted from it (with [`Arrivals::Even`], the `k`-th
+    /// slot is `origin + k·interval` until a [`set_rate`](Pacer::set_rate)), and it never
+    /// moves, not even when a rate change resumes the schedule from a later instant: a load
+    /// generator reports its run's elapsed time, or a slot's place in the run, from here.
+    pub fn origin(&self) -> Nanos {
+        self.origin
+    }
+
     /// The mean interval between slots.
     pub fn interval(&self) -> Duration {
         Duration::from_nanos(self.interval.load(Relaxed) >> FRACTION)
@@ -167,6 +178,7 @@ impl<C: Clock> Pacer<C> {
 impl<C: Clock> fmt::Debug for Pacer<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pacer")
+            .field("origin", &self.origin)
             .field("interval", &self.interval())
             .field("arrivals", &self.arrivals)
             .finish_non_exhaustive()

@@ -16,8 +16,8 @@ use super::{
 use core::time::Duration;
 
 use crate::engine::admit::Receipt;
-use crate::engine::direct::reserve::KeyedParts;
 use crate::policies::bucket::BucketWord;
+use crate::policies::reserve::KeyedParts;
 use crate::policies::token_bucket::At;
 use crate::{
     Cancelled, Clock, ConfigError, Counters, Decision, Nanos, Outcome, Reservation, ReserveError,
@@ -277,7 +277,7 @@ impl Rule for Reserve<'_> {
     fn taken(&self, next: BucketWord) -> Decision {
         let (at, stamp) = (self.now.at, next.raw());
         let outcome = if stamp > at.now { Outcome::Delayed } else { Outcome::Allowed };
-        Decision::new(self.now.q, outcome, stamp.saturating_sub(at.now), stamp - at.floor)
+        Decision::new(self.now.q.decision_head(), outcome, stamp.saturating_sub(at.now), stamp - at.floor)
     }
 
     #[inline]

@@ -114,7 +114,12 @@ impl BucketWord {
             Verdict::Take { next: BucketWord((self.0 + cost).max(at.floor + cost)) }
         } else {
             // The stamp is above `limit`, so above the floor: it is the base.
-            Verdict::Final(Decision::new(q, Outcome::Denied, self.0 - limit, self.0 - at.floor))
+            Verdict::Final(Decision::new(
+                q.decision_head(),
+                Outcome::Denied,
+                self.0 - limit,
+                self.0 - at.floor,
+            ))
         }
     }
 
@@ -172,7 +177,7 @@ impl BucketWord {
             Err(wait_ns) => {
                 let base = self.base(at);
                 let missing = wait_ns.saturating_mul(q.units_per_nano()).saturating_sub(queue).max(1);
-                Verdict::Final(Decision::new(q, Outcome::Denied, missing, base - at.floor))
+                Verdict::Final(Decision::new(q.decision_head(), Outcome::Denied, missing, base - at.floor))
             }
         }
     }
@@ -184,13 +189,13 @@ impl BucketWord {
         if self.0 <= at.now {
             return self.taken(q, at);
         }
-        Decision::new(q, Outcome::Delayed, self.0 - at.now, self.0 - at.floor)
+        Decision::new(q.decision_head(), Outcome::Delayed, self.0 - at.now, self.0 - at.floor)
     }
 
     /// The decision once the stamp moved to `self` at `at`.
     #[inline]
     pub(crate) fn taken(self, q: &TokenBucket, at: At) -> Decision {
-        Decision::new(q, Outcome::Allowed, 0, self.0 - at.floor)
+        Decision::new(q.decision_head(), Outcome::Allowed, 0, self.0 - at.floor)
     }
 
     /// What deciding `n` tokens (any `n`) would answer, without taking anything. The remaining
@@ -200,13 +205,13 @@ impl BucketWord {
         let base = self.base(at);
         let until_full = base - at.floor;
         if n > q.burst() {
-            return Decision::new(q, Outcome::Insufficient, 0, until_full);
+            return Decision::new(q.decision_head(), Outcome::Insufficient, 0, until_full);
         }
         let limit = at.now - q.cost_units(n);
         if n == 0 || base <= limit {
-            Decision::new(q, Outcome::Allowed, 0, until_full)
+            Decision::new(q.decision_head(), Outcome::Allowed, 0, until_full)
         } else {
-            Decision::new(q, Outcome::Denied, base - limit, until_full)
+            Decision::new(q.decision_head(), Outcome::Denied, base - limit, until_full)
         }
     }
 }

@@ -36,10 +36,10 @@
 //! else, and a decision takes effect at its CAS (a rejection at its load). Checked by
 //! `loom-tests/tests/nginx.rs`.
 
+use crate::engine::arith::Divisor;
 use crate::engine::config::WORDS;
 use crate::engine::direct::Direct;
 use crate::policies::policy::Policy;
-use crate::policies::token_bucket::Divisor;
 use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome, UpdateError};
 
 const EXCESS_BITS: u32 = 24;

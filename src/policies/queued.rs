@@ -115,7 +115,7 @@ fn units(bucket: &TokenBucket, bound: Bound) -> Result<u64, ConfigError> {
         Bound::Wait(ns) => u128::from(ns) * u128::from(bucket.units_per_nano()),
         Bound::Tokens(n) => u128::from(n) * u128::from(bucket.units_per_token()),
     };
-    let max = crate::policies::token_bucket::MAX_FILL_UNITS;
+    let max = crate::engine::arith::MAX_FILL_UNITS;
     u64::try_from(units).ok().filter(|&u| u <= max).ok_or_else(|| ConfigError::QueueTooLong {
         queue_nanos: u64::try_from(units / u128::from(bucket.units_per_nano())).unwrap_or(u64::MAX),
         max_nanos: max / bucket.units_per_nano(),

@@ -26,10 +26,10 @@
 
 use core::time::Duration;
 
+use crate::engine::arith::Divisor;
 use crate::engine::config::WORDS;
 use crate::engine::direct::Direct;
 use crate::policies::policy::Policy;
-use crate::policies::token_bucket::Divisor;
 use crate::policies::window::check_window;
 use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome, UpdateError};
 

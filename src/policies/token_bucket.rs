@@ -17,109 +17,21 @@
 use core::num::NonZeroU64;
 use core::time::Duration;
 
+use crate::engine::arith::{Divisor, MAX_BURST, MAX_FILL_UNITS, MAX_UNITS_PER_NANO};
 use crate::engine::config::WORDS;
 use crate::engine::decision::DecisionHead;
 use crate::policies::bucket::{BucketWord, Verdict};
-use crate::{ConfigError, Decision, Nanos};
+use crate::{ConfigError, Decision, Nanos, Rate};
 
-/// The largest burst: `2^32 − 1` tokens.
-pub(crate) const MAX_BURST: u64 = u32::MAX as u64;
-/// The finest time unit is `1/MAX_UNITS_PER_NANO` ns.
-pub(crate) const MAX_UNITS_PER_NANO: u64 = 64;
-/// The largest `burst × units_per_token`: the fill time, in units.
-pub(crate) const MAX_FILL_UNITS: u64 = 1 << 62;
 /// Precision at which the unit search stops early: relative error at most 2⁻²⁴.
 const EARLY_PRECISION_SHIFT: u32 = 24;
-
-/// A rate: `tokens` per `period`. Validated when it becomes part of a [`TokenBucket`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Rate {
-    tokens: u64,
-    period: Duration,
-}
-
-impl Rate {
-    /// `tokens` per `period`. See [`TokenBucket`] for the supported ranges.
-    pub const fn per(tokens: u64, period: Duration) -> Rate {
-        Rate { tokens, period }
-    }
-    /// `tokens` per second.
-    pub const fn per_second(tokens: u64) -> Rate {
-        Rate::per(tokens, Duration::from_secs(1))
-    }
-    /// `tokens` per minute.
-    pub const fn per_minute(tokens: u64) -> Rate {
-        Rate::per(tokens, Duration::from_secs(60))
-    }
-    /// `tokens` per hour.
-    pub const fn per_hour(tokens: u64) -> Rate {
-        Rate::per(tokens, Duration::from_secs(3600))
-    }
-    /// `tokens` per day.
-    pub const fn per_day(tokens: u64) -> Rate {
-        Rate::per(tokens, Duration::from_secs(86_400))
-    }
-    /// Tokens per period.
-    pub const fn tokens(&self) -> u64 {
-        self.tokens
-    }
-    /// The period.
-    pub const fn period(&self) -> Duration {
-        self.period
-    }
-}
-
-/// Exact division by a constant for numerators below 2^63: one multiply and one shift, no
-/// fix-up (Granlund and Montgomery, "Division by invariant integers using multiplication",
-/// PLDI 1994, theorem 4.2 with N = 63: with `ℓ = ceil(log2 d)` and
-/// `magic = floor(2^(63+ℓ)/d) + 1`, a 64-bit number, `floor(x/d) = (x·magic) >> (63+ℓ)`).
-///
-/// The shift is taken as `((2x·magic) >> 64) >> ℓ` (`2x` fits: `x < 2^63`): the high word of
-/// one multiplication and one 64-bit shift, where a 128-bit shift by a variable amount costs
-/// a double shift, a test and a conditional move on x86_64.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Divisor {
-    magic: u64,
-    /// `ℓ`.
-    shift: u32,
-}
-
-impl Divisor {
-    /// For `1 ≤ d ≤ 2^62`.
-    /// The divisor as two words, for a configuration stored in atomics.
-    pub(crate) const fn to_words(self) -> [u64; 2] {
-        [self.magic, self.shift as u64]
-    }
-
-    /// A divisor from [`to_words`](Divisor::to_words).
-    pub(crate) const fn from_words([magic, shift]: [u64; 2]) -> Divisor {
-        #[expect(clippy::cast_possible_truncation, reason = "a shift below 64, as stored")]
-        let shift = shift as u32;
-        Divisor { magic, shift }
-    }
-
-    pub(crate) const fn new(d: u64) -> Divisor {
-        debug_assert!(d >= 1 && d <= 1 << 62);
-        let l = 64 - (d - 1).leading_zeros(); // ceil(log2 d); 0 for d = 1
-        #[expect(clippy::cast_possible_truncation, reason = "magic < 2^64 for d ≤ 2^62 (the theorem)")]
-        let magic = ((1u128 << (63 + l)) / d as u128 + 1) as u64;
-        Divisor { magic, shift: l }
-    }
-
-    /// `floor(x / d)` for `x < 2^63`.
-    #[inline]
-    pub(crate) const fn div(self, x: u64) -> u64 {
-        debug_assert!(x < 1 << 63);
-        let high = ((((x << 1) as u128) * self.magic as u128) >> 64) as u64;
-        high >> self.shift
-    }
-}
 
 /// `Decision::meta` for a token bucket of `burst` (≤ 2^32 − 1) tokens at `m` units per ns
 /// whose token divides by `per_token`: the burst, `m`, the shift, and the bit that is always set.
 const fn decision_meta(burst: u64, m: u64, per_token: Divisor) -> NonZeroU64 {
     use crate::engine::decision::{META_M, META_SET, META_SHIFT};
-    let word = burst | m << META_M | 1 << META_SET | (per_token.shift as u64) << META_SHIFT;
+    let [_, shift] = per_token.to_words();
+    let word = burst | m << META_M | 1 << META_SET | shift << META_SHIFT;
     match NonZeroU64::new(word) {
         Some(word) => word,
         None => NonZeroU64::MIN, // never: bit META_SET is set
@@ -213,10 +125,10 @@ impl TokenBucket {
 
     /// `rate` with a capacity of `burst` tokens. The bucket starts full.
     pub fn new(rate: Rate, burst: u64) -> Result<TokenBucket, ConfigError> {
-        if rate.tokens == 0 {
+        if rate.tokens() == 0 {
             return Err(ConfigError::ZeroRate);
         }
-        let period = Nanos::try_from(rate.period)?.as_u64();
+        let period = Nanos::try_from(rate.period())?.as_u64();
         if period == 0 {
             return Err(ConfigError::ZeroPeriod);
         }
@@ -226,7 +138,7 @@ impl TokenBucket {
         if burst > MAX_BURST {
             return Err(ConfigError::BurstTooLarge { burst });
         }
-        let tokens = rate.tokens;
+        let tokens = rate.tokens();
         if u128::from(period) * u128::from(MAX_UNITS_PER_NANO) < u128::from(tokens) {
             return Err(ConfigError::RateTooHigh { tokens, period_nanos: period });
         }
@@ -246,7 +158,7 @@ impl TokenBucket {
             fill_units,
             max_elapsed: (u64::MAX - 2 * fill_units) / m,
             per_token,
-            decision: DecisionHead::new(decision_meta(burst, m, per_token), per_token.magic),
+            decision: DecisionHead::new(decision_meta(burst, m, per_token), per_token.to_words()[0]),
             offset: fill_units,
             lead: 0,
         })
@@ -306,8 +218,8 @@ impl TokenBucket {
         if units > u128::from(MAX_FILL_UNITS) {
             return Err(ConfigError::FillTimeTooLong {
                 burst: self.burst,
-                tokens: self.rate.tokens,
-                period_nanos: Nanos::from_duration_saturating(self.rate.period).as_u64(),
+                tokens: self.rate.tokens(),
+                period_nanos: Nanos::from_duration_saturating(self.rate.period()).as_u64(),
             });
         }
         #[expect(clippy::cast_possible_truncation, reason = "at most MAX_FILL_UNITS")]
@@ -374,8 +286,8 @@ impl TokenBucket {
     /// Whether the bucket runs at exactly the configured rate: its per-token time `t/m` ns equals
     /// `period / tokens`. Otherwise the rate is rounded down (see the type docs for the bound).
     pub fn is_exact(&self) -> bool {
-        let period = u128::from(Nanos::from_duration_saturating(self.rate.period).as_u64());
-        u128::from(self.units_per_token) * u128::from(self.rate.tokens)
+        let period = u128::from(Nanos::from_duration_saturating(self.rate.period()).as_u64());
+        u128::from(self.units_per_token) * u128::from(self.rate.tokens())
             == period * u128::from(self.units_per_nano())
     }
 
@@ -484,8 +396,8 @@ impl TokenBucket {
 
     /// This quota at `m` units per nanosecond: `t = ceil(T·m)`, the fill within `max_fill`.
     fn compiled_at(self, m: u64, max_fill: u64, lifetime: u64) -> Result<TokenBucket, ConfigError> {
-        let period = u128::from(Nanos::try_from(self.rate.period)?.as_u64());
-        let t = (period * u128::from(m)).div_ceil(u128::from(self.rate.tokens)).max(1);
+        let period = u128::from(Nanos::try_from(self.rate.period())?.as_u64());
+        let t = (period * u128::from(m)).div_ceil(u128::from(self.rate.tokens())).max(1);
         let fill = t * u128::from(self.burst);
         if fill > u128::from(max_fill) {
             return Err(ConfigError::TierFillTooLong {
@@ -502,7 +414,7 @@ impl TokenBucket {
             fill_units: fill,
             max_elapsed: lifetime,
             per_token,
-            decision: DecisionHead::new(decision_meta(self.burst, m, per_token), per_token.magic),
+            decision: DecisionHead::new(decision_meta(self.burst, m, per_token), per_token.to_words()[0]),
             offset: fill,
             lead: 0,
             ..self
@@ -523,14 +435,14 @@ impl TokenBucket {
     /// The quota as words, for storage in atomics ([`TokenBucket::from_words`] reverses it).
     pub(crate) fn words(&self) -> [u64; WORDS] {
         [
-            self.rate.tokens,
-            Nanos::from_duration_saturating(self.rate.period).as_u64(),
+            self.rate.tokens(),
+            Nanos::from_duration_saturating(self.rate.period()).as_u64(),
             self.burst,
             self.initial,
-            self.units_per_nano | u64::from(self.per_token.shift) << 32,
+            self.units_per_nano | self.per_token.to_words()[1] << 32,
             self.units_per_token,
             self.max_elapsed,
-            self.per_token.magic,
+            self.per_token.to_words()[0],
             self.offset,
             0, // free: a queued bucket's bound (see `Queued`)
         ]
@@ -546,8 +458,7 @@ impl TokenBucket {
         // undefined behaviour.)
         let burst = burst.clamp(1, MAX_BURST);
         let m = (m_shift & 0xffff_ffff).clamp(1, MAX_UNITS_PER_NANO);
-        let shift = (m_shift >> 32) as u32;
-        let per_token = Divisor { magic, shift };
+        let per_token = Divisor::from_words([magic, m_shift >> 32]);
         TokenBucket {
             rate: Rate::per(tokens, Duration::from_nanos(period)),
             burst,
@@ -557,7 +468,7 @@ impl TokenBucket {
             fill_units: burst * t,
             max_elapsed,
             per_token,
-            decision: DecisionHead::new(decision_meta(burst, m, per_token), per_token.magic),
+            decision: DecisionHead::new(decision_meta(burst, m, per_token), per_token.to_words()[0]),
             offset,
             lead: offset - burst * t,
         }
@@ -696,28 +607,30 @@ mod tests {
                 proptest::prop_assert!(within_early || within_m, "m {} t {} M {}", m, t, big_m);
             }
         }
-
-        #[test]
-        fn divisor_is_exact(d in 1u64..=1 << 62, x in 0u64..1 << 63) {
-            proptest::prop_assert_eq!(Divisor::new(d).div(x), x / d);
-        }
     }
 
+    /// A token bucket's decision (the reciprocal form, from the quota's head) and one built
+    /// from the same whole fields are equal and hash alike; any field that differs makes them
+    /// unequal.
     #[test]
-    fn divisor_is_exact_at_the_edges() {
-        let ds = [1u64, 2, 3, 7, 63, 64, 65, 1000, (1 << 31) + 11, (1 << 61) + 1, (1 << 62) - 1, 1 << 62];
-        for d in ds {
-            let div = Divisor::new(d);
-            for x in [0u64, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, (1 << 62) + 12345, (1 << 63) - 1] {
-                if x < 1 << 63 {
-                    assert_eq!(div.div(x), x / d, "{x} / {d}");
-                }
-            }
-            // Every multiple of d and its neighbours, near the top of the range.
-            let top = ((1u64 << 63) - 1) / d * d;
-            for x in [top - 1, top, top.saturating_add(d - 1).min((1 << 63) - 1)] {
-                assert_eq!(div.div(x), x / d, "{x} / {d}");
-            }
+    fn a_quota_decision_equals_the_same_whole_fields() {
+        use crate::Outcome;
+        use core::hash::BuildHasher;
+        let same_hasher = std::collections::hash_map::RandomState::new();
+        let q = TokenBucket::per_second(10).unwrap(); // t = 1e8 units, m = 1, burst 10
+        for until_full in [0, 1, 99_999_999, 100_000_000, 100_000_001, 999_999_999, 1_000_000_000] {
+            let d = Decision::new(q.decision_head(), Outcome::Allowed, 0, until_full);
+            let whole =
+                Decision::allowed(u32::try_from(d.remaining()).unwrap(), Duration::from_nanos(until_full));
+            assert_eq!(d, whole, "until_full {until_full}");
+            assert_eq!(same_hasher.hash_one(d), same_hasher.hash_one(whole));
+            // One unit nearer full is one more token exactly at each token's boundary.
+            let expected = 10 - until_full.div_ceil(100_000_000);
+            assert_eq!(d.remaining(), expected, "until_full {until_full}");
+            let other = Decision::allowed(u32::try_from(expected).unwrap() + 1, d.reset_after());
+            assert_ne!(d, other);
+            let denied = Decision::new(q.decision_head(), Outcome::Denied, 5, until_full);
+            assert_ne!(d, denied);
         }
     }
 

@@ -19,10 +19,10 @@
 
 use core::time::Duration;
 
+use crate::engine::arith::Divisor;
 use crate::engine::config::WORDS;
 use crate::engine::direct::Direct;
 use crate::policies::policy::Policy;
-use crate::policies::token_bucket::Divisor;
 use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome, UpdateError};
 
 const COUNT_BITS: u32 = 24;

@@ -1,20 +1,21 @@
-//! Reservations on a direct token bucket: tokens taken now or in the future, a time they are
-//! due, and cancels that give back exactly what is still owed.
+//! Reservations on a token bucket: tokens taken now or in the future, a time they are due,
+//! and cancels that give back what is still owed. The methods here are the direct bucket's
+//! (`Direct<TokenBucket>`); the types are the keyed table's too (`keyed/bucket.rs`).
 //!
 //! A reservation is a charge whose stamp may lie ahead of `now`: the bucket goes into debt of
 //! at most one burst (the range `(now, now + fill]` its word keeps for that), and every later
 //! charge or reservation reads that stamp, so it queues behind: reservations are served in the
 //! order they were made, with no lock and no queue. A cancel is the refund of
-//! [`check_all`](crate::check_all)'s receipts: `cost − (floor now − floor at the reservation)`,
-//! never below the current floor, exact at the reservation's instant and never more than the
-//! reservation put in, whatever was reserved after it (`AtomicBucket::refund` has the
-//! argument).
+//! [`check_all`](crate::check_all)'s receipts (`AtomicBucket::refund` has the argument): while
+//! the bucket is in debt, the latest reservation goes back whole and an earlier one gives
+//! nothing; out of debt, `cost − (floor now − floor at the reservation)`, never below the
+//! current floor. Never more than the reservation put in, in any order.
 
 use core::fmt;
 use core::time::Duration;
 
-use super::Direct;
-use crate::sync::Ordering::Relaxed;
+use crate::engine::direct::Direct;
+use crate::engine::wait::sleep_until;
 use crate::{Clock, Nanos, TokenBucket};
 
 /// Tokens reserved on a [`Limiter`](crate::Limiter) or for one key of a
@@ -139,7 +140,8 @@ pub enum ReserveError {
         burst: u64,
     },
     /// The tokens would be due later than the caller will wait, or later than one burst of
-    /// debt allows (the quota's fill time): `max_wait` is the smaller of the two.
+    /// debt allows: more than the quota's fill time from now, `⌊burst·t/m⌋` ns (see
+    /// [`Limiter::reserve_n`](crate::Direct::reserve_n)). `max_wait` is the smaller of the two.
     TooLate {
         /// How long after now the tokens would have been due.
         wait: Duration,
@@ -175,11 +177,18 @@ impl std::error::Error for ReserveError {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Cancelled {
-    /// What the reservation still owed went back to the bucket: all of it when cancelled at
-    /// the instant it was made; less the refill since, later.
+    /// What the reservation still owed went back to the bucket: all of it for the latest
+    /// reservation of a bucket in debt, or when cancelled at the instant it was made; less the
+    /// refill since, out of debt.
     Returned,
-    /// Nothing was owed: the bucket has refilled at least the reservation's tokens since it
-    /// was made (it was due, and as good as used), or it reserved no tokens.
+    /// Nothing was given back, because nothing could be: the bucket is still in debt and a
+    /// reservation was made after this one, which was told a due time that counts on its
+    /// tokens (only the latest reservation of a bucket in debt goes back: cancel
+    /// latest-first); or, out of debt, the bucket has refilled at least the reservation's
+    /// tokens since it was made (it was due, and as good as used); or it reserved no tokens;
+    /// or the cancel's clock reads earlier than the reservation's. Keyed, also: the key is no
+    /// longer tracked, or the table evicts by force
+    /// ([`WhenFull::EvictFullest`](crate::WhenFull::EvictFullest)).
     NothingOwed,
     /// Not this limiter's reservation (or, keyed, not this key's), or made under a
     /// configuration ([`set_policy`](crate::Direct::set_policy)) since replaced: nothing was
@@ -200,28 +209,36 @@ pub(crate) fn too_late(q: &TokenBucket, wait: u64, max_wait_ns: u64) -> ReserveE
     }
 }
 
-/// The last stretch of a wait that [`Direct::acquire_n`] spins instead of sleeping: a sleep
-/// overshoots by the timer slack (50 µs by default on Linux) and the scheduler's latency.
-const SPIN_NANOS: u64 = 100_000;
-
 impl<C: Clock> Direct<TokenBucket, C> {
-    /// One token, now or in the future: [`reserve_n`](Direct::reserve_n) of 1.
+    /// One token, now or in the future: [`reserve_n`](Direct::reserve_n) of 1. Refused with
+    /// [`ReserveError::TooLate`], taking nothing, if the token would be due more than one fill
+    /// time from now: a delay above `⌊burst·t/m⌋` ns (see [`reserve_n`](Direct::reserve_n)).
     #[inline]
     pub fn reserve(&self) -> Result<Reservation, ReserveError> {
-        self.reserve_n_at(self.clock.now(), 1, Duration::MAX)
+        self.reserve_n_at(self.now(), 1, Duration::MAX)
     }
 
     /// `n` tokens, now or as soon as the bucket has them: the reservation says when they are
-    /// due. The bucket goes into debt of at most one burst, so a reservation due more than
-    /// one fill time from now is refused ([`ReserveError::TooLate`]); `n` above the burst is
-    /// [`ReserveError::Insufficient`]. `n = 0` is due at once and takes nothing.
+    /// due. `n` above the burst is [`ReserveError::Insufficient`]; `n = 0` is due at once and
+    /// takes nothing.
+    ///
+    /// **At most one fill time ahead.** The bucket goes into debt of at most one burst, so the
+    /// tokens may be due at most one fill time from now. The reservation is refused with
+    /// [`ReserveError::TooLate`], at once and taking nothing, when its delay (in whole
+    /// nanoseconds, rounded up, as [`Reservation::delay`] reports it) would exceed
+    /// `⌊burst·t/m⌋` ns: the current quota's fill time, `burst × period / tokens` as the quota
+    /// counts it (`t` its [`units_per_token`](TokenBucket::units_per_token), `m` its
+    /// [`units_per_nano`](TokenBucket::units_per_nano)), rounded down to whole nanoseconds
+    /// (where [`fill_time`](TokenBucket::fill_time) rounds up). So a full bucket reserves at
+    /// most two bursts at one instant: one due at once, the other spread over the next fill
+    /// time. The refusal's `max_wait` is that bound.
     ///
     /// Later checks and reservations queue behind it: a [`check`](Direct::check) is refused
     /// while the bucket is in debt, and reservations are due in the order they were made.
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::{Cancelled, Limiter, ManualClock, TokenBucket};
+    /// use tollgate::{Cancelled, Limiter, ManualClock, ReserveError, TokenBucket};
     ///
     /// let l = Limiter::with_clock(TokenBucket::per_second(10)?.with_burst(2)?, ManualClock::new());
     /// let a = l.reserve_n(2)?; // the whole burst: due at once
@@ -231,38 +248,33 @@ impl<C: Clock> Direct<TokenBucket, C> {
     /// assert!(!l.check().is_allowed()); // checks queue behind reservations
     /// assert_eq!(l.cancel(b), Cancelled::Returned); // not needed after all: given back
     /// assert_eq!(l.peek().retry_after(), Some(Duration::from_millis(100)));
+    /// // One fill time (200 ms) ahead at most: 2 more tokens are due in 200 ms, exactly the
+    /// // bound; one more after them would be due in 300 ms, too late.
+    /// assert_eq!(l.reserve_n(2)?.delay(), Duration::from_millis(200));
+    /// let late = l.reserve().unwrap_err();
+    /// let (wait, max_wait) = (Duration::from_millis(300), Duration::from_millis(200));
+    /// assert_eq!(late, ReserveError::TooLate { wait, max_wait });
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline(always)]
     pub fn reserve_n(&self, n: u64) -> Result<Reservation, ReserveError> {
-        self.reserve_n_at(self.clock.now(), n, Duration::MAX)
+        self.reserve_n_at(self.now(), n, Duration::MAX)
     }
 
     /// [`reserve_n`](Direct::reserve_n), refused at once (taking nothing) if the tokens would
     /// be due more than `max_wait` from now: Guava's `tryAcquire(n, timeout)`, without the
-    /// sleep. A `max_wait` of zero reserves only what is there now.
+    /// sleep. A `max_wait` of zero reserves only what is there now; one above the fill time
+    /// changes nothing (the bound of [`reserve_n`](Direct::reserve_n) still holds).
     #[inline]
     pub fn reserve_n_within(&self, n: u64, max_wait: Duration) -> Result<Reservation, ReserveError> {
-        self.reserve_n_at(self.clock.now(), n, max_wait)
+        self.reserve_n_at(self.now(), n, max_wait)
     }
 
     /// [`reserve_n_within`](Direct::reserve_n_within) at a caller-supplied `now`.
     #[inline(always)]
     pub fn reserve_n_at(&self, now: Nanos, n: u64, max_wait: Duration) -> Result<Reservation, ReserveError> {
-        // Relaxed: as in `check_n_at`.
-        if self.flags.load(Relaxed) & super::CHANGED == 0 {
-            return self.reserve_under(&self.algorithm, 0, now, n, max_wait);
-        }
-        self.reserve_changed(now, n, max_wait)
-    }
-
-    /// [`reserve_n_at`](Direct::reserve_n_at) once the quota has been replaced: out of line,
-    /// so that the common path addresses the built quota's fields directly (a pointer chosen
-    /// between the two configurations cost a dependent load on every step, as in `check`).
-    #[inline(never)]
-    fn reserve_changed(&self, now: Nanos, n: u64, max_wait: Duration) -> Result<Reservation, ReserveError> {
-        let (config, generation) = self.current();
-        self.reserve_under(config.as_ref().unwrap_or(&self.algorithm), generation, now, n, max_wait)
+        // The built quota in place, a replaced one out of line (`Direct::with_current`).
+        self.with_current(|q, generation| self.reserve_under(q, generation, now, n, max_wait))
     }
 
     #[inline(always)]
@@ -277,9 +289,9 @@ impl<C: Clock> Direct<TokenBucket, C> {
         if n > q.burst() {
             return Err(ReserveError::Insufficient { requested: n, burst: q.burst() });
         }
-        let at = q.instant(now, self.origin);
+        let at = q.instant(now, self.origin());
         let reservation = |stamp: u64, wait: u64| Reservation {
-            owner: self.id,
+            owner: self.id(),
             generation,
             tokens: n,
             floor: at.floor,
@@ -296,56 +308,80 @@ impl<C: Clock> Direct<TokenBucket, C> {
         // The most debt: one fill, or the caller's wait. Not rounded to whole nanoseconds: the
         // wait it is compared with is a multiple of `m` (see `BucketWord::reserve`), so the
         // comparison is the same, without a division on the common path.
-        match self.state.reserve(q, at, n, q.fill_units().min(max_wait_ns.saturating_mul(m))) {
+        match self.state().reserve(q, at, n, q.fill_units().min(max_wait_ns.saturating_mul(m))) {
             Ok((stamp, wait)) => Ok(reservation(stamp, wait)),
             Err(wait) => Err(too_late(q, wait, max_wait_ns)),
         }
     }
 
-    /// Gives back what `r` still owes: its tokens, less the larger of what the bucket has
-    /// refilled since it was made and what was reserved (or charged) after it. The latest
-    /// reservation, cancelled at once, gives back everything; cancelling a batch latest-first
-    /// gives back all of it. An earlier one with later reservations queued behind it gives back
-    /// only the part of it beyond them: they were given due times that count on its tokens, a
-    /// new reservation can only queue at the end of the line, and giving back more would let
-    /// it fall due together with them, more at once than the bucket holds. So a cancel never
-    /// gives back more than was reserved, in any order, and never lets the bucket admit more
-    /// than it would have without the reservation.
+    /// Gives back what `r` still owes, by the rule of [`check_all`](crate::check_all)'s refunds:
+    ///
+    /// - **while the bucket is in debt** (a reservation is still due in the future), the
+    ///   latest reservation goes back whole ([`Cancelled::Returned`]), and an earlier one gives
+    ///   back nothing ([`Cancelled::NothingOwed`]), however much it reserved: the reservations
+    ///   after it were told due times that count on its tokens, a new reservation can only
+    ///   queue at the end of the line, and giving any back would let it fall due together with
+    ///   them, more at once than the bucket holds. Cancelling a batch latest-first gives back
+    ///   all of it;
+    /// - **once the bucket is out of debt**, its tokens less what the bucket has refilled since
+    ///   it was made, in any order: nothing once the refill covers them.
+    ///
+    /// A cancel never fills the bucket past full, never gives back more than was reserved,
+    /// and never lets the bucket admit more than it would have without the reservation. A
+    /// reservation of no tokens, or a cancel whose clock reads earlier than the reservation's,
+    /// gives nothing back; one of another limiter, or made before a
+    /// [`set_policy`](Direct::set_policy), is [`Cancelled::Foreign`].
     ///
     /// Waits (briefly) for another cancel or refund of this bucket in progress rather than give
     /// up. Dropping a reservation without cancelling it keeps its tokens taken.
+    ///
+    /// ```
+    /// use tollgate::{Cancelled, Limiter, ManualClock, TokenBucket};
+    ///
+    /// let l = Limiter::with_clock(TokenBucket::per_second(10)?.with_burst(2)?, ManualClock::new());
+    /// let (a, b) = (l.reserve_n(2)?, l.reserve()?); // b is due in 100 ms: in debt
+    /// assert_eq!(l.cancel(a), Cancelled::NothingOwed); // b counts on a's tokens
+    /// assert_eq!(l.cancel(b), Cancelled::Returned); // the latest goes back whole
+    /// assert_eq!(l.peek().remaining(), 0); // a's 2 tokens stay spent
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn cancel(&self, r: Reservation) -> Cancelled {
-        self.cancel_at(self.clock.now(), r)
+        self.cancel_at(self.now(), r)
     }
 
     /// [`cancel`](Direct::cancel) at a caller-supplied `now`, which must be no earlier than any
     /// decision's on this limiter (as for refunds: see [`Admit::refund`](crate::Admit::refund)).
     pub fn cancel_at(&self, now: Nanos, r: Reservation) -> Cancelled {
-        let (config, generation) = self.current();
-        if r.owner != self.id || r.generation != generation {
-            return Cancelled::Foreign;
-        }
-        if r.tokens == 0 {
-            return Cancelled::NothingOwed;
-        }
-        let q = config.as_ref().unwrap_or(&self.algorithm);
-        if self.state.cancel(q, r.floor, r.stamp, r.tokens, || q.instant(now, self.origin)) {
-            Cancelled::Returned
-        } else {
-            Cancelled::NothingOwed
-        }
+        self.with_current(|q, generation| {
+            if r.owner != self.id() || r.generation != generation {
+                return Cancelled::Foreign;
+            }
+            if r.tokens == 0 {
+                return Cancelled::NothingOwed;
+            }
+            if self.state().cancel(q, r.floor, r.stamp, r.tokens, || q.instant(now, self.origin())) {
+                Cancelled::Returned
+            } else {
+                Cancelled::NothingOwed
+            }
+        })
     }
 
-    /// One token, waiting for it as long as it takes (at most one fill time):
-    /// [`acquire_n`](Direct::acquire_n) of 1 with no limit on the wait.
+    /// One token, waiting for it as long as it takes, up to one fill time:
+    /// [`acquire_n`](Direct::acquire_n) of 1 with no limit of the caller's. Refused at once
+    /// with [`ReserveError::TooLate`] if the token would be due more than one fill time from
+    /// now: a delay above `⌊burst·t/m⌋` ns (see [`reserve_n`](Direct::reserve_n)).
     pub fn acquire(&self) -> Result<Nanos, ReserveError> {
         self.acquire_n(1, Duration::MAX)
     }
 
-    /// Reserves `n` tokens and blocks the thread until they are due; refused at once (having
-    /// waited for nothing and taken nothing) if they would be due more than `max_wait` from
-    /// now. The wait sleeps for the bulk and spins for the last 100 µs, so it ends within
-    /// microseconds of the due time on an idle core.
+    /// Reserves `n` tokens and blocks the thread until they are due; refused at once with
+    /// [`ReserveError::TooLate`] (having waited for nothing and taken nothing) if they would be
+    /// due more than `max_wait` from now, or more than one fill time from now whatever
+    /// `max_wait` says: a delay above `⌊burst·t/m⌋` ns, the bound of
+    /// [`reserve_n`](Direct::reserve_n). So it never blocks longer than one fill time. The
+    /// wait sleeps for the bulk and spins for the last 100 µs, so it ends within microseconds
+    /// of the due time on an idle core.
     ///
     /// Returns the instant the tokens were due, on the limiter's clock: the *intended* time
     /// of whatever they pace, from which a load generator measures latency (coordinated
@@ -354,24 +390,8 @@ impl<C: Clock> Direct<TokenBucket, C> {
     pub fn acquire_n(&self, n: u64, max_wait: Duration) -> Result<Nanos, ReserveError> {
         let r = self.reserve_n_within(n, max_wait)?;
         let due = r.ready_at();
-        sleep_until(&self.clock, due);
+        sleep_until(self.clock(), due);
         Ok(due)
-    }
-}
-
-/// Blocks until `clock` reads `due` or later: sleeps until [`SPIN_NANOS`] before it, then spins.
-pub(crate) fn sleep_until<C: Clock + ?Sized>(clock: &C, due: Nanos) {
-    loop {
-        let now = clock.now();
-        if now >= due {
-            return;
-        }
-        let left = due.as_u64() - now.as_u64();
-        if left > SPIN_NANOS {
-            std::thread::sleep(Duration::from_nanos(left - SPIN_NANOS));
-        } else {
-            core::hint::spin_loop();
-        }
     }
 }
 
@@ -399,50 +419,9 @@ impl<C: Clock> Direct<TokenBucket, C> {
     /// more than `max_wait` from now.
     pub async fn until_ready_n_within(&self, n: u64, max_wait: Duration) -> Result<Nanos, ReserveError> {
         let r = self.reserve_n_within(n, max_wait)?;
-        Ok(wait_until_due(&self.clock, r, |r| {
+        Ok(crate::engine::wait::wait_until_due(self.clock(), r.ready_at(), r, |r| {
             let _ = self.cancel(r);
         })
         .await)
-    }
-}
-
-/// Waits on tokio's timer until `r` is due on `clock`, and returns its due instant; `cancel`
-/// gets the reservation back if the future is dropped before (cancel-safety, for direct and
-/// keyed waits alike).
-#[cfg(feature = "tokio")]
-pub(crate) async fn wait_until_due<C: Clock + ?Sized>(
-    clock: &C,
-    r: Reservation,
-    cancel: impl FnOnce(Reservation),
-) -> Nanos {
-    let due = r.ready_at();
-    let mut pending = CancelOnDrop { cancel: Some(cancel), reservation: Some(r) };
-    loop {
-        let now = clock.now();
-        if now >= due {
-            break;
-        }
-        // tokio sleeps at least this long (rounded up to its timer's millisecond); the loop
-        // covers a limiter clock that runs behind tokio's.
-        tokio::time::sleep(Duration::from_nanos(due.as_u64() - now.as_u64())).await;
-    }
-    // Due: the tokens are the caller's now; nothing to give back.
-    pending.reservation = None;
-    due
-}
-
-/// Cancels its reservation when dropped, unless it was used: what makes `until_ready` cancel-safe.
-#[cfg(feature = "tokio")]
-struct CancelOnDrop<F: FnOnce(Reservation)> {
-    cancel: Option<F>,
-    reservation: Option<Reservation>,
-}
-
-#[cfg(feature = "tokio")]
-impl<F: FnOnce(Reservation)> Drop for CancelOnDrop<F> {
-    fn drop(&mut self) {
-        if let (Some(r), Some(cancel)) = (self.reservation.take(), self.cancel.take()) {
-            cancel(r);
-        }
     }
 }
