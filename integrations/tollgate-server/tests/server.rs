@@ -242,27 +242,30 @@ impl Drop for Redis {
 }
 
 /// What a server answers to `frame` on a new connection: the type byte of each reply (`+`,
-/// `-`, `:`, `$`, `*`) with the error code of each error, and whether it then closed.
+/// `-`, `:`, `$`, `*`) with the error code of each error, and whether it then closed. An
+/// `ECHO` sent with the frame marks the end of its replies on a connection left open, so
+/// that a slow machine is waited for, not misread.
 fn answer(port: u16, frame: &[u8]) -> (Vec<String>, bool) {
+    const SENTINEL: &str = "$17\r\ntollgate-sentinel\r\n";
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
-    s.write_all(frame).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    // One write, so that a server closing on the frame has read the sentinel too (a close with
+    // unread input would be a reset, which could destroy its last reply before it is read).
+    s.write_all(&[frame, b"ECHO tollgate-sentinel\r\n"].concat()).unwrap();
     let mut got = Vec::new();
     let mut closed = false;
     let mut buf = [0u8; 4096];
-    loop {
+    while !got.ends_with(SENTINEL.as_bytes()) {
         match s.read(&mut buf) {
-            Ok(0) => {
+            Ok(0) | Err(_) => {
                 closed = true;
                 break;
             }
             Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                closed = true;
-                break;
-            }
-            Err(_) => break, // the timeout: still open
         }
+    }
+    if !closed {
+        got.truncate(got.len() - SENTINEL.len());
     }
     let text = String::from_utf8_lossy(&got).into_owned();
     let kinds = text
