@@ -273,8 +273,18 @@ impl<C: Clock> Direct<TokenBucket, C> {
     /// [`reserve_n_within`](Direct::reserve_n_within) at a caller-supplied `now`.
     #[inline(always)]
     pub fn reserve_n_at(&self, now: Nanos, n: u64, max_wait: Duration) -> Result<Reservation, ReserveError> {
-        // The built quota in place, a replaced one out of line (`Direct::with_current`).
-        self.with_current(|q, generation| self.reserve_under(q, generation, now, n, max_wait))
+        // The built quota in place, a replaced one out of line (`Direct::built`).
+        match self.built() {
+            Some(q) => self.reserve_under(q, 0, now, n, max_wait),
+            None => self.reserve_replaced(now, n, max_wait),
+        }
+    }
+
+    /// [`reserve_n_at`](Direct::reserve_n_at) once the quota has been replaced.
+    #[inline(never)]
+    fn reserve_replaced(&self, now: Nanos, n: u64, max_wait: Duration) -> Result<Reservation, ReserveError> {
+        let (q, generation) = self.replaced();
+        self.reserve_under(&q, generation, now, n, max_wait)
     }
 
     #[inline(always)]
@@ -352,19 +362,18 @@ impl<C: Clock> Direct<TokenBucket, C> {
     /// [`cancel`](Direct::cancel) at a caller-supplied `now`, which must be no earlier than any
     /// decision's on this limiter (as for refunds: see [`Admit::refund`](crate::Admit::refund)).
     pub fn cancel_at(&self, now: Nanos, r: Reservation) -> Cancelled {
-        self.with_current(|q, generation| {
-            if r.owner != self.id() || r.generation != generation {
-                return Cancelled::Foreign;
-            }
-            if r.tokens == 0 {
-                return Cancelled::NothingOwed;
-            }
-            if self.state().cancel(q, r.floor, r.stamp, r.tokens, || q.instant(now, self.origin())) {
-                Cancelled::Returned
-            } else {
-                Cancelled::NothingOwed
-            }
-        })
+        let (q, generation) = self.replaced();
+        if r.owner != self.id() || r.generation != generation {
+            return Cancelled::Foreign;
+        }
+        if r.tokens == 0 {
+            return Cancelled::NothingOwed;
+        }
+        if self.state().cancel(&q, r.floor, r.stamp, r.tokens, || q.instant(now, self.origin())) {
+            Cancelled::Returned
+        } else {
+            Cancelled::NothingOwed
+        }
     }
 
     /// One token, waiting for it as long as it takes, up to one fill time:
