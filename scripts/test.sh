@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: formatting, lints, workspace tests (unit, proptest,
 # conformance, conservation, allocation, doc tests, benches in test mode), the loom models, and
-# a bounded fuzz run from the committed seed corpus. Installs cargo-fuzz if it is missing.
+# a bounded fuzz run from the committed seed corpus.
+#
+# On a Debian machine with only Rust, it first installs what the tests need and says so: with
+# apt-get, a C and a C++ compiler (the C ABI's test, libFuzzer), pkg-config, valgrind (the C
+# test runs under memcheck), redis-server and redis-cli (the Redis and server tests, against a
+# real Redis), python3 (the benchmark smoke checks); with rustup, rustfmt and clippy; with
+# cargo, cargo-fuzz. Nothing already present is touched.
 #
 #     bash scripts/test.sh            # everything (about 30 minutes on 2 cores)
 #     FUZZ_SECONDS=60 bash scripts/test.sh
@@ -10,6 +16,35 @@ cd "$(dirname "$0")/.."
 
 FUZZ_SECONDS="${FUZZ_SECONDS:-10}"
 step() { printf '\n==> %s\n' "$*"; }
+
+step "what the tests need"
+missing=()
+command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+command -v c++ >/dev/null 2>&1 || missing+=(g++)
+command -v objdump >/dev/null 2>&1 || missing+=(binutils)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkgconf)
+command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+if ((${#missing[@]})); then
+    echo "installing with apt-get: ${missing[*]}"
+    sudo=""
+    [[ "$(id -u)" == 0 ]] || sudo="sudo"
+    $sudo apt-get update -q
+    $sudo apt-get install -y -q "${missing[@]}"
+fi
+for component in rustfmt clippy; do
+    if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+        echo "installing with rustup: $component"
+        rustup component add "$component"
+    fi
+done
+if ! command -v cargo-fuzz >/dev/null 2>&1; then
+    echo "installing with cargo: cargo-fuzz"
+    cargo install cargo-fuzz --locked
+fi
+echo "present: a C and C++ compiler, pkg-config, valgrind, redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), python3, rustfmt, clippy, cargo-fuzz"
 
 step "rustfmt"
 cargo fmt --all -- --check
@@ -118,9 +153,6 @@ RUSTFLAGS="--cfg tollgate_loom" LOOM_MAX_PREEMPTIONS=3 CARGO_TARGET_DIR=target/l
     cargo test -p loom-tests --release
 
 step "fuzz: ${FUZZ_SECONDS}s per target from fuzz/seeds"
-if ! command -v cargo-fuzz >/dev/null 2>&1; then
-    cargo install cargo-fuzz --locked
-fi
 for target in $(cd fuzz && cargo fuzz list); do
     scratch="$(mktemp -d)"
     # New inputs go to the scratch corpus (the first directory); the seeds stay as committed.
