@@ -33,6 +33,16 @@
 //! authenticates a request may hold 10 arguments of 16 KiB each, Redis's limits for
 //! unauthenticated clients. Passwords are compared in constant time.
 //!
+//! # As a service
+//!
+//! The binary reads its configuration from flags or from a TOML file ([`file`](mod@file)), reloads the
+//! file on SIGHUP ([`Server::reload`]: tables keep their state; a file that cannot be served is
+//! refused whole), and on SIGTERM stops accepting and closes each connection once it has
+//! answered what it received ([`Server::shutdown`], [`Server::drained`]). Logs go through
+//! `tracing`: the binary writes them as text or JSON lines; a library user installs its own
+//! subscriber. Warnings a flood could repeat (refused connections, failed `AUTH`s) are paced
+//! by a tollgate bucket, ten at once and one a second, each saying how many it held back.
+//!
 //! # The rest
 //!
 //! Also `PING`, `ECHO`, `QUIT`, `HELLO` (RESP2 and RESP3: the replies of the other commands are
@@ -43,6 +53,7 @@
 //! is closed, as Redis does (see [`resp`]). Silent connections are closed after the idle
 //! timeout, so that they cannot hold every connection slot.
 
+pub mod file;
 pub mod resp;
 
 use std::collections::HashMap;
@@ -51,10 +62,11 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 use tollgate::{Decision, KeyedLimiter, Outcome, Rate, TokenBucket, WhenFull};
 
 use resp::{reply, Limits, Parsed, Parser};
@@ -287,16 +299,40 @@ struct QuotaTable {
     idle_ms: u64,
 }
 
-/// The server: its tables and counters. Serve it with [`Server::serve`].
+/// The server: its tables and counters. Serve it with [`Server::serve`]; replace its
+/// configuration with [`Server::reload`]; stop it with [`Server::shutdown`].
 #[derive(Debug)]
 pub struct Server {
-    config: Config,
+    /// The configuration in force: read by every command, replaced whole by a reload.
+    config: ArcSwap<Config>,
     tables: RwLock<HashMap<QuotaKey, QuotaTable>>,
-    /// Held while a table is built (see `add_table`).
+    /// Held while a table is built (see `add_table`) and while a reload rebuilds the declared
+    /// quotas.
     building: Mutex<()>,
     counters: Counters,
+    /// Bounded by the configuration the server started with (a reload does not change it).
     connections: Arc<Semaphore>,
+    max_connections: usize,
+    /// `true` once [`Server::shutdown`] is called: listeners stop accepting, and connections
+    /// close once the requests they hold are answered.
+    stopping: watch::Sender<bool>,
+    /// Paces the warnings a flood could repeat (refused connections, failed AUTHs): a
+    /// tollgate bucket of 10, refilled at one a second; what it refuses is counted in the next
+    /// warning it lets through.
+    log_gate: Option<tollgate::Limiter>,
+    log_suppressed: AtomicU64,
     started: Instant,
+}
+
+/// What a [`Server::reload`] changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Quotas declared now that were not: built (or an undeclared table of theirs kept and pinned).
+    pub declared: Vec<Quota>,
+    /// Quotas no longer declared: their tables kept, as undeclared ones (dropped once idle).
+    pub undeclared: Vec<Quota>,
+    /// The settings the reload could not change, which a restart applies.
+    pub needs_restart: Vec<&'static str>,
 }
 
 /// After a command: go on, or close the connection once the replies are written.
@@ -310,47 +346,137 @@ impl Server {
     /// A server with `config`, its declared quotas built (each writes every slot of its
     /// table: tens of milliseconds per million keys).
     pub fn new(config: Config) -> Result<Arc<Server>, ConfigError> {
-        let mut users: Vec<&str> = config.users.iter().map(|u| u.name.as_str()).collect();
-        users.sort_unstable();
-        if let Some(w) = users.windows(2).find(|w| w[0] == w[1]) {
-            return Err(ConfigError::DuplicateUser(w[0].to_owned()));
-        }
+        validate(&config)?;
+        let max_connections = config.max_connections.clamp(1, Semaphore::MAX_PERMITS);
         let server = Server {
-            connections: Arc::new(Semaphore::new(config.max_connections.clamp(1, Semaphore::MAX_PERMITS))),
-            config,
+            connections: Arc::new(Semaphore::new(max_connections)),
+            max_connections,
+            config: ArcSwap::from_pointee(Config { quotas: Vec::new(), ..config.clone() }),
             tables: RwLock::new(HashMap::new()),
             building: Mutex::new(()),
             counters: Counters::default(),
+            stopping: watch::channel(false).0,
+            // A constant quota, always valid: `ok()` only spares the server a panic path.
+            log_gate: TokenBucket::new(Rate::per_second(1), 10).ok().map(tollgate::Limiter::new),
+            log_suppressed: AtomicU64::new(0),
             started: Instant::now(),
         };
-        {
-            let mut tables = server.tables.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-            for &quota in &server.config.quotas {
-                let key = (quota.max_burst, quota.count, quota.period);
-                if tables.contains_key(&key) {
-                    return Err(ConfigError::DuplicateQuota(quota));
-                }
-                let capacity = quota.capacity.unwrap_or(server.config.capacity);
-                let table = server
-                    .build_table(key, capacity, true)
-                    .map_err(|reason| ConfigError::Quota { quota, reason })?;
-                tables.insert(key, table);
-            }
-        }
+        server.reload(config)?;
         Ok(Arc::new(server))
+    }
+
+    /// Replaces the configuration, keeping every table's state: quotas newly declared are
+    /// built (or, where an undeclared table of theirs exists, it is kept and pinned), quotas
+    /// no longer declared become undeclared (kept until they go idle, so that no decision is
+    /// lost), and users, request limits, idle timeout and the bounds on undeclared quotas
+    /// apply from the next command (limits and idle timeout from the next connection). The
+    /// connection bound, and a declared quota's capacity once its table exists, change only
+    /// at a restart ([`Reloaded::needs_restart`]). A configuration that cannot be served is
+    /// refused whole, and the running one kept.
+    pub fn reload(&self, config: Config) -> Result<Reloaded, ConfigError> {
+        validate(&config)?;
+        let mut report = Reloaded::default();
+        if config.max_connections.clamp(1, Semaphore::MAX_PERMITS) != self.max_connections {
+            report.needs_restart.push("max_connections");
+        }
+        let declared = |q: &Quota| (q.max_burst, q.count, q.period);
+        // One rebuild at a time, and no undeclared table built meanwhile.
+        let _building = self.building.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let missing: Vec<Quota> = {
+            let tables = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+            config.quotas.iter().filter(|q| !tables.contains_key(&declared(q))).copied().collect()
+        };
+        // Built outside the tables' lock: decisions go on meanwhile.
+        let mut built = Vec::with_capacity(missing.len());
+        for quota in missing {
+            let capacity = quota.capacity.unwrap_or(config.capacity);
+            let table = self
+                .build_table(declared(&quota), capacity, true)
+                .map_err(|reason| ConfigError::Quota { quota, reason })?;
+            built.push((declared(&quota), table));
+        }
+        let mut tables = self.tables.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (key, table) in tables.iter_mut() {
+            let pin = config.quotas.iter().find(|q| declared(q) == *key);
+            match (table.pinned, pin) {
+                (false, Some(q)) => {
+                    report.declared.push(*q);
+                    if q.capacity.is_some_and(|c| c as u64 > table.limiter.capacity()) {
+                        report.needs_restart.push("quota.capacity");
+                    }
+                }
+                (true, None) => {
+                    let (max_burst, count, period) = *key;
+                    report.undeclared.push(Quota { max_burst, count, period, capacity: None });
+                    // Counted as used now, so that it is held for a fill time from here.
+                    table.last_used_ms.fetch_max(self.now_ms(), Relaxed);
+                }
+                _ => {}
+            }
+            table.pinned = pin.is_some();
+        }
+        for (key, table) in built {
+            let quota = config.quotas.iter().find(|q| declared(q) == key).copied();
+            report.declared.extend(quota);
+            tables.insert(key, table);
+        }
+        self.config.store(Arc::new(config));
+        Ok(report)
+    }
+
+    /// Stops the server: every listener stops accepting, and every connection closes once it
+    /// has answered the requests it has received (a request still arriving is not waited
+    /// for). [`Server::connections`] says how many are still open.
+    pub fn shutdown(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// The connections open now.
+    pub fn connections(&self) -> u64 {
+        self.counters.connected.load(Relaxed)
+    }
+
+    /// Waits until no connection is open, or `timeout` has passed: whether none is.
+    pub async fn drained(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.connections() > 0 {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+
+    /// Whether a warning a flood could repeat may be written now, and how many were held
+    /// back since the last one written.
+    fn may_log(&self) -> Option<u64> {
+        if self.log_gate.as_ref().map_or(true, |gate| gate.check().is_allowed()) {
+            // Relaxed: a count for the log, ordered with nothing.
+            Some(self.log_suppressed.swap(0, Relaxed))
+        } else {
+            self.log_suppressed.fetch_add(1, Relaxed);
+            None
+        }
     }
 
     /// Whether connections must authenticate.
     fn auth_required(&self) -> bool {
-        !self.config.users.is_empty()
+        !self.config.load().users.is_empty()
     }
 
     /// Accepts connections on `listener`, each on its own task, for as long as the task runs.
     /// A failed accept (a connection reset before it was accepted, or no file descriptor
     /// left) is counted and retried after a pause; it never stops the server.
+    /// Returns once [`Server::shutdown`] is called.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        let mut stopping = self.stopping.subscribe();
         loop {
-            let mut stream = match listener.accept().await {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = stopping.wait_for(|&s| s) => return,
+            };
+            let mut stream = match accepted {
                 Ok((stream, _)) => stream,
                 Err(_) => {
                     bump(&self.counters.accept_errors);
@@ -361,6 +487,13 @@ impl Server {
             bump(&self.counters.connections_received);
             let Ok(permit) = Arc::clone(&self.connections).try_acquire_owned() else {
                 bump(&self.counters.rejected_connections);
+                if let Some(suppressed) = self.may_log() {
+                    tracing::warn!(
+                        max_connections = self.max_connections,
+                        suppressed,
+                        "connection refused: the server serves its most connections at once"
+                    );
+                }
                 tokio::spawn(async move {
                     if stream.write_all(b"-ERR max number of clients reached\r\n").await.is_ok() {
                         let _ = close(stream).await;
@@ -387,7 +520,12 @@ impl Server {
     }
 
     async fn connection(&self, mut stream: TcpStream) -> io::Result<()> {
-        let limits = self.config.limits;
+        let (limits, idle_timeout) = {
+            let config = self.config.load();
+            (config.limits, config.idle_timeout)
+        };
+        let mut stopping = self.stopping.subscribe();
+        let mut draining = false;
         let mut parser = Parser::new(limits);
         let mut session = Session { authenticated: !self.auth_required() };
         parser.set_authenticated(session.authenticated);
@@ -425,13 +563,38 @@ impl Server {
             if input.is_empty() && input.capacity() > 256 * 1024 {
                 input = BytesMut::with_capacity(16 * 1024); // a large request's buffer, given back
             }
-            let read = stream.read_buf(&mut input);
-            let n = match self.config.idle_timeout {
-                Some(idle) => match tokio::time::timeout(idle, read).await {
-                    Ok(n) => n?,
-                    Err(_) => return close(stream).await, // idle: the slot goes to someone else
+            // On shutdown, every request the client sent before it is answered: what has
+            // arrived is read without waiting for more, answered, and then the connection is
+            // closed, between requests.
+            if *stopping.borrow_and_update() {
+                if draining {
+                    return close(stream).await;
+                }
+                draining = true;
+                loop {
+                    match stream.try_read_buf(&mut input) {
+                        Ok(0) => break,
+                        Ok(_) if input.len() < limits.max_request_bytes.saturating_mul(4) => {}
+                        Ok(_) => break,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => return Err(e),
+                    }
+                }
+                continue;
+            }
+            let read = async {
+                let read = stream.read_buf(&mut input);
+                match idle_timeout {
+                    Some(idle) => tokio::time::timeout(idle, read).await.ok(),
+                    None => Some(read.await),
+                }
+            };
+            let n = tokio::select! {
+                n = read => match n {
+                    Some(n) => n?,
+                    None => return close(stream).await, // idle: the slot goes to someone else
                 },
-                None => read.await?,
+                _ = stopping.changed() => continue, // answered above, then closed
             };
             if n == 0 {
                 return Ok(());
@@ -533,11 +696,15 @@ impl Server {
         // Every user's password is compared, so that the time taken does not say which names
         // exist.
         let mut ok = false;
-        for u in &self.config.users {
+        for u in &self.config.load().users {
             ok |= same_secret(u.name.as_bytes(), user) & same_secret(u.password.as_bytes(), password);
         }
         if !ok {
             bump(&self.counters.auth_failures);
+            if let Some(suppressed) = self.may_log() {
+                let user = String::from_utf8_lossy(&user[..user.len().min(64)]).into_owned();
+                tracing::warn!(%user, suppressed, "AUTH refused: wrong user or password");
+            }
             reply::error(out, "WRONGPASS invalid username-password pair or user is disabled.");
         }
         ok
@@ -704,20 +871,21 @@ impl Server {
         let quota = quota_of(key).map_err(|e| format!("ERR {e}"))?;
         let (max_burst, count, period) = key;
         let shape = format!("(max_burst {max_burst}, count {count}, period {period})");
-        if self.config.max_quotas == 0 {
+        let config = self.config.load_full();
+        if config.max_quotas == 0 {
             bump(&self.counters.quotas_refused);
             return Err(format!(
                 "ERR quota {shape} is not declared, and this server serves only its declared quotas (--quota)"
             ));
         }
         let fill = quota.fill_time().as_duration();
-        if fill > self.config.max_fill_time {
+        if fill > config.max_fill_time {
             bump(&self.counters.quotas_refused);
             return Err(format!(
                 "ERR quota {shape} fills in {} s, longer than the {} s allowed for a quota not declared \
                  (--max-fill-time); declare it (--quota {max_burst}:{count}:{period})",
                 fill.as_secs_f64().ceil(),
-                self.config.max_fill_time.as_secs()
+                config.max_fill_time.as_secs()
             ));
         }
         // One table built at a time, so that the tables never hold more than `max_quotas + 1`
@@ -729,21 +897,21 @@ impl Server {
                 return Ok(()); // built by another connection meanwhile
             }
             // A hint: taken again under the write lock by `evict_idle`.
-            if self.undeclared(&tables) >= self.config.max_quotas && self.idlest(&tables).is_none() {
+            if self.undeclared(&tables) >= config.max_quotas && self.idlest(&tables).is_none() {
                 bump(&self.counters.quotas_refused);
-                return Err(self.too_many_quotas());
+                return Err(too_many_quotas(config.max_quotas));
             }
         }
         // Built outside the tables' lock (it writes every slot of the table): decisions on the
         // other quotas go on meanwhile.
-        let table = self.build_table(key, self.config.capacity, false).map_err(|e| format!("ERR {e}"))?;
+        let table = self.build_table(key, config.capacity, false).map_err(|e| format!("ERR {e}"))?;
         let mut tables = self.tables.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         if tables.contains_key(&key) {
             return Ok(()); // built by another connection meanwhile
         }
-        if self.undeclared(&tables) >= self.config.max_quotas && !self.evict_idle(&mut tables) {
+        if self.undeclared(&tables) >= config.max_quotas && !self.evict_idle(&mut tables) {
             bump(&self.counters.quotas_refused);
-            return Err(self.too_many_quotas());
+            return Err(too_many_quotas(config.max_quotas));
         }
         tables.insert(key, table);
         Ok(())
@@ -778,16 +946,9 @@ impl Server {
         true
     }
 
-    fn too_many_quotas(&self) -> String {
-        format!(
-            "ERR this server holds {} undeclared (max_burst, count, period) quotas, its limit (--max-quotas), \
-             and each was used within its fill time; declare the quotas you rely on (--quota)",
-            self.config.max_quotas
-        )
-    }
-
     fn info(&self) -> String {
         let c = &self.counters;
+        let config = self.config.load();
         let tables = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         let keys: u64 = tables.values().map(|t| t.limiter.len()).sum();
         let capacity: u64 = tables.values().map(|t| t.limiter.capacity()).sum();
@@ -803,7 +964,7 @@ impl Server {
             env!("CARGO_PKG_VERSION"),
             self.started.elapsed().as_secs(),
             c.connected.load(Relaxed),
-            self.config.max_connections,
+            self.max_connections,
             c.connections_received.load(Relaxed),
             c.rejected_connections.load(Relaxed),
             c.accept_errors.load(Relaxed),
@@ -816,7 +977,7 @@ impl Server {
             c.noauth_refusals.load(Relaxed),
             tables.len(),
             tables.values().filter(|t| t.pinned).count(),
-            self.config.max_quotas,
+            config.max_quotas,
             c.quotas_evicted.load(Relaxed),
             c.quotas_refused.load(Relaxed),
             keys,
@@ -824,6 +985,45 @@ impl Server {
             bytes,
         )
     }
+}
+
+/// The refusal of an undeclared quota at the limit of `max_quotas`.
+fn too_many_quotas(max_quotas: usize) -> String {
+    format!(
+        "ERR this server holds {max_quotas} undeclared (max_burst, count, period) quotas, its limit (--max-quotas), \
+         and each was used within its fill time; declare the quotas you rely on (--quota)"
+    )
+}
+
+/// Whether a server could serve `config`, without building anything: users and quotas given
+/// once each, every declared quota a bucket tollgate can keep, capacities above zero. (A
+/// capacity beyond what the machine's memory holds is found only when the table is built.)
+pub fn check(config: &Config) -> Result<(), ConfigError> {
+    validate(config)?;
+    for q in &config.quotas {
+        if q.capacity.unwrap_or(config.capacity) == 0 {
+            return Err(ConfigError::Quota { quota: *q, reason: "a capacity of 0 keys".into() });
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a configuration the server cannot serve (its declared quotas are checked as they
+/// are built).
+fn validate(config: &Config) -> Result<(), ConfigError> {
+    let mut users: Vec<&str> = config.users.iter().map(|u| u.name.as_str()).collect();
+    users.sort_unstable();
+    if let Some(w) = users.windows(2).find(|w| w[0] == w[1]) {
+        return Err(ConfigError::DuplicateUser(w[0].to_owned()));
+    }
+    for (i, q) in config.quotas.iter().enumerate() {
+        let key = (q.max_burst, q.count, q.period);
+        if config.quotas[..i].iter().any(|p| (p.max_burst, p.count, p.period) == key) {
+            return Err(ConfigError::DuplicateQuota(*q));
+        }
+        quota_of(key).map_err(|reason| ConfigError::Quota { quota: *q, reason })?;
+    }
+    Ok(())
 }
 
 /// The token bucket of `CL.THROTTLE`'s `(max_burst, count, period)`.

@@ -3,18 +3,50 @@
 //! ```sh
 //! cargo run --release -p tollgate-server -- --port 6380
 //! redis-cli -p 6380 CL.THROTTLE user123 15 30 60
+//! cargo run --release -p tollgate-server -- --config tollgate.toml   # a file, reloaded on SIGHUP
 //! ```
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
+use tollgate_server::file::{self, Service};
 use tollgate_server::{resp::Limits, Config, Quota, Server, User};
 
 /// A RESP server compatible with redis-cell's CL.THROTTLE, on tollgate's keyed token bucket.
+///
+/// Configured by flags, or by a TOML file (--config; the crate's `file` module documents every
+/// key), which SIGHUP reloads: a file that cannot be used is refused with its line and key, and
+/// the running configuration kept. SIGTERM (or Ctrl-C) stops accepting, answers what the
+/// connections have sent, and exits within the shutdown timeout. Logs go to standard error,
+/// as text or JSON lines; the first line of standard output names each address listened on.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
+    /// A TOML configuration file, instead of the flags that set the same things (every flag
+    /// below but --log-format, --log-level and --check-config). Reloaded on SIGHUP.
+    #[arg(long, value_name = "FILE", conflicts_with_all = [
+        "bind", "port", "quotas", "capacity", "max_quotas", "max_fill_time", "users", "max_connections", "max_arg_bytes", "max_request_bytes", "idle_timeout",
+        "threads", "shutdown_timeout",
+    ])]
+    config: Option<PathBuf>,
+    /// Reads the configuration (the file, or the flags), says whether it can be served, and
+    /// exits: 0 if it can, 1 with the reason if not. Nothing is listened on or allocated.
+    #[arg(long)]
+    check_config: bool,
+    /// How logs are written to standard error: `text` or `json` (one object a line).
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+    /// The least severe log level written: error, warn, info, debug or trace.
+    #[arg(long, default_value = "info", value_parser = ["error", "warn", "info", "debug", "trace"])]
+    log_level: String,
+    /// Seconds that connections in flight may take to finish on SIGTERM.
+    #[arg(long, default_value_t = 10)]
+    shutdown_timeout: u64,
     /// The address to listen on (127.0.0.1 by default: expose it deliberately).
     #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
     bind: IpAddr,
@@ -43,7 +75,8 @@ struct Args {
     max_fill_time: u64,
     /// The password of Redis's `default` user: connections must `AUTH <password>` first.
     /// Prefer the environment variable, which other users of the machine cannot read in the
-    /// process list.
+    /// process list. With --config, the file's users apply instead (a user's `password_env`
+    /// may name this variable).
     #[arg(long, env = "TOLLGATE_REQUIREPASS", hide_env_values = true)]
     requirepass: Option<String>,
     /// A user, `name:password`, for `AUTH name password`; repeat for more. With any user,
@@ -69,27 +102,23 @@ struct Args {
 }
 
 fn main() {
-    let args = Args::parse();
-    let mut users = args.users;
-    if let Some(password) = args.requirepass.filter(|p| !p.is_empty()) {
-        users.push(User { name: "default".to_owned(), password });
+    let matches = Args::command().get_matches();
+    let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // TOLLGATE_REQUIREPASS in the environment is for the file's `password_env` too; only the
+    // flag itself conflicts with a file.
+    if args.config.is_some() && matches.value_source("requirepass") == Some(ValueSource::CommandLine) {
+        fail("--requirepass cannot be used with --config: give the password in the file (password or password_env)");
     }
-    let config = Config {
-        capacity: args.capacity,
-        max_quotas: args.max_quotas,
-        max_fill_time: std::time::Duration::from_secs(args.max_fill_time),
-        quotas: args.quotas,
-        users,
-        max_connections: args.max_connections.max(1),
-        idle_timeout: (args.idle_timeout > 0).then(|| std::time::Duration::from_secs(args.idle_timeout)),
-        limits: Limits {
-            max_arg_bytes: args.max_arg_bytes,
-            max_request_bytes: args.max_request_bytes,
-            ..Limits::default()
-        },
+    logging(&args.log_format, &args.log_level);
+    let (config, service) = match &args.config {
+        Some(path) => file::load(path).unwrap_or_else(|e| fail(&e.to_string())),
+        None => from_flags(&args),
     };
+    if args.check_config {
+        check(&config, &service, args.config.as_deref());
+    }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if let Some(t) = args.threads {
+    if let Some(t) = service.threads {
         runtime.worker_threads(t.max(1));
     }
     let runtime = match runtime.enable_all().build() {
@@ -100,20 +129,142 @@ fn main() {
         Ok(s) => s,
         Err(e) => fail(&format!("invalid configuration: {e}")),
     };
-    runtime.block_on(async {
-        let addr = SocketAddr::new(args.bind, args.port);
+    let clean = runtime.block_on(run(server, service, args.config));
+    // Connections still open past the shutdown timeout are dropped with the runtime.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    std::process::exit(if clean { 0 } else { 2 });
+}
+
+/// Serves every listener until SIGTERM or Ctrl-C, reloading `path` on SIGHUP; whether every
+/// connection closed within the shutdown timeout.
+async fn run(server: Arc<Server>, service: Service, path: Option<PathBuf>) -> bool {
+    let mut listening = Vec::new();
+    for addr in &service.listeners {
         let listener = match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => l,
             Err(e) => fail(&format!("cannot listen on {addr}: {e}")),
         };
-        let local = listener.local_addr().map_or(addr, |a| a);
+        let local = listener.local_addr().map_or(*addr, |a| a);
         println!("tollgate-server listening on {local}");
-        let _ = std::io::stdout().flush();
+        tracing::info!(%local, "listening");
+        listening.push(tokio::spawn(Arc::clone(&server).serve(listener)));
+    }
+    let _ = std::io::stdout().flush();
+    let signal = |kind| {
+        tokio::signal::unix::signal(kind).unwrap_or_else(|e| fail(&format!("cannot handle signals: {e}")))
+    };
+    let (mut hangup, mut terminate) = (
+        signal(tokio::signal::unix::SignalKind::hangup()),
+        signal(tokio::signal::unix::SignalKind::terminate()),
+    );
+    loop {
         tokio::select! {
-            () = server.serve(listener) => {}
-            _ = tokio::signal::ctrl_c() => {}
+            _ = hangup.recv() => reload(&server, path.as_deref()),
+            _ = terminate.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
         }
-    });
+    }
+    tracing::info!(connections = server.connections(), "shutting down: no new connections");
+    server.shutdown();
+    for l in listening {
+        let _ = l.await;
+    }
+    let clean = server.drained(service.shutdown_timeout).await;
+    if clean {
+        tracing::info!("stopped");
+    } else {
+        tracing::warn!(
+            connections = server.connections(),
+            timeout_secs = service.shutdown_timeout.as_secs_f64(),
+            "stopped with connections still open at the shutdown timeout"
+        );
+    }
+    clean
+}
+
+/// SIGHUP: the file read again and applied, or refused with the reason and the running
+/// configuration kept.
+fn reload(server: &Server, path: Option<&Path>) {
+    let Some(path) = path else {
+        tracing::warn!("SIGHUP: nothing to reload (started with flags, not --config)");
+        return;
+    };
+    let loaded = file::load(path).map_err(|e| e.to_string());
+    match loaded.and_then(|(config, _)| server.reload(config).map_err(|e| format!("{}: {e}", path.display())))
+    {
+        Ok(done) => {
+            let show = |qs: &[Quota]| qs.iter().map(Quota::to_string).collect::<Vec<_>>().join(" ");
+            tracing::info!(
+                file = %path.display(),
+                declared = show(&done.declared),
+                undeclared = show(&done.undeclared),
+                "reloaded"
+            );
+            if !done.needs_restart.is_empty() {
+                tracing::warn!(
+                    settings = done.needs_restart.join(" "),
+                    "reloaded, but these settings change only at a restart (and the listeners, threads and shutdown timeout)"
+                );
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "reload refused: the running configuration is kept"),
+    }
+}
+
+/// --check-config: whether the configuration can be served, without serving it.
+fn check(config: &Config, service: &Service, path: Option<&Path>) -> ! {
+    match tollgate_server::check(config) {
+        Ok(()) => {
+            let from = path.map_or_else(|| "the flags".to_owned(), |p| p.display().to_string());
+            println!(
+                "{from}: OK ({} listener(s), {} declared quota(s), {} user(s))",
+                service.listeners.len(),
+                config.quotas.len(),
+                config.users.len()
+            );
+            std::process::exit(0);
+        }
+        Err(e) => fail(&format!("invalid configuration: {e}")),
+    }
+}
+
+fn from_flags(args: &Args) -> (Config, Service) {
+    let mut users = args.users.clone();
+    if let Some(password) = args.requirepass.clone().filter(|p| !p.is_empty()) {
+        users.push(User { name: "default".to_owned(), password });
+    }
+    let config = Config {
+        capacity: args.capacity,
+        max_quotas: args.max_quotas,
+        max_fill_time: Duration::from_secs(args.max_fill_time),
+        quotas: args.quotas.clone(),
+        users,
+        max_connections: args.max_connections.max(1),
+        idle_timeout: (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout)),
+        limits: Limits {
+            max_arg_bytes: args.max_arg_bytes,
+            max_request_bytes: args.max_request_bytes,
+            ..Limits::default()
+        },
+    };
+    let service = Service {
+        listeners: vec![SocketAddr::new(args.bind, args.port)],
+        threads: args.threads,
+        shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
+    };
+    (config, service)
+}
+
+/// Logs to standard error, as text or JSON lines, from `level` up.
+fn logging(format: &str, level: &str) {
+    let level: tracing::Level = level.parse().unwrap_or(tracing::Level::INFO);
+    let builder =
+        tracing_subscriber::fmt().with_writer(std::io::stderr).with_max_level(level).with_target(false);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.with_ansi(false).init();
+    }
 }
 
 fn fail(msg: &str) -> ! {
