@@ -128,6 +128,11 @@ impl Breaker {
         u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX).max(1)
     }
 
+    /// The time between probes while open.
+    pub(crate) fn cooldown(&self) -> Duration {
+        self.cooldown
+    }
+
     fn cooldown_nanos(&self) -> u64 {
         u64::try_from(self.cooldown.as_nanos()).unwrap_or(u64::MAX)
     }
@@ -158,13 +163,15 @@ impl Breaker {
         Duration::from_nanos(until.saturating_sub(self.now()))
     }
 
-    pub(crate) fn success(&self) {
+    /// Records a call that Redis answered; true when it closed an open breaker (a probe that
+    /// succeeded).
+    pub(crate) fn success(&self) -> bool {
         if self.failures.load(Relaxed) != 0 {
             self.failures.store(0, Relaxed);
         }
-        if self.open_until.load(Relaxed) != 0 {
-            self.open_until.store(0, Relaxed);
-        }
+        // A swap only while open, so that the common path stays a load: of racing successes,
+        // the one that read the open deadline reports the close.
+        self.open_until.load(Relaxed) != 0 && self.open_until.swap(0, Relaxed) != 0
     }
 
     /// Records a transient failure; true when it opened the breaker.

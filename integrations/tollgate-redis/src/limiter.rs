@@ -375,14 +375,23 @@ impl RedisLimiter {
             }
         };
         match &result {
-            Ok(_) => inner.breaker.success(),
             Err(e) if e.is_transient() => {
                 if inner.breaker.failure() {
                     Counters::bump(&inner.counters.breaker_trips);
+                    tracing::warn!(
+                        error = %e,
+                        policy = ?inner.on_failure,
+                        cooldown_ms = u64::try_from(inner.breaker.cooldown().as_millis()).unwrap_or(u64::MAX),
+                        "Redis breaker opened: calls fail fast, answered by the failure policy; one probe a cooldown"
+                    );
                 }
             }
             // A server that answers (even with an error about one key) is up.
-            Err(_) => inner.breaker.success(),
+            _ => {
+                if inner.breaker.success() {
+                    tracing::info!(policy = ?inner.on_failure, "Redis breaker closed: a probe succeeded, decisions go to Redis again");
+                }
+            }
         }
         result
     }

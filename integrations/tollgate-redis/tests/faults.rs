@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::Server;
@@ -23,6 +25,36 @@ async fn limiter(server: &Server, policy: OnFailure) -> RedisLimiter {
         .connect()
         .await
         .unwrap()
+}
+
+/// The log lines of this test binary, captured by a subscriber installed on first use.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn get() -> &'static Logs {
+        static LOGS: OnceLock<Logs> = OnceLock::new();
+        LOGS.get_or_init(|| {
+            let logs = Logs::default();
+            let writer = logs.clone();
+            tracing_subscriber::fmt().with_writer(move || writer.clone()).init();
+            logs
+        })
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
 }
 
 /// Runs `f` on a multi-threaded runtime, failing (not hanging) after 60 s.
@@ -98,6 +130,7 @@ fn every_policy_is_honoured_while_redis_is_down_and_decisions_return_within_a_se
 /// recovers closes it.
 #[test]
 fn a_slow_server_trips_the_timeout_and_the_breaker() {
+    let logs = Logs::get();
     let server = Server::start(&[]);
     run(async {
         let l = limiter(&server, OnFailure::Deny).await;
@@ -121,6 +154,23 @@ fn a_slow_server_trips_the_timeout_and_the_breaker() {
         assert!(took < Duration::from_secs(1), "{took:?}");
         assert!(l.check("k").await.unwrap().is_allowed_now());
     });
+    // The breaker's transitions, logged for the operator: opened (warn, with the policy and
+    // the error), then closed (info). (The other tests' limiters log here too: the lines of a
+    // `Deny` limiter are this test's or, alike, the policy test's.)
+    let text = logs.text();
+    let line = |what: &str| {
+        text.lines()
+            .find(|l| l.contains(what) && l.contains("policy=Deny"))
+            .unwrap_or_else(|| panic!("{what}: {text}"))
+            .to_owned()
+    };
+    let (opened, closed) = (line("Redis breaker opened"), line("Redis breaker closed"));
+    assert!(
+        opened.contains("WARN") && opened.contains("policy=Deny") && opened.contains("cooldown_ms=250"),
+        "{opened}"
+    );
+    assert!(closed.contains("INFO"), "{closed}");
+    assert!(text.find(&opened) < text.find(&closed), "opened, then closed: {text}");
 }
 
 /// No server at all at startup: `connect` fails, typed, within its timeout.
