@@ -757,7 +757,7 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Keyed<A, K, C> {
     }
 
     /// Counts a decision, if the table counts them. The count itself is out of line and takes
-    /// only the outcome's code: inline, its stripe lookup and increment kept the decision and
+    /// only the outcome's code: inline, its slot lookup and increment kept the decision and
     /// their own values live across every check of a table without counters (spilled to the
     /// stack), as the direct limiter's merged paths did.
     #[inline(always)]

@@ -31,6 +31,9 @@ pub use clock::{Clock, DefaultClock, ManualClock, StdClock};
 #[cfg(feature = "quanta")]
 pub use clock::{CoarseClock, TscClock};
 pub use engine::admit::{check_all, Admit, Receipt};
+#[cfg(tollgate_loom)]
+#[doc(hidden)]
+pub use engine::counters::SlotRegistry;
 pub use engine::counters::{CounterSnapshot, Counters};
 pub use engine::decision::{Decision, Outcome};
 pub use engine::direct::{Algorithm, Direct};

@@ -5,9 +5,13 @@
 
 #[cfg(not(tollgate_loom))]
 pub(crate) use std::sync::atomic::{fence, AtomicU64, Ordering};
+#[cfg(not(tollgate_loom))]
+pub(crate) use std::sync::Mutex;
 
 #[cfg(tollgate_loom)]
 pub(crate) use loom::sync::atomic::{fence, AtomicU64, Ordering};
+#[cfg(tollgate_loom)]
+pub(crate) use loom::sync::Mutex;
 
 /// A pause in a retry loop that waits for another thread's progress (a spin hint; under loom,
 /// a yield, so that the model lets the other thread run).
@@ -37,14 +41,6 @@ pub(crate) fn coarse_time(raise_to: Option<u64>) -> u64 {
         Some(now) => RECENT.fetch_max(now, std::sync::atomic::Ordering::Relaxed).max(now),
         None => RECENT.load(std::sync::atomic::Ordering::Relaxed),
     }
-}
-
-/// The next thread's counter stripe (`engine/counters.rs`): round-robin, any value correct.
-/// Not part of any modelled protocol, so a plain `std` atomic even under loom.
-pub(crate) fn next_stripe() -> usize {
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    // Relaxed: only spreads threads over stripes.
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Orders a clock read after the loads before it: a refund reads the clock after loading the
