@@ -51,7 +51,7 @@ cargo fmt --all -- --check
 
 step "clippy"
 cargo clippy --workspace --all-targets --profile ci -- -D warnings
-cargo clippy -p tollgate --all-targets --features serde,tokio --profile ci -- -D warnings
+cargo clippy -p tollgate --all-targets --features serde,tokio,metrics --profile ci -- -D warnings
 cargo clippy -p tollgate-tower --all-targets --features axum --profile ci -- -D warnings
 
 step "atomics come only from src/sync.rs"
@@ -69,6 +69,10 @@ SOAK_SECONDS=5 cargo test --profile ci --test soak -- --ignored
 
 step "the serde feature: configurations deserialize from their strings"
 cargo test -p tollgate --features serde --profile ci --test surface
+
+step "the metrics feature: limiters' counts on the metrics facade"
+cargo test -p tollgate --features metrics --profile ci --lib metrics
+cargo test -p tollgate --features metrics --profile ci --doc metrics
 
 step "the tokio feature: async waiting, cancel-safe under select!"
 cargo test -p tollgate --features tokio --profile ci --test until_ready
@@ -134,7 +138,7 @@ PY
 rm -rf "$scratch"
 
 step "crate docs: every link resolves"
-RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate --features serde,tokio
+RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate --features serde,tokio,metrics
 RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate-tower --features axum
 RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate-redis -p tollgate-server
 

@@ -24,6 +24,8 @@ pub mod guide {
 pub mod clock;
 mod engine;
 mod keyed;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 mod policies;
 mod sync;
 
