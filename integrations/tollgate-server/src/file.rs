@@ -27,6 +27,9 @@
 //! period = 60
 //! capacity = 100000           # optional
 //!
+//! [metrics]                   # GET /metrics, Prometheus text (a restart changes it)
+//! bind = "127.0.0.1:9187"
+//!
 //! [[user]]                    # any user: every connection must AUTH
 //! name = "default"
 //! password_env = "TOLLGATE_REQUIREPASS"   # or password = "..."
@@ -56,6 +59,8 @@ pub struct Service {
     pub threads: Option<usize>,
     /// On SIGTERM, how long connections in flight may take to finish.
     pub shutdown_timeout: Duration,
+    /// Where `GET /metrics` is served (Prometheus text), if anywhere.
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Default for Service {
@@ -64,6 +69,7 @@ impl Default for Service {
             listeners: vec![SocketAddr::from(([127, 0, 0, 1], 6380))],
             threads: None,
             shutdown_timeout: Duration::from_secs(10),
+            metrics: None,
         }
     }
 }
@@ -111,6 +117,13 @@ struct File {
     quota: Vec<Spanned<QuotaSection>>,
     #[serde(default)]
     user: Vec<Spanned<UserSection>>,
+    metrics: Option<MetricsSection>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MetricsSection {
+    bind: Spanned<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -234,6 +247,24 @@ pub fn parse(path: &Path, text: &str) -> Result<(Config, Service), FileError> {
             ));
         }
         service.listeners.push(addr);
+    }
+
+    if let Some(m) = &file.metrics {
+        let addr: SocketAddr = m.bind.get_ref().parse().map_err(|e| {
+            error(
+                Some(m.bind.span()),
+                Some("metrics.bind".into()),
+                format!("{:?} is not an address:port: {e}", m.bind.get_ref()),
+            )
+        })?;
+        if service.listeners.contains(&addr) && addr.port() != 0 {
+            return Err(error(
+                Some(m.bind.span()),
+                Some("metrics.bind".into()),
+                format!("{addr} is a RESP listener's too"),
+            ));
+        }
+        service.metrics = Some(addr);
     }
 
     let r = &file.requests;
@@ -369,6 +400,9 @@ capacity = 10
 [[user]]
 name = "default"
 password = "s3cret"
+
+[metrics]
+bind = "127.0.0.1:9187"
 "#,
         )
         .unwrap();
@@ -387,6 +421,7 @@ password = "s3cret"
         assert_eq!(config.users, vec![User { name: "default".into(), password: "s3cret".into() }]);
         assert_eq!(service.listeners, vec!["127.0.0.1:7000".parse().unwrap(), "[::1]:7001".parse().unwrap()]);
         assert_eq!((service.threads, service.shutdown_timeout), (Some(2), Duration::from_secs(3)));
+        assert_eq!(service.metrics, Some("127.0.0.1:9187".parse().unwrap()));
         // An empty file is the defaults.
         let (config, service) = parse(Path::new("t.toml"), "").unwrap();
         assert_eq!(service, Service::default());

@@ -321,6 +321,9 @@ pub struct Server {
     /// warning it lets through.
     log_gate: Option<tollgate::Limiter>,
     log_suppressed: AtomicU64,
+    /// The decisions of undeclared tables since dropped, so that the `undeclared` series
+    /// only grows: allowed, denied.
+    retired: [AtomicU64; 2],
     started: Instant,
 }
 
@@ -359,6 +362,7 @@ impl Server {
             // A constant quota, always valid: `ok()` only spares the server a panic path.
             log_gate: TokenBucket::new(Rate::per_second(1), 10).ok().map(tollgate::Limiter::new),
             log_suppressed: AtomicU64::new(0),
+            retired: [AtomicU64::new(0), AtomicU64::new(0)],
             started: Instant::now(),
         };
         server.reload(config)?;
@@ -856,6 +860,7 @@ impl Server {
         let limiter = KeyedLimiter::<Vec<u8>>::builder(quota)
             .capacity(capacity)
             .when_full(WhenFull::EvictFullest)
+            .counters(true) // for GET /metrics: a load and store per decision
             .build()
             .map_err(|e| format!("cannot hold this quota: {e}"))?;
         let fill_ms = quota.fill_time().as_u64().div_ceil(1_000_000);
@@ -941,9 +946,116 @@ impl Server {
     /// here are the last uses.
     fn evict_idle(&self, tables: &mut HashMap<QuotaKey, QuotaTable>) -> bool {
         let Some(k) = self.idlest(tables) else { return false };
-        tables.remove(&k);
+        if let Some(c) = tables.remove(&k).and_then(|t| t.limiter.counters()) {
+            // Relaxed: statistics.
+            self.retired[0].fetch_add(c.allowed, Relaxed);
+            self.retired[1].fetch_add(c.denied, Relaxed);
+        }
         bump(&self.counters.quotas_evicted);
         true
+    }
+
+    /// Writes the server's counts to the current `metrics` recorder, as absolute values (see
+    /// [`metrics_page`](Server::metrics_page) for the series). Each declared quota is a
+    /// `quota` label (`15:30:60`); the undeclared ones, which clients choose, are one,
+    /// `undeclared`, so that the label set stays bounded.
+    pub fn report_metrics(&self) {
+        use metrics::{counter, gauge};
+        let c = &self.counters;
+        let total = |name: &'static str, v: &AtomicU64| counter!(name).absolute(v.load(Relaxed));
+        total("tollgate_server_connections_received_total", &c.connections_received);
+        total("tollgate_server_connections_rejected_total", &c.rejected_connections);
+        total("tollgate_server_accept_errors_total", &c.accept_errors);
+        total("tollgate_server_commands_total", &c.commands);
+        total("tollgate_server_throttle_calls_total", &c.throttle_calls);
+        total("tollgate_server_throttle_limited_total", &c.throttle_limited);
+        total("tollgate_server_protocol_errors_total", &c.protocol_errors);
+        total("tollgate_server_unknown_commands_total", &c.unknown_commands);
+        total("tollgate_server_auth_failures_total", &c.auth_failures);
+        total("tollgate_server_noauth_refusals_total", &c.noauth_refusals);
+        total("tollgate_server_quotas_evicted_total", &c.quotas_evicted);
+        total("tollgate_server_quotas_refused_total", &c.quotas_refused);
+        #[expect(clippy::cast_precision_loss, reason = "gauges are floats; these counts are far below 2^53")]
+        {
+            gauge!("tollgate_server_connections").set(c.connected.load(Relaxed) as f64);
+            let tables = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut undeclared = [self.retired[0].load(Relaxed), self.retired[1].load(Relaxed)];
+            let (mut keys, mut capacity, mut declared) = ([0u64; 2], [0u64; 2], 0u64);
+            for ((max_burst, count, period), t) in tables.iter() {
+                let i = usize::from(!t.pinned);
+                keys[i] += t.limiter.len();
+                capacity[i] += t.limiter.capacity();
+                let Some(s) = t.limiter.counters() else { continue };
+                if t.pinned {
+                    declared += 1;
+                    let quota = format!("{max_burst}:{count}:{period}");
+                    counter!("tollgate_server_decisions_total", "quota" => quota.clone(), "outcome" => "allowed")
+                        .absolute(s.allowed);
+                    counter!("tollgate_server_decisions_total", "quota" => quota, "outcome" => "denied")
+                        .absolute(s.denied);
+                } else {
+                    undeclared[0] += s.allowed;
+                    undeclared[1] += s.denied;
+                }
+            }
+            counter!("tollgate_server_decisions_total", "quota" => "undeclared", "outcome" => "allowed")
+                .absolute(undeclared[0]);
+            counter!("tollgate_server_decisions_total", "quota" => "undeclared", "outcome" => "denied")
+                .absolute(undeclared[1]);
+            let held = u64::try_from(tables.len()).unwrap_or(u64::MAX);
+            gauge!("tollgate_server_quotas", "kind" => "declared").set(declared as f64);
+            gauge!("tollgate_server_quotas", "kind" => "undeclared")
+                .set(held.saturating_sub(declared) as f64);
+            for (i, kind) in ["declared", "undeclared"].into_iter().enumerate() {
+                gauge!("tollgate_server_keys", "kind" => kind).set(keys[i] as f64);
+                gauge!("tollgate_server_keys_capacity", "kind" => kind).set(capacity[i] as f64);
+            }
+        }
+    }
+
+    /// The server's counts in the Prometheus text format, through `recorder` (which the
+    /// binary keeps for its `/metrics` page): connections, commands, `CL.THROTTLE` calls and
+    /// refusals, protocol and authentication errors, quotas held, refused and evicted, keys
+    /// and capacity, and decisions by quota and outcome (`tollgate_server_*`).
+    pub fn metrics_page(&self, recorder: &metrics_exporter_prometheus::PrometheusRecorder) -> String {
+        metrics::with_local_recorder(recorder, || self.report_metrics());
+        recorder.handle().render()
+    }
+
+    /// Serves `GET /metrics` (the [`metrics_page`](Server::metrics_page)) on `listener` until
+    /// [`Server::shutdown`]; any other path is a 404. HTTP/1.1, on hyper.
+    pub async fn serve_metrics(self: Arc<Self>, listener: TcpListener) {
+        use http_body_util::Full;
+        use hyper::{body::Incoming, Request, Response, StatusCode};
+        let recorder = Arc::new(metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder());
+        let mut stopping = self.stopping.subscribe();
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = stopping.wait_for(|&s| s) => return,
+            };
+            let Ok((stream, _)) = accepted else {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            };
+            let (server, recorder) = (Arc::clone(&self), Arc::clone(&recorder));
+            let page = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let response = if req.uri().path() == "/metrics" {
+                    Response::builder()
+                        .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+                        .body(Full::new(bytes::Bytes::from(server.metrics_page(&recorder))))
+                } else {
+                    Response::builder()
+                        .status(StatusCode::NOT_FOUND)
+                        .body(Full::new(bytes::Bytes::from_static(b"only /metrics\n")))
+                };
+                std::future::ready(response)
+            });
+            tokio::spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, page).await;
+            });
+        }
     }
 
     fn info(&self) -> String {

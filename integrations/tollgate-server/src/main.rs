@@ -31,7 +31,7 @@ struct Args {
     /// below but --log-format, --log-level and --check-config). Reloaded on SIGHUP.
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "bind", "port", "quotas", "capacity", "max_quotas", "max_fill_time", "users", "max_connections", "max_arg_bytes", "max_request_bytes", "idle_timeout",
-        "threads", "shutdown_timeout",
+        "threads", "shutdown_timeout", "metrics",
     ])]
     config: Option<PathBuf>,
     /// Reads the configuration (the file, or the flags), says whether it can be served, and
@@ -44,6 +44,11 @@ struct Args {
     /// The least severe log level written: error, warn, info, debug or trace.
     #[arg(long, default_value = "info", value_parser = ["error", "warn", "info", "debug", "trace"])]
     log_level: String,
+    /// Serves GET /metrics (Prometheus text: connections, commands, refusals, quotas, keys,
+    /// decisions by declared quota) on this address, e.g. 127.0.0.1:9187; its address is
+    /// printed after the RESP listeners'.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
     /// Seconds that connections in flight may take to finish on SIGTERM.
     #[arg(long, default_value_t = 10)]
     shutdown_timeout: u64,
@@ -149,6 +154,16 @@ async fn run(server: Arc<Server>, service: Service, path: Option<PathBuf>) -> bo
         tracing::info!(%local, "listening");
         listening.push(tokio::spawn(Arc::clone(&server).serve(listener)));
     }
+    if let Some(addr) = service.metrics {
+        let listener = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => fail(&format!("cannot serve metrics on {addr}: {e}")),
+        };
+        let local = listener.local_addr().map_or(addr, |a| a);
+        println!("tollgate-server metrics on http://{local}/metrics");
+        tracing::info!(%local, "serving /metrics");
+        listening.push(tokio::spawn(Arc::clone(&server).serve_metrics(listener)));
+    }
     let _ = std::io::stdout().flush();
     let signal = |kind| {
         tokio::signal::unix::signal(kind).unwrap_or_else(|e| fail(&format!("cannot handle signals: {e}")))
@@ -251,6 +266,7 @@ fn from_flags(args: &Args) -> (Config, Service) {
         listeners: vec![SocketAddr::new(args.bind, args.port)],
         threads: args.threads,
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
+        metrics: args.metrics,
     };
     (config, service)
 }
