@@ -52,7 +52,8 @@ cargo fmt --all -- --check
 step "clippy"
 cargo clippy --workspace --all-targets --profile ci -- -D warnings
 cargo clippy -p tollgate --all-targets --features serde,tokio,metrics --profile ci -- -D warnings
-cargo clippy -p tollgate-tower --all-targets --features axum --profile ci -- -D warnings
+cargo clippy -p tollgate-tower --all-targets --features axum,metrics --profile ci -- -D warnings
+cargo clippy -p tollgate-redis --all-targets --features metrics --profile ci -- -D warnings
 
 step "atomics come only from src/sync.rs"
 if grep -rn 'sync::atomic' src --include='*.rs' | grep -v '^src/sync.rs:'; then
@@ -70,15 +71,16 @@ SOAK_SECONDS=5 cargo test --profile ci --test soak -- --ignored
 step "the serde feature: configurations deserialize from their strings"
 cargo test -p tollgate --features serde --profile ci --test surface
 
-step "the metrics feature: limiters' counts on the metrics facade"
+step "the metrics features: limiters' and Redis limiters' counts on the metrics facade"
 cargo test -p tollgate --features metrics --profile ci --lib metrics
 cargo test -p tollgate --features metrics --profile ci --doc metrics
+cargo test -p tollgate-redis --features metrics --profile ci --test faults
 
 step "the tokio feature: async waiting, cancel-safe under select!"
 cargo test -p tollgate --features tokio --profile ci --test until_ready
 
-step "the HTTP layer with axum: its tests and the example, serving real requests on 127.0.0.1"
-cargo test -p tollgate-tower --features axum --profile ci
+step "the HTTP layer with axum and metrics: its tests and the example, serving real requests on 127.0.0.1"
+cargo test -p tollgate-tower --features axum,metrics --profile ci
 cargo run -q --profile ci -p tollgate-tower --features axum --example axum -- --addr 127.0.0.1:0 --requests 4
 
 step "the C ABI from a real C program: every function and error path, under valgrind"
@@ -139,8 +141,9 @@ rm -rf "$scratch"
 
 step "crate docs: every link resolves"
 RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate --features serde,tokio,metrics
-RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate-tower --features axum
-RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate-redis -p tollgate-server
+RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate-tower --features axum,metrics
+RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate-redis --features metrics
+RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate-server
 
 step "crate builds without default features"
 cargo check -p tollgate --no-default-features

@@ -290,6 +290,39 @@ impl RedisLimiter {
         self.inner.counters.snapshot()
     }
 
+    /// Writes the limiter's counts and breaker state to the current `metrics` recorder, as
+    /// absolute values labelled `limiter="name"` (feature `metrics`; call it before each
+    /// scrape): `tollgate_redis_decisions_total{path}` (`redis`, `error`, `deny`, `allow`,
+    /// `local`: who decided, Redis or the failure policy), `tollgate_redis_failures_total{cause}`
+    /// (`timeout`, `error`, `short_circuited`), `tollgate_redis_breaker_trips_total` and
+    /// `tollgate_redis_breaker_open` (1 while open).
+    #[cfg(feature = "metrics")]
+    pub fn report_metrics(&self, name: &str) {
+        use metrics::{counter, gauge};
+        let s = self.stats();
+        let limiter = name.to_owned();
+        for (path, n) in [
+            ("redis", s.redis),
+            ("error", s.failed_error),
+            ("deny", s.failed_deny),
+            ("allow", s.failed_allow),
+            ("local", s.local),
+        ] {
+            counter!("tollgate_redis_decisions_total", "limiter" => limiter.clone(), "path" => path)
+                .absolute(n);
+        }
+        for (cause, n) in
+            [("timeout", s.timeouts), ("error", s.errors), ("short_circuited", s.short_circuited)]
+        {
+            counter!("tollgate_redis_failures_total", "limiter" => limiter.clone(), "cause" => cause)
+                .absolute(n);
+        }
+        counter!("tollgate_redis_breaker_trips_total", "limiter" => limiter.clone())
+            .absolute(s.breaker_trips);
+        let open = self.inner.breaker.remaining() > Duration::ZERO;
+        gauge!("tollgate_redis_breaker_open", "limiter" => limiter).set(if open { 1.0 } else { 0.0 });
+    }
+
     /// One token for `key`: [`check_n`](RedisLimiter::check_n) with `n = 1`.
     pub async fn check(&self, key: impl AsRef<[u8]>) -> Result<Decision, Error> {
         self.check_n(key, 1).await

@@ -189,3 +189,47 @@ fn no_server_at_connect_is_a_typed_error() {
         }
     });
 }
+
+/// The `metrics` feature: a report while Redis is down says who decided and why, and that the
+/// breaker is open.
+#[cfg(feature = "metrics")]
+#[test]
+fn a_metrics_report_says_who_decided_and_the_breaker_state() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let mut server = Server::start(&[]);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let l = rt.block_on(limiter(&server, OnFailure::Deny));
+    assert!(rt.block_on(l.check("k")).unwrap().is_allowed_now());
+    server.kill();
+    for _ in 0..5 {
+        assert_eq!(rt.block_on(l.check("k")).unwrap().outcome(), Outcome::Denied);
+    }
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || l.report_metrics("api"));
+    let values: Vec<(String, f64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| {
+            let k = key.key();
+            let mut labels: Vec<String> = k.labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+            labels.sort();
+            let v = match value {
+                DebugValue::Counter(c) => c as f64,
+                DebugValue::Gauge(g) => g.into_inner(),
+                DebugValue::Histogram(_) => f64::NAN,
+            };
+            (format!("{}{{{}}}", k.name(), labels.join(",")), v)
+        })
+        .collect();
+    let at = |name: &str| values.iter().find(|(k, _)| k == name).map(|(_, v)| *v);
+    assert_eq!(at("tollgate_redis_decisions_total{limiter=api,path=redis}"), Some(1.0), "{values:?}");
+    assert_eq!(at("tollgate_redis_decisions_total{limiter=api,path=deny}"), Some(5.0), "{values:?}");
+    assert_eq!(at("tollgate_redis_breaker_trips_total{limiter=api}"), Some(1.0), "{values:?}");
+    assert_eq!(at("tollgate_redis_breaker_open{limiter=api}"), Some(1.0), "{values:?}");
+    assert!(
+        at("tollgate_redis_failures_total{cause=short_circuited,limiter=api}").unwrap() >= 2.0,
+        "{values:?}"
+    );
+}

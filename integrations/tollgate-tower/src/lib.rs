@@ -731,6 +731,18 @@ impl Config {
             Outcome::Delayed => (StatusCode::TOO_MANY_REQUESTS, 3),
             _ => (StatusCode::TOO_MANY_REQUESTS, 0),
         };
+        #[cfg(feature = "metrics")]
+        {
+            // Labels from the configuration (the limits' names), never from the request.
+            let outcome = ["denied", "insufficient", "table_full", "delayed"][body];
+            metrics::counter!(
+                "tollgate_http_refusals_total",
+                "limit" => self.limits[refused.index].name.clone(),
+                "outcome" => outcome,
+                "status" => status.as_str().to_owned()
+            )
+            .increment(1);
+        }
         let (content_type, body) = match &self.body {
             Some(f) => {
                 let limit = &self.limits[refused.index].name;
