@@ -1,3 +1,8 @@
+//! An exact, lock-free rate-limiter engine for hot paths: token bucket (GCRA), nginx's
+//! `limit_req`, fixed and sliding windows and a sliding log, one limit or one per key, each
+//! decision a CAS on one word, never admitting more than the quota allows.
+//!
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc = include_str!("../README.md")]
 
 /// The guides of `docs/guide/`, here so that their examples are compiled and run as tests.
@@ -25,12 +30,14 @@ pub mod clock;
 mod engine;
 mod keyed;
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
 mod policies;
 mod sync;
 
 pub use clock::{Clock, DefaultClock, ManualClock, StdClock};
 #[cfg(feature = "quanta")]
+#[cfg_attr(docsrs, doc(cfg(feature = "quanta")))]
 pub use clock::{CoarseClock, TscClock};
 pub use engine::admit::{check_all, Admit, Receipt};
 #[cfg(tollgate_loom)]

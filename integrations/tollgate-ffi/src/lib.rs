@@ -18,6 +18,7 @@
 //!   caller's time instead, in nanoseconds since the handle's creation, which the `_now`
 //!   functions read.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![allow(non_camel_case_types)]
 
 use std::cell::RefCell;

@@ -38,6 +38,7 @@
 //! # }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 mod error;
 mod failure;
 mod lease_word;

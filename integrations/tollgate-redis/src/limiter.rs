@@ -297,6 +297,7 @@ impl RedisLimiter {
     /// (`timeout`, `error`, `short_circuited`), `tollgate_redis_breaker_trips_total` and
     /// `tollgate_redis_breaker_open` (1 while open).
     #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn report_metrics(&self, name: &str) {
         use metrics::{counter, gauge};
         let s = self.stats();

@@ -53,6 +53,7 @@
 //! is closed, as Redis does (see [`resp`]). Silent connections are closed after the idle
 //! timeout, so that they cannot hold every connection slot.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 pub mod file;
 pub mod resp;
 

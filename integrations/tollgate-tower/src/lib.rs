@@ -27,6 +27,7 @@
 //! describe the limit closest to refusing (the one that refused, or the one with the fewest
 //! units left) and `RateLimit-Policy` lists every limit that applied.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 mod forwarded;
@@ -35,7 +36,7 @@ mod limit;
 
 /// The guide: answers, headers, keys and client IPs behind proxies, per-route limits, cost.
 pub mod guide {
-    #![doc = include_str!("../../../docs/guide/http.md")]
+    #![doc = include_str!("../guide.md")]
 }
 
 use std::fmt;
