@@ -899,6 +899,7 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Keyed<A, K, C> {
 
 /// Async waiting per key, on tokio's timer: the `tokio` feature.
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 impl<K: Key + ?Sized, C: Clock> Keyed<TokenBucket, K, C> {
     /// One token for `key`, awaited: [`until_ready_n`](Keyed::until_ready_n) of 1.
     pub async fn until_ready<Q>(&self, key: &Q) -> Result<Nanos, ReserveError>

@@ -108,6 +108,7 @@ impl<C: Clock> Pacer<C> {
 
     /// [`next`](Pacer::next) on tokio's timer (1 ms resolution, never early).
     #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub async fn next_async(&self) -> Nanos {
         let due = self.next_slot();
         loop {

@@ -405,6 +405,7 @@ impl<C: Clock> Direct<TokenBucket, C> {
 }
 
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 impl<C: Clock> Direct<TokenBucket, C> {
     /// One token, awaited: [`until_ready_n`](Direct::until_ready_n) of 1.
     pub async fn until_ready(&self) -> Result<Nanos, ReserveError> {
