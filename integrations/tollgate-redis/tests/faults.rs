@@ -47,7 +47,7 @@ impl Logs {
         LOGS.get_or_init(|| {
             let logs = Logs::default();
             let writer = logs.clone();
-            tracing_subscriber::fmt().with_writer(move || writer.clone()).init();
+            tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).init();
             logs
         })
     }
