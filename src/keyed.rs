@@ -203,7 +203,10 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized> KeyedBuilder<A, K> {
 
     /// A table on `clock`.
     pub fn build_with_clock<C: Clock>(self, clock: C) -> Result<Keyed<A, K, C>, ConfigError> {
-        let counters = self.counters.then(|| Arc::new(Counters::new()));
+        // The default tier and each named one, counted apart.
+        let counters = self
+            .counters
+            .then(|| Arc::new(Counters::with_tiers(self.tiers.iter().map(|(name, _)| name.as_str()))));
         Ok(Keyed { table: A::build(self, clock)?, counters })
     }
 }
@@ -779,6 +782,12 @@ impl<A: KeyedAlgorithm, K: Key + ?Sized, C: Clock> Keyed<A, K, C> {
         Some(snapshot)
     }
 
+    /// One tier's decisions so far by outcome (the default's is [`Tier::DEFAULT`]), if the
+    /// table counts decisions; [`counters`](Keyed::counters) has every tier's together.
+    pub fn tier_counters(&self, tier: Tier) -> Option<CounterSnapshot> {
+        self.counters.as_ref()?.tier_snapshot(tier.index())
+    }
+
     /// The decision counters themselves, for a metrics exporter that polls them apart from
     /// the table (decisions only: the table's own counts are in [`counters`](Keyed::counters)).
     pub fn counters_handle(&self) -> Option<Arc<Counters>> {
@@ -1047,7 +1056,7 @@ impl<K: Key + ?Sized, C: Clock> Keyed<TokenBucket, K, C> {
         K: Borrow<Q>,
         Q: Key<Words = K::Words> + ?Sized,
     {
-        self.table.reserve_words(key.words(self.table.fingerprint()), now, n, max_wait)
+        self.table.reserve_words(key.words(self.table.fingerprint()), now, n, max_wait, &self.counters)
     }
 
     /// Gives back what `r`, a reservation of `key`, still owes, by the rule of
@@ -1383,7 +1392,13 @@ pub(super) fn count(c: &Counters, code: usize) {
 #[inline(always)]
 pub(crate) fn tally(d: Decision, counters: &Option<Arc<Counters>>) -> Decision {
     if let Some(c) = counters {
-        count(c, d.outcome_code());
+        match d.outcome() {
+            // nginx's delays: counted with the time they were told to wait.
+            crate::Outcome::Delayed => {
+                c.record_delayed(0, d.delay().as_nanos().try_into().unwrap_or(u64::MAX))
+            }
+            _ => count(c, d.outcome_code()),
+        }
     }
     d
 }

@@ -10,6 +10,8 @@
 //! | metric | type | labels | what |
 //! |---|---|---|---|
 //! | `tollgate_decisions_total` | counter | `limiter`, `outcome` (`allowed`, `denied`, `delayed`, `insufficient`, `table_full`, `untracked`) | decisions by outcome |
+//! | `tollgate_tier_decisions_total` | counter | `limiter`, `tier` (its name; `default`), `outcome` | a keyed table's decisions by tier, when it has [tiers](crate::KeyedBuilder::tier) |
+//! | `tollgate_wait_nanoseconds_total` | counter | `limiter` | the waits delayed admissions were told (reservations, `acquire`, `until_ready`, nginx's delays), summed: with `outcome="delayed"`, the mean wait |
 //! | `tollgate_keys` | gauge | `limiter` | keys a keyed table holds |
 //! | `tollgate_keys_capacity` | gauge | `limiter` | keys it can hold |
 //! | `tollgate_key_inserts_total` | counter | `limiter` | keys placed in the table |
@@ -60,8 +62,8 @@ impl std::error::Error for NoCounters {}
 enum Source {
     /// A direct limiter's decision counters.
     Direct(Arc<Counters>),
-    /// A keyed table's counts and fill, while the table lives.
-    Table(Box<dyn Fn() -> Option<(CounterSnapshot, u64, u64)> + Send + Sync>),
+    /// A keyed table's counts and fill, while the table lives, and its decision counters.
+    Table(Box<dyn Fn() -> Option<(CounterSnapshot, u64, u64)> + Send + Sync>, Arc<Counters>),
 }
 
 /// Writes registered limiters' counts to the [`metrics`] facade on each
@@ -115,15 +117,15 @@ impl Reporter {
         Keyed<A, K, C>: Send + Sync,
     {
         let name = name.into();
-        if table.counters().is_none() {
+        let Some(counters) = table.counters_handle() else {
             return Err(NoCounters { limiter: name.to_string() });
-        }
+        };
         let weak: Weak<Keyed<A, K, C>> = Arc::downgrade(table);
         let read = move || {
             let t = weak.upgrade()?;
             Some((t.counters()?, t.len(), t.capacity()))
         };
-        self.push(name, Source::Table(Box::new(read)));
+        self.push(name, Source::Table(Box::new(read), counters));
         Ok(())
     }
 
@@ -137,9 +139,10 @@ impl Reporter {
         for (name, source) in limiters.iter() {
             match source {
                 Source::Direct(counters) => decisions(name, &counters.snapshot()),
-                Source::Table(read) => {
+                Source::Table(read, counters) => {
                     let Some((s, keys, capacity)) = read() else { continue };
                     decisions(name, &s);
+                    tiers(name, counters);
                     let limiter = ("limiter", name.clone());
                     #[expect(
                         clippy::cast_precision_loss,
@@ -161,20 +164,45 @@ impl Reporter {
     }
 }
 
-/// `tollgate_decisions_total` of one limiter, by outcome.
+/// `tollgate_decisions_total` of one limiter, by outcome, and the time its waits were told.
 fn decisions(name: &SharedString, s: &CounterSnapshot) {
-    let by_outcome = [
+    for (outcome, count) in by_outcome(s) {
+        let labels = [("limiter", name.clone()), ("outcome", SharedString::const_str(outcome))];
+        counter!("tollgate_decisions_total", &labels).absolute(count);
+    }
+    counter!("tollgate_wait_nanoseconds_total", "limiter" => name.clone()).absolute(s.waited_nanos);
+}
+
+/// `tollgate_tier_decisions_total` of a table with tiers (nothing for one without).
+fn tiers(name: &SharedString, counters: &Counters) {
+    if counters.tiers() < 2 {
+        return;
+    }
+    for tier in 0..counters.tiers() {
+        let (Some(s), Some(tier_name)) = (counters.tier_snapshot(tier), counters.tier_name(tier)) else {
+            continue;
+        };
+        for (outcome, count) in by_outcome(&s) {
+            let labels = [
+                ("limiter", name.clone()),
+                ("tier", SharedString::from(tier_name.to_owned())),
+                ("outcome", SharedString::const_str(outcome)),
+            ];
+            counter!("tollgate_tier_decisions_total", &labels).absolute(count);
+        }
+    }
+}
+
+/// A snapshot's decisions, by the `outcome` label's values.
+fn by_outcome(s: &CounterSnapshot) -> [(&'static str, u64); 6] {
+    [
         ("allowed", s.allowed),
         ("denied", s.denied),
         ("delayed", s.delayed),
         ("insufficient", s.insufficient),
         ("table_full", s.table_full),
         ("untracked", s.untracked),
-    ];
-    for (outcome, count) in by_outcome {
-        let labels = [("limiter", name.clone()), ("outcome", SharedString::const_str(outcome))];
-        counter!("tollgate_decisions_total", &labels).absolute(count);
-    }
+    ]
 }
 
 #[cfg(test)]
@@ -264,5 +292,62 @@ mod tests {
             value(&s, "tollgate_decisions_total", &[("limiter", limiter), ("outcome", outcome)])
         };
         assert_eq!((d("global", "allowed"), d("global", "denied")), (Some(3.0), Some(2.0)));
+    }
+
+    #[test]
+    fn tiers_and_waits_are_reported() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let clock = ManualClock::new();
+        let paced =
+            Limiter::with_clock(TokenBucket::per_second(10).unwrap().with_burst(1).unwrap(), clock.clone())
+                .with_counters();
+        let table = Arc::new(
+            KeyedLimiter::<u64, ManualClock>::builder_for_clock(TokenBucket::per_second(1).unwrap())
+                .tier("premium", TokenBucket::per_second(2).unwrap().with_burst(2).unwrap())
+                .capacity(16)
+                .counters(true)
+                .build_with_clock(clock.clone())
+                .unwrap(),
+        );
+        let premium = table.tier("premium").unwrap();
+        table.set_override(&7, premium).unwrap();
+        let reporter = Reporter::new();
+        reporter.limiter("paced", &paced).unwrap();
+        reporter.table("per-key", &table).unwrap();
+        // Two reservations in a row: due now and in 100 ms; one refused past a 50 ms wait.
+        let waits: Vec<_> = (0..2).map(|_| paced.reserve().unwrap().delay()).collect();
+        assert_eq!(waits[1], std::time::Duration::from_millis(100));
+        assert!(paced.reserve_n_within(1, std::time::Duration::from_millis(50)).is_err());
+        for _ in 0..3 {
+            let _ = table.check(&7); // premium: 2 allowed, 1 denied
+        }
+        let _ = table.check(&1); // default: allowed
+        let _ = table.reserve(&1).unwrap(); // default: due in 1 s
+        metrics::with_local_recorder(&recorder, || reporter.report());
+        let s: Vec<_> = snapshotter.snapshot().into_vec();
+        let d = |limiter, outcome| {
+            value(&s, "tollgate_decisions_total", &[("limiter", limiter), ("outcome", outcome)])
+        };
+        assert_eq!(
+            (d("paced", "allowed"), d("paced", "delayed"), d("paced", "denied")),
+            (Some(1.0), Some(1.0), Some(1.0))
+        );
+        assert_eq!(value(&s, "tollgate_wait_nanoseconds_total", &[("limiter", "paced")]), Some(100e6));
+        let t = |tier, outcome| {
+            value(
+                &s,
+                "tollgate_tier_decisions_total",
+                &[("limiter", "per-key"), ("tier", tier), ("outcome", outcome)],
+            )
+        };
+        assert_eq!((t("premium", "allowed"), t("premium", "denied")), (Some(2.0), Some(1.0)));
+        assert_eq!((t("default", "allowed"), t("default", "delayed")), (Some(1.0), Some(1.0)));
+        assert_eq!((d("per-key", "allowed"), d("per-key", "delayed")), (Some(3.0), Some(1.0)));
+        assert_eq!(value(&s, "tollgate_wait_nanoseconds_total", &[("limiter", "per-key")]), Some(1e9));
+        assert_eq!(table.tier_counters(premium).map(|c| c.denied), Some(1));
+        // A table without tiers writes no tier series; a direct limiter has one tier.
+        assert_eq!(paced.counters_handle().unwrap().tiers(), 1);
+        assert!(paced.counters_handle().unwrap().tier_snapshot(1).is_none());
     }
 }

@@ -38,8 +38,13 @@ use crate::{Decision, Outcome};
 pub(crate) const OWNED: usize = 64;
 #[cfg(tollgate_loom)]
 pub(crate) const OWNED: usize = 2;
-/// Outcomes counted: one slot per outcome code (`Decision::outcome_code`; two codes unused).
+/// Outcomes counted: one slot per outcome code (`Decision::outcome_code`); code 3, no
+/// outcome's, holds the nanoseconds delayed admissions were told to wait, and code 7 is unused.
 const OUTCOMES: usize = crate::engine::decision::OUTCOME_CODES;
+/// The slot of the waits' nanoseconds.
+const WAITED: usize = 3;
+/// The code of a delayed admission.
+const DELAYED: usize = 2;
 
 /// Which thread owns which slot: the indices free to take, and the next never taken. Public
 /// only to the loom models (`--cfg tollgate_loom`).
@@ -85,25 +90,109 @@ impl SlotRegistry {
 /// The decision counters of one limiter, shared with whoever polls them (a metrics exporter
 /// holds an `Arc<Counters>` from [`Direct::counters_handle`](crate::Direct::counters_handle)
 /// or [`Keyed::counters_handle`](crate::Keyed::counters_handle)).
+///
+/// A keyed table with [tiers](crate::KeyedBuilder::tier) counts each tier apart as well
+/// ([`tier_snapshot`](Counters::tier_snapshot)): the default tier in the slots above, every
+/// other tier in slots of its own (one per owning thread and tier, 128 bytes each: 8 KiB per
+/// tier), written only on the tiered decisions' out-of-line path.
 pub struct Counters {
-    /// One slot per owning thread.
+    /// One slot per owning thread, for the default tier (and for a direct limiter).
     owned: Box<[CachePadded<[AtomicU64; OUTCOMES]>]>,
     /// The slot of every thread without one of its own.
     shared: CachePadded<[AtomicU64; OUTCOMES]>,
+    /// The other tiers' slots: `(OWNED + 1) × (tiers − 1)`, the slot of thread slot `i` (the
+    /// shared one at `i = OWNED`) and tier `t ≥ 1` at `i × (tiers − 1) + t − 1`.
+    tiered: Box<[CachePadded<[AtomicU64; OUTCOMES]>]>,
+    /// Tiers counted apart, the default included (1 for a direct limiter).
+    tiers: usize,
+    /// Their names, when there are several (the default's is `"default"`).
+    names: Box<[String]>,
+}
+
+/// A slot at zero.
+fn zeros() -> CachePadded<[AtomicU64; OUTCOMES]> {
+    CachePadded::new(core::array::from_fn(|_| AtomicU64::new(0)))
 }
 
 impl Counters {
     /// Counters at zero.
     pub fn new() -> Counters {
-        let zeros = || CachePadded::new(core::array::from_fn(|_| AtomicU64::new(0)));
-        Counters { owned: (0..OWNED).map(|_| zeros()).collect(), shared: zeros() }
+        Counters::with_tiers(core::iter::empty())
+    }
+
+    /// Counters at zero for a table of the tiers named `others` besides the default.
+    pub(crate) fn with_tiers<'a>(others: impl ExactSizeIterator<Item = &'a str>) -> Counters {
+        let tiers = others.len() + 1;
+        let names = match tiers {
+            1 => Box::default(),
+            _ => core::iter::once("default").chain(others).map(str::to_owned).collect(),
+        };
+        Counters {
+            owned: (0..OWNED).map(|_| zeros()).collect(),
+            shared: zeros(),
+            tiered: (0..(OWNED + 1) * (tiers - 1)).map(|_| zeros()).collect(),
+            tiers,
+            names,
+        }
+    }
+
+    /// The tiers counted apart, the default included (1 for a direct limiter).
+    pub fn tiers(&self) -> usize {
+        self.tiers
+    }
+
+    /// The name of the tier of index `tier` (`"default"` for 0), or `None` past the tiers.
+    pub fn tier_name(&self, tier: usize) -> Option<&str> {
+        match tier {
+            0 => Some("default"),
+            _ => self.names.get(tier).map(String::as_str),
+        }
     }
 
     /// Counts one decision, by its outcome's code (`Decision::outcome_code`, which
     /// [`snapshot`](Counters::snapshot) reads back by outcome).
     #[inline]
     pub(crate) fn record(&self, d: &Decision) {
-        self.record_code(d.outcome_code());
+        let code = d.outcome_code();
+        if code == DELAYED {
+            self.record_delayed(0, d.delay().as_nanos().try_into().unwrap_or(u64::MAX));
+        } else {
+            self.record_code(code);
+        }
+    }
+
+    /// Counts one decision of `code` under tier `tier` (its index in the table's list).
+    #[inline]
+    pub(crate) fn record_tier(&self, tier: usize, code: usize) {
+        self.add_in(own_slot(), tier, code, 1);
+    }
+
+    /// Counts one delayed admission under tier `tier`, told to wait `wait_ns`.
+    #[cold]
+    pub(crate) fn record_delayed(&self, tier: usize, wait_ns: u64) {
+        let slot = own_slot();
+        self.add_in(slot, tier, DELAYED, 1);
+        self.add_in(slot, tier, WAITED, wait_ns);
+    }
+
+    /// Adds `amount` to `code`'s count of tier `tier` in `slot`, which the calling thread owns
+    /// (from [`SlotRegistry::acquire`]), or in the shared slot; a tier past the counted ones
+    /// counts as the default.
+    #[inline]
+    fn add_in(&self, slot: Option<usize>, tier: usize, code: usize, amount: u64) {
+        if tier == 0 || tier >= self.tiers {
+            return self.add_default(slot, code, amount);
+        }
+        let row = slot.filter(|&i| i < OWNED).unwrap_or(OWNED);
+        let Some(counts) = self.tiered.get(row * (self.tiers - 1) + tier - 1) else { return };
+        if row < OWNED {
+            // As in `add_default`: this thread is the slot's only writer.
+            let count = &counts[code];
+            count.store(count.load(Relaxed).wrapping_add(amount), Relaxed);
+        } else {
+            // Relaxed: a statistic; see the module docs.
+            counts[code].fetch_add(amount, Relaxed);
+        }
     }
 
     /// [`record`](Counters::record) by the outcome's code.
@@ -116,17 +205,23 @@ impl Counters {
     /// [`SlotRegistry::acquire`]), or in the shared slot.
     #[inline]
     pub(crate) fn record_in(&self, slot: Option<usize>, code: usize) {
+        self.add_default(slot, code, 1);
+    }
+
+    /// Adds `amount` to `code`'s count of the default tier in `slot` (or the shared slot).
+    #[inline]
+    fn add_default(&self, slot: Option<usize>, code: usize, amount: u64) {
         match slot.and_then(|i| self.owned.get(i)) {
             Some(owned) => {
                 // Relaxed, and no read-modify-write: this thread is the slot's only writer (see
                 // the module docs); the load sees its own last store, or the previous owner's,
                 // ordered before it by the registry's mutex.
                 let count = &owned[code];
-                count.store(count.load(Relaxed).wrapping_add(1), Relaxed);
+                count.store(count.load(Relaxed).wrapping_add(amount), Relaxed);
             }
             // Relaxed: a statistic; see the module docs.
             None => {
-                self.shared[code].fetch_add(1, Relaxed);
+                self.shared[code].fetch_add(amount, Relaxed);
             }
         }
     }
@@ -139,10 +234,29 @@ impl Counters {
         self.record_in(slot, code(outcome) as usize);
     }
 
-    /// The counts so far.
+    /// The counts so far, of every tier.
     pub fn snapshot(&self) -> CounterSnapshot {
+        let slots = self.owned.iter().chain(core::iter::once(&self.shared)).chain(self.tiered.iter());
+        Counters::sum(slots)
+    }
+
+    /// The counts so far of one tier of a keyed table (of `Tier::index` `tier`; the default
+    /// is 0), or `None` past the table's tiers. A direct limiter has one tier, the default.
+    pub fn tier_snapshot(&self, tier: usize) -> Option<CounterSnapshot> {
+        if tier >= self.tiers {
+            return None;
+        }
+        if tier == 0 {
+            return Some(Counters::sum(self.owned.iter().chain(core::iter::once(&self.shared))));
+        }
+        let others = self.tiers - 1;
+        Some(Counters::sum(self.tiered.iter().skip(tier - 1).step_by(others)))
+    }
+
+    /// The counts of `slots` summed.
+    fn sum<'a>(slots: impl Iterator<Item = &'a CachePadded<[AtomicU64; OUTCOMES]>>) -> CounterSnapshot {
         let mut sum = [0u64; OUTCOMES];
-        for slot in self.owned.iter().chain(core::iter::once(&self.shared)) {
+        for slot in slots {
             for (total, count) in sum.iter_mut().zip(slot.iter()) {
                 // Relaxed: see the module docs.
                 *total = total.wrapping_add(count.load(Relaxed));
@@ -160,6 +274,7 @@ impl Counters {
             delayed: count(Outcome::Delayed),
             table_full: count(Outcome::TableFull),
             untracked: count(Outcome::Untracked),
+            waited_nanos: sum[WAITED],
             ..CounterSnapshot::default()
         }
     }
@@ -257,7 +372,9 @@ fn own_slot() -> Option<usize> {
 
 /// A limiter's counts at one moment: decisions by outcome (every call that decided: `check`,
 /// `check_n`, their `_at` forms, batches, and each limit's own decision in `check_all`, a
-/// refunded one included) and, for keyed tables, what the table did.
+/// refunded one included; and each reservation of a token bucket, `acquire` and `until_ready`
+/// included: due at once is allowed, due later delayed, due past the wait allowed denied,
+/// over the burst insufficient) and, for keyed tables, what the table did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct CounterSnapshot {
@@ -268,8 +385,12 @@ pub struct CounterSnapshot {
     /// Refused for good: the cost exceeds what the limit admits at once
     /// ([`Outcome::Insufficient`](crate::Outcome::Insufficient)).
     pub insufficient: u64,
-    /// Admitted with a delay ([`Outcome::Delayed`](crate::Outcome::Delayed)).
+    /// Admitted with a delay: [`Outcome::Delayed`](crate::Outcome::Delayed), and
+    /// reservations due in the future (`reserve`, `acquire`, `until_ready`: the waits).
     pub delayed: u64,
+    /// The delays those admissions were told, summed, in nanoseconds: the time callers waited
+    /// or were asked to wait.
+    pub waited_nanos: u64,
     /// New keys refused by a full table ([`Outcome::TableFull`](crate::Outcome::TableFull)).
     pub table_full: u64,
     /// New keys admitted uncounted by a full table ([`Outcome::Untracked`](crate::Outcome::Untracked)).
@@ -322,5 +443,43 @@ mod tests {
         assert_eq!(c.snapshot().denied, 300);
         // The slots were given back: a new thread owns one.
         assert!(std::thread::spawn(own_slot).join().unwrap().is_some());
+    }
+
+    /// Each tier's counts land in its own slots, from owning and sharing threads alike, and
+    /// add up to the total; a tier past the table's counts as the default.
+    #[test]
+    fn tiers_are_counted_apart_and_together() {
+        let c = Arc::new(Counters::with_tiers(["gold", "silver"].into_iter()));
+        assert_eq!(
+            (c.tiers(), c.tier_name(0), c.tier_name(2), c.tier_name(3)),
+            (3, Some("default"), Some("silver"), None)
+        );
+        let barrier = Arc::new(std::sync::Barrier::new(OWNED + 4));
+        let threads: Vec<_> = (0..OWNED + 4)
+            .map(|i| {
+                let (c, barrier) = (Arc::clone(&c), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    for _ in 0..100 {
+                        c.record_tier(i % 3, 4);
+                    }
+                    c.record_delayed(2, 1_000);
+                    c.record_tier(9, 0);
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        let n = OWNED as u64 + 4;
+        let per_tier = |t: usize| (0..OWNED + 4).filter(|i| i % 3 == t).count() as u64;
+        for t in 0..3 {
+            let s = c.tier_snapshot(t).unwrap();
+            assert_eq!(s.denied, per_tier(t) * 100, "tier {t}");
+        }
+        let silver = c.tier_snapshot(2).unwrap();
+        assert_eq!((silver.delayed, silver.waited_nanos), (n, n * 1_000));
+        assert_eq!(c.tier_snapshot(0).unwrap().allowed, n);
+        let all = c.snapshot();
+        assert_eq!((all.denied, all.delayed, all.allowed, all.waited_nanos), (n * 100, n, n, n * 1_000));
+        assert!(c.tier_snapshot(3).is_none());
     }
 }

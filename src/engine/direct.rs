@@ -296,6 +296,20 @@ impl<A: Algorithm, C: Clock> Direct<A, C> {
         (self.flags.load(Relaxed) & CHANGED == 0).then_some(&self.algorithm)
     }
 
+    /// [`built`](Direct::built), and only while nothing counts the decisions: the common path
+    /// of an algorithm's own methods that count (reservations), in the same one test.
+    #[inline(always)]
+    pub(crate) fn built_uncounted(&self) -> Option<&A> {
+        // Relaxed: as in `check_n_at`.
+        (self.flags.load(Relaxed) == 0).then_some(&self.algorithm)
+    }
+
+    /// The counters, for an algorithm's own methods that count.
+    #[inline]
+    pub(crate) fn counters_ref(&self) -> Option<&Counters> {
+        self.counters.as_deref()
+    }
+
     /// The configuration decisions use now and its generation, when it may have been replaced:
     /// the published one, or the built one (generation 0) while none was.
     pub(crate) fn replaced(&self) -> (A, u64)

@@ -140,9 +140,28 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
         now: Nanos,
         n: u64,
         max_wait: Duration,
+        counters: &Option<Arc<Counters>>,
     ) -> Result<Reservation, ReserveError> {
         let t = self.target(words);
-        let q = self.params.tiers.get(self.tier_of(t.words, t.hash));
+        let tier = self.tier_of(t.words, t.hash);
+        let r = self.reserve_in(&t, tier, now, n, max_wait);
+        if let Some(c) = counters {
+            crate::policies::reserve::count_reservation(c, tier, &r);
+        }
+        r
+    }
+
+    /// [`reserve_words`](KeyedLimiter::reserve_words) for the key `t` of tier `tier` (its index).
+    #[inline(always)]
+    fn reserve_in(
+        &self,
+        t: &Target<'_, K::Words>,
+        tier: usize,
+        now: Nanos,
+        n: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation, ReserveError> {
+        let q = self.params.tiers.get(tier);
         if n > q.burst() {
             return Err(ReserveError::Insufficient { requested: n, burst: q.burst() });
         }
@@ -450,7 +469,7 @@ impl<K: Key + ?Sized, C: Clock> BucketTable<K, C> {
             d = self.decide_late(words, n);
         }
         if let Some(c) = counters {
-            c.record_code(d.outcome_code());
+            c.record_tier(tier, d.outcome_code());
         }
         d
     }

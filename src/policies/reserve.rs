@@ -16,7 +16,7 @@ use core::time::Duration;
 
 use crate::engine::direct::Direct;
 use crate::engine::wait::sleep_until;
-use crate::{Clock, Nanos, TokenBucket};
+use crate::{Clock, Counters, Nanos, Outcome, TokenBucket};
 
 /// Tokens reserved on a [`Limiter`](crate::Limiter) or for one key of a
 /// [`KeyedLimiter`](crate::KeyedLimiter): due at [`ready_at`](Reservation::ready_at), on the
@@ -53,6 +53,23 @@ pub struct Reservation {
     /// Keyed only: the tokens' cost in units under the quota it was made under (a tier may
     /// change before the cancel); 0 for a direct one.
     cost: u64,
+}
+
+/// Counts a reservation of tier `tier` (0 for a direct limiter) by what it amounts to: due at
+/// once an admission, due later a delayed one (with its wait), too late a denial, over the
+/// burst insufficient, no room in a keyed table `table_full`.
+#[cold]
+pub(crate) fn count_reservation(c: &Counters, tier: usize, r: &Result<Reservation, ReserveError>) {
+    use crate::engine::decision::code;
+    let outcome = match r {
+        Ok(r) if r.wait > 0 => return c.record_delayed(tier, r.wait),
+        Ok(_) => Outcome::Allowed,
+        Err(ReserveError::TooLate { .. }) => Outcome::Denied,
+        Err(ReserveError::Insufficient { .. }) => Outcome::Insufficient,
+        Err(ReserveError::TableFull) => Outcome::TableFull,
+    };
+    #[expect(clippy::cast_possible_truncation, reason = "a code is below OUTCOME_CODES")]
+    c.record_tier(tier, code(outcome) as usize);
 }
 
 /// The fields of a keyed reservation, for `keyed/bucket.rs`.
@@ -273,18 +290,28 @@ impl<C: Clock> Direct<TokenBucket, C> {
     /// [`reserve_n_within`](Direct::reserve_n_within) at a caller-supplied `now`.
     #[inline(always)]
     pub fn reserve_n_at(&self, now: Nanos, n: u64, max_wait: Duration) -> Result<Reservation, ReserveError> {
-        // The built quota in place, a replaced one out of line (`Direct::built`).
-        match self.built() {
+        // The built quota in place, uncounted; a replaced one or counters out of line
+        // (`Direct::built_uncounted`).
+        match self.built_uncounted() {
             Some(q) => self.reserve_under(q, 0, now, n, max_wait),
-            None => self.reserve_replaced(now, n, max_wait),
+            None => self.reserve_flagged(now, n, max_wait),
         }
     }
 
-    /// [`reserve_n_at`](Direct::reserve_n_at) once the quota has been replaced.
+    /// [`reserve_n_at`](Direct::reserve_n_at) once the quota has been replaced, or counted.
     #[inline(never)]
-    fn reserve_replaced(&self, now: Nanos, n: u64, max_wait: Duration) -> Result<Reservation, ReserveError> {
-        let (q, generation) = self.replaced();
-        self.reserve_under(&q, generation, now, n, max_wait)
+    fn reserve_flagged(&self, now: Nanos, n: u64, max_wait: Duration) -> Result<Reservation, ReserveError> {
+        let r = match self.built() {
+            Some(q) => self.reserve_under(q, 0, now, n, max_wait),
+            None => {
+                let (q, generation) = self.replaced();
+                self.reserve_under(&q, generation, now, n, max_wait)
+            }
+        };
+        if let Some(c) = self.counters_ref() {
+            count_reservation(c, 0, &r);
+        }
+        r
     }
 
     #[inline(always)]

@@ -233,3 +233,37 @@ fn a_metrics_report_says_who_decided_and_the_breaker_state() {
         "{values:?}"
     );
 }
+
+/// `round_trip_histogram`: one latency sample per round trip, under the limiter's name, in
+/// seconds.
+#[cfg(feature = "metrics")]
+#[test]
+fn round_trips_are_timed_into_a_histogram() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let server = Server::start(&[]);
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let l = rt
+        .block_on(RedisLimiter::builder(quota()).url(server.url()).round_trip_histogram("api").connect())
+        .unwrap();
+    for _ in 0..3 {
+        assert!(rt.block_on(l.check("k")).unwrap().is_allowed_now());
+    }
+    let samples: Vec<f64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| {
+            key.key().name() == "tollgate_redis_round_trip_seconds"
+                && key.key().labels().any(|l| l.key() == "limiter" && l.value() == "api")
+        })
+        .flat_map(|(.., value)| match value {
+            DebugValue::Histogram(h) => h.into_iter().map(|v| v.into_inner()).collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    assert_eq!(samples.len(), 3, "{samples:?}");
+    assert!(samples.iter().all(|&s| s > 0.0 && s < 0.1), "seconds within the timeout: {samples:?}");
+}
