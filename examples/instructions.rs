@@ -5,7 +5,7 @@
 //! ```sh
 //! cargo build --release --example instructions
 //! for s in keyed_allow keyed_deny verdict_allow verdict_deny coarse_allow nginx_allow \
-//!     direct_allow direct_deny reserve_deny floor; do
+//!     direct_allow direct_deny counted_allow counted_deny reserve_deny floor; do
 //!     valgrind --tool=callgrind --toggle-collect="*${s%_*}_loop*" --callgrind-out-file=/dev/null \
 //!         target/release/examples/instructions "$s" 20000 2>&1 | grep -o 'Collected : [0-9]*'
 //! done    # divide each by 20000
@@ -15,7 +15,8 @@
 //! `verdict_*` (the same, read only by `is_allowed`: what the rest of the decision costs is
 //! then never spent), `coarse_allow` (`keyed_allow` on the `CoarseClock`), `nginx_allow` (a
 //! keyed nginx `limit_req`, as a policy's path), the
-//! same for `direct_*` (`Limiter::check`), `reserve_deny` (a refused `reserve_n(1)`), and
+//! same for `direct_*` (`Limiter::check`), `counted_*` (`direct_*` with decision counters, the
+//! metrics' source), `reserve_deny` (a refused `reserve_n(1)`), and
 //! `floor` (a TSC read, an ahash of the key and a CAS on a slot: the keyed floor). Each loop
 //! keeps its decision by reference (`black_box(&d)`), as the benchmark suite does: by value,
 //! the copy itself costs a failed store forward no caller pays. The counts include the loop's
@@ -67,6 +68,17 @@ fn nginx_loop(l: &Keyed<Nginx, u64>, keys: &[u64], iters: usize) {
 
 #[inline(never)]
 fn direct_loop(l: &Limiter, iters: usize) {
+    for _ in 0..iters {
+        let d = l.check();
+        black_box(&d);
+    }
+}
+
+/// `direct_loop` on a limiter with decision counters (the metrics' source).
+#[inline(never)]
+fn counted_loop(l: &Limiter, iters: usize) {
+    // Not `direct_loop`'s body exactly, which the compiler would merge into one function.
+    let l = black_box(l);
     for _ in 0..iters {
         let d = l.check();
         black_box(&d);
@@ -137,6 +149,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let l = Limiter::new(if which == "direct_allow" { allowing()? } else { refusing()? });
             let _ = l.check();
             direct_loop(&l, iters);
+        }
+        "counted_allow" | "counted_deny" => {
+            let l = Limiter::new(if which == "counted_allow" { allowing()? } else { refusing()? }).with_counters();
+            let _ = l.check();
+            counted_loop(&l, iters);
         }
         "reserve_deny" => {
             let l = Limiter::new(refusing()?);

@@ -96,8 +96,9 @@ impl SlotRegistry {
 /// other tier in slots of its own (one per owning thread and tier, 128 bytes each: 8 KiB per
 /// tier), written only on the tiered decisions' out-of-line path.
 pub struct Counters {
-    /// One slot per owning thread, for the default tier (and for a direct limiter).
-    owned: Box<[CachePadded<[AtomicU64; OUTCOMES]>]>,
+    /// One slot per owning thread, for the default tier (and for a direct limiter): in place,
+    /// so that a count is one load from the counters' address, not two.
+    owned: [CachePadded<[AtomicU64; OUTCOMES]>; OWNED],
     /// The slot of every thread without one of its own.
     shared: CachePadded<[AtomicU64; OUTCOMES]>,
     /// The other tiers' slots: `(OWNED + 1) × (tiers − 1)`, the slot of thread slot `i` (the
@@ -128,7 +129,7 @@ impl Counters {
             _ => core::iter::once("default").chain(others).map(str::to_owned).collect(),
         };
         Counters {
-            owned: (0..OWNED).map(|_| zeros()).collect(),
+            owned: core::array::from_fn(|_| zeros()),
             shared: zeros(),
             tiered: (0..(OWNED + 1) * (tiers - 1)).map(|_| zeros()).collect(),
             tiers,
@@ -151,7 +152,7 @@ impl Counters {
 
     /// Counts one decision, by its outcome's code (`Decision::outcome_code`, which
     /// [`snapshot`](Counters::snapshot) reads back by outcome).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn record(&self, d: &Decision) {
         let code = d.outcome_code();
         if code == DELAYED {
@@ -196,8 +197,24 @@ impl Counters {
     }
 
     /// [`record`](Counters::record) by the outcome's code.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn record_code(&self, code: usize) {
+        // One thread-local read and a bound test on the common path; taking a slot, and
+        // counting without one, out of line.
+        match self.owned.get(own_index()) {
+            Some(owned) => {
+                // As in `add_default`: this thread is the slot's only writer.
+                let count = &owned[code];
+                count.store(count.load(Relaxed).wrapping_add(1), Relaxed);
+            }
+            None => self.record_unowned(code),
+        }
+    }
+
+    /// [`record_code`](Counters::record_code) on a thread that owns no slot yet, or none.
+    #[cold]
+    #[inline(never)]
+    fn record_unowned(&self, code: usize) {
         self.record_in(own_slot(), code);
     }
 
@@ -305,14 +322,25 @@ const UNASKED: usize = usize::MAX;
 #[cfg(not(tollgate_loom))]
 const SHARED: usize = usize::MAX - 1;
 
+#[cfg(not(tollgate_loom))]
+thread_local! {
+    /// This thread's slot, `UNASKED` or `SHARED`. No destructor, so reading it costs no
+    /// registration check; the guard of `take_slot` has one.
+    static SLOT: Cell<usize> = const { Cell::new(UNASKED) };
+}
+
+/// This thread's slot index as it stands: below [`OWNED`] once it owns one, else at or above
+/// (not asked yet, or none to be had): the common path's one read.
+#[cfg(not(tollgate_loom))]
+#[inline(always)]
+fn own_index() -> usize {
+    SLOT.with(Cell::get)
+}
+
 /// This thread's slot: taken from the registry on first use, given back when the thread exits.
 #[cfg(not(tollgate_loom))]
 #[inline]
 fn own_slot() -> Option<usize> {
-    thread_local! {
-        // No destructor, so reading it costs no registration check; the guard below has one.
-        static SLOT: Cell<usize> = const { Cell::new(UNASKED) };
-    }
     let i = SLOT.with(Cell::get);
     if i < OWNED {
         return Some(i);
@@ -368,6 +396,12 @@ fn take_slot(slot: &'static std::thread::LocalKey<Cell<usize>>) -> Option<usize>
 #[cfg(tollgate_loom)]
 fn own_slot() -> Option<usize> {
     None
+}
+
+/// Under loom, no thread owns a slot (see `own_slot`).
+#[cfg(tollgate_loom)]
+fn own_index() -> usize {
+    usize::MAX
 }
 
 /// A limiter's counts at one moment: decisions by outcome (every call that decided: `check`,

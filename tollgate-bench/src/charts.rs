@@ -1,16 +1,36 @@
-//! SVG charts: throughput against threads, and the latency distribution of single calls, one
-//! panel per workload, one line per subject.
+//! SVG charts a reader takes in at a glance; the full matrix stays in the report's tables.
+//!
+//! - `decisions.svg`: per workload, ns per decision on one thread as bars (lower is better)
+//!   for tollgate, its floor and the peers; tollgate's bar in its own colour, each bar labelled
+//!   with its time and a ratio (tollgate against its floor, a peer against tollgate).
+//! - `scaling.svg`: the same subjects' throughput by thread count, on the workloads where
+//!   threads share one key and where each has its own keys.
+//! - `latency.svg`: the distribution of single calls at the most threads, same subjects.
+//!
+//! Every chart's caption names the CPU and the commit it was measured on.
 
 use std::io;
 use std::path::{Path, PathBuf};
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::report::{Cell, Report};
 
 /// The quantiles of the latency chart, and their labels.
 const QUANTILES: &[(f64, &str)] =
     &[(0.5, "p50"), (0.9, "p90"), (0.99, "p99"), (0.999, "p99.9"), (0.9999, "p99.99"), (1.0, "max")];
+
+/// The subjects the charts draw, in this order (top to bottom, left to right): the floor,
+/// tollgate, the peers. The other subjects (tollgate's variants and algorithms) are in the
+/// tables.
+const SHOWN: &[&str] = &["floor", "tollgate", "governor", "governor-ahash", "mutex"];
+
+/// The workloads of the scaling chart: every thread on one key, and each on keys of its own.
+const SCALING: &[&str] = &["1-key", "1K-keys"];
+
+const FONT: &str = "sans-serif";
 
 fn err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
@@ -20,176 +40,318 @@ fn err(e: impl std::fmt::Display) -> io::Error {
 pub fn draw(report: &Report, dir: &Path, workloads: &[(&str, &str)]) -> io::Result<Vec<PathBuf>> {
     let mut written = Vec::new();
     // One load per workload: the first present (allow-heavy where there is one).
-    let panels: Vec<(&str, Vec<&Cell>)> = workloads
+    let panels: Vec<Panel<'_>> = workloads
         .iter()
         .filter_map(|(name, _)| {
-            let cells: Vec<&Cell> = report.cells.iter().filter(|c| c.workload == *name).collect();
+            let cells: Vec<&Cell> =
+                report.cells.iter().filter(|c| c.workload == *name && SHOWN.contains(&c.subject)).collect();
             let load = cells.first()?.load;
-            Some((*name, cells.into_iter().filter(|c| c.load == load).collect()))
+            Some(Panel {
+                workload: name,
+                load: load.name(),
+                cells: cells.into_iter().filter(|c| c.load == load).collect(),
+            })
         })
         .collect();
     if panels.is_empty() {
         return Ok(written);
     }
-    // One colour per subject across every panel and both charts.
-    let all: Vec<&Cell> = report.cells.iter().collect();
-    let palette = subjects(&all);
+    let machine =
+        format!("{} ({} cores) · commit {}", report.machine.cpu, report.machine.cores, report.machine.commit);
+    let runs = if report.reps == 1 { "1 run".to_owned() } else { format!("{} runs", report.reps) };
+    let caption = format!("{machine} · each bar the median of {runs} of {:.0} ms", report.duration_ms);
+    let path = dir.join("decisions.svg");
+    decisions(&path, &panels, &caption).map_err(err)?;
+    written.push(path);
     if report.threads.len() > 1 {
-        let path = dir.join("throughput.svg");
-        throughput(&path, &panels, &palette).map_err(err)?;
-        written.push(path);
+        let scaled: Vec<&Panel<'_>> =
+            SCALING.iter().filter_map(|w| panels.iter().find(|p| p.workload == *w)).collect();
+        if !scaled.is_empty() {
+            let path = dir.join("scaling.svg");
+            scaling(&path, &scaled, &caption).map_err(err)?;
+            written.push(path);
+        }
     }
     let path = dir.join("latency.svg");
-    latency(&path, &panels, &palette).map_err(err)?;
+    let caption = format!("{machine} · every single call of {runs}, timed alone, less the timer's own cost");
+    latency(&path, &panels, &caption).map_err(err)?;
     written.push(path);
     Ok(written)
 }
 
-fn subjects<'a>(cells: &[&'a Cell]) -> Vec<&'a str> {
-    let mut v: Vec<&str> = Vec::new();
-    for c in cells {
-        if !v.contains(&c.subject) {
-            v.push(c.subject);
-        }
+/// One workload's cells under one load, of the shown subjects.
+struct Panel<'a> {
+    workload: &'a str,
+    load: &'a str,
+    cells: Vec<&'a Cell>,
+}
+
+impl Panel<'_> {
+    /// The shown subjects present, in `SHOWN`'s order.
+    fn subjects(&self) -> Vec<&'static str> {
+        SHOWN.iter().copied().filter(|s| self.cells.iter().any(|c| c.subject == *s)).collect()
     }
-    v
+
+    fn cell(&self, subject: &str, threads: usize) -> Option<&Cell> {
+        self.cells.iter().copied().find(|c| c.subject == subject && c.threads == threads)
+    }
+
+    fn threads(&self) -> Vec<usize> {
+        let mut t: Vec<usize> = self.cells.iter().map(|c| c.threads).collect();
+        t.sort_unstable();
+        t.dedup();
+        t
+    }
 }
 
-fn grid(n: usize) -> (usize, usize) {
-    let cols = if n <= 2 { n } else { 3 };
-    (n.div_ceil(cols), cols)
-}
-
-/// A fixed colour per subject, the same in every panel and run: tollgate's warm, the peers'
-/// cold, the floor grey.
-fn color_of(palette: &[&str], subject: &str) -> RGBColor {
+/// tollgate's colour, set apart; the floor a light grey; the peers muted blues and a dark
+/// grey, so that the eye finds tollgate first.
+fn color_of(subject: &str) -> RGBColor {
     match subject {
-        "floor" => RGBColor(130, 130, 130),
-        "floor-coarse" => RGBColor(190, 190, 190),
-        "floor-coarse-select" => RGBColor(160, 160, 160),
-        "tollgate" => RGBColor(213, 94, 0),
-        "tollgate-coarse" => RGBColor(230, 159, 0),
-        "tollgate-batch" => RGBColor(204, 121, 167),
-        "tollgate-prefetch" => RGBColor(150, 80, 120),
-        "tollgate-evict" => RGBColor(170, 30, 60),
-        "tollgate-counters" => RGBColor(240, 100, 60),
-        "tollgate-nginx" => RGBColor(0, 158, 115),
-        "tollgate-fixed-window" => RGBColor(86, 180, 233),
-        "tollgate-sliding-window" => RGBColor(0, 90, 60),
-        "governor" => RGBColor(0, 114, 178),
-        "governor-ahash" => RGBColor(100, 60, 160),
-        "mutex" => RGBColor(0, 0, 0),
-        _ => {
-            let i = palette.iter().position(|s| *s == subject).unwrap_or(palette.len());
-            let (r, g, b) = Palette99::pick(i).to_rgba().rgb();
-            RGBColor(r, g, b)
-        }
+        "tollgate" => RGBColor(230, 85, 13),
+        "floor" => RGBColor(189, 189, 189),
+        "governor" => RGBColor(107, 142, 183),
+        "governor-ahash" => RGBColor(158, 185, 214),
+        "mutex" => RGBColor(99, 99, 99),
+        _ => RGBColor(150, 150, 150),
     }
 }
 
 type DrawResult = Result<(), Box<dyn std::error::Error>>;
 
-/// The series' legend, in the upper left corner over a translucent box.
-fn legend<'a, DB, CT>(chart: &mut ChartContext<'a, DB, CT>) -> DrawResult
-where
-    DB: DrawingBackend + 'a,
-    CT: CoordTranslate,
-    DB::ErrorType: 'static,
-{
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font(("sans-serif", 11))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
-        .draw()?;
-    Ok(())
+/// The figure's title on top, the subjects' colours under it (when given), and its caption
+/// (machine, commit, what a mark is) at the bottom; returns the area between them.
+fn frame<'a>(
+    root: &DrawingArea<SVGBackend<'a>, Shift>,
+    title: &str,
+    legend: &[&str],
+    caption: &str,
+) -> Result<DrawingArea<SVGBackend<'a>, Shift>, Box<dyn std::error::Error>> {
+    root.fill(&WHITE)?;
+    let (_, h) = root.dim_in_pixel();
+    let head = if legend.is_empty() { HEAD } else { HEAD + 24 };
+    let (top, rest) = root.split_vertically(head);
+    let (body, bottom) = rest.split_vertically(h - head - FOOT);
+    let left = |font: FontDesc<'static>| TextStyle::from(font).pos(Pos::new(HPos::Left, VPos::Center));
+    top.draw(&Text::new(title.to_owned(), (12, 18), left((FONT, 18).into_font().style(FontStyle::Bold))))?;
+    let mut x = 12;
+    for subject in legend {
+        let colour = color_of(subject);
+        top.draw(&Rectangle::new([(x, 38), (x + 14, 50)], colour.filled()))?;
+        let style = if *subject == "tollgate" {
+            (FONT, 13).into_font().style(FontStyle::Bold)
+        } else {
+            (FONT, 13).into_font()
+        };
+        top.draw(&Text::new((*subject).to_owned(), (x + 19, 44), left(style)))?;
+        // About 7 px a character at 13 px.
+        x += 19 + 7 * i32::try_from(subject.len()).unwrap_or(20) + 22;
+    }
+    bottom.draw(&Text::new(
+        caption.to_owned(),
+        (12, 13),
+        left((FONT, 12).into_font()).color(&RGBColor(90, 90, 90)),
+    ))?;
+    Ok(body)
 }
 
-fn throughput(path: &Path, panels: &[(&str, Vec<&Cell>)], palette: &[&str]) -> DrawResult {
-    let (rows, cols) = grid(panels.len());
-    let root = SVGBackend::new(path, (460 * cols as u32, 340 * rows as u32)).into_drawing_area();
-    root.fill(&WHITE)?;
-    for (area, (name, cells)) in root.split_evenly((rows, cols)).iter().zip(panels) {
-        let max_t = cells.iter().map(|c| c.threads).max().unwrap_or(1);
-        let top = cells.iter().map(|c| c.mops.max).fold(0.0, f64::max) * 1.15;
-        let load = cells.first().map_or("", |c| c.load.name());
+/// The title band's height, and the caption's.
+const HEAD: u32 = 36;
+const FOOT: u32 = 26;
+
+/// Nanoseconds on a latency axis: ns, µs or ms.
+fn duration_label(ns: f64) -> String {
+    match ns {
+        x if x >= 1e6 => format!("{:.0} ms", x / 1e6),
+        x if x >= 1e3 => format!("{:.0} µs", x / 1e3),
+        x => format!("{x:.0} ns"),
+    }
+}
+
+fn grid(n: usize, most_cols: usize) -> (usize, usize) {
+    let cols = n.min(most_cols).max(1);
+    (n.div_ceil(cols), cols)
+}
+
+/// ns per decision on one thread, per workload: horizontal bars, labelled.
+fn decisions(path: &Path, panels: &[Panel<'_>], caption: &str) -> DrawResult {
+    let (rows, cols) = grid(panels.len(), 2);
+    let root =
+        SVGBackend::new(path, (560 * cols as u32, HEAD + 200 * rows as u32 + FOOT)).into_drawing_area();
+    let body = frame(&root, "ns per decision, one thread: shorter is faster", &[], caption)?;
+    for (area, panel) in body.split_evenly((rows, cols)).iter().zip(panels) {
+        let subjects = panel.subjects();
+        let ns = |s: &str| panel.cell(s, 1).map(|c| c.ns.median);
+        let bars: Vec<(&str, f64)> = subjects.iter().filter_map(|s| Some((*s, ns(s)?))).collect();
+        if bars.is_empty() {
+            continue;
+        }
+        let n = bars.len();
+        let top = bars.iter().map(|b| b.1).fold(0.0, f64::max);
+        let names: Vec<&str> = bars.iter().map(|b| b.0).collect();
         let mut chart = ChartBuilder::on(area)
-            .caption(format!("{name} ({load})"), ("sans-serif", 16))
-            .margin(10)
-            .x_label_area_size(30)
-            .y_label_area_size(50)
-            .build_cartesian_2d(0.8f64..(max_t as f64 + 0.2), 0f64..top.max(1.0))?;
+            .caption(format!("{} ({})", panel.workload, panel.load), (FONT, 15))
+            .margin(8)
+            .margin_right(16)
+            .x_label_area_size(22)
+            .y_label_area_size(110)
+            .build_cartesian_2d(0f64..top * 1.85, -0.6f64..(n as f64 - 0.4))?;
         chart
             .configure_mesh()
-            .x_desc("threads")
-            .y_desc("M decisions/s, all threads")
-            .y_label_formatter(&|y| format!("{y:.0}"))
-            .x_labels(max_t + 1)
-            .x_label_formatter(&|x| {
-                if (x - x.round()).abs() < 1e-9 {
-                    format!("{x:.0}")
+            .disable_y_mesh()
+            .light_line_style(WHITE)
+            .bold_line_style(RGBColor(235, 235, 235))
+            .y_labels(n)
+            .y_label_style((FONT, 13))
+            .y_label_formatter(&|y| {
+                let i = y.round();
+                // Row 0 at the top.
+                if (y - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < n {
+                    names[n - 1 - i as usize].to_owned()
                 } else {
                     String::new()
                 }
             })
+            .x_labels(5)
+            .x_label_formatter(&|x| format!("{x:.0} ns"))
             .draw()?;
-        for s in subjects(cells) {
-            let c = color_of(palette, s);
-            let mut pts: Vec<(f64, f64)> =
-                cells.iter().filter(|x| x.subject == s).map(|x| (x.threads as f64, x.mops.median)).collect();
-            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-            chart
-                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?
-                .label(s)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
-            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled())))?;
-            // The spread of the repetitions, as a vertical bar.
-            chart.draw_series(cells.iter().filter(|x| x.subject == s).map(|x| {
-                PathElement::new(
-                    vec![(x.threads as f64, x.mops.min), (x.threads as f64, x.mops.max)],
-                    c.stroke_width(1),
-                )
-            }))?;
+        let tollgate = ns("tollgate");
+        let floor = ns("floor");
+        for (i, (subject, v)) in bars.iter().enumerate() {
+            let y = (n - 1 - i) as f64;
+            let colour = color_of(subject);
+            chart.draw_series(std::iter::once(Rectangle::new(
+                [(0.0, y - 0.36), (*v, y + 0.36)],
+                colour.filled(),
+            )))?;
+            let ratio = match (*subject, tollgate, floor) {
+                ("tollgate", _, Some(f)) => format!(" · {:.2}× the floor", v / f),
+                ("floor", ..) => String::new(),
+                (_, Some(t), _) if *subject != "tollgate" => format!(" · {:.2}× tollgate's time", v / t),
+                _ => String::new(),
+            };
+            let bold = *subject == "tollgate";
+            let font =
+                if bold { (FONT, 13).into_font().style(FontStyle::Bold) } else { (FONT, 13).into_font() };
+            chart.draw_series(std::iter::once(Text::new(
+                format!(" {v:.1} ns{ratio}"),
+                (*v, y),
+                TextStyle::from(font).pos(Pos::new(HPos::Left, VPos::Center)),
+            )))?;
         }
-        legend(&mut chart)?;
     }
     root.present()?;
     Ok(())
 }
 
-fn latency(path: &Path, panels: &[(&str, Vec<&Cell>)], palette: &[&str]) -> DrawResult {
-    let (rows, cols) = grid(panels.len());
-    let root = SVGBackend::new(path, (460 * cols as u32, 340 * rows as u32)).into_drawing_area();
-    root.fill(&WHITE)?;
+/// Million decisions per second by thread count: grouped vertical bars, labelled.
+fn scaling(path: &Path, panels: &[&Panel<'_>], caption: &str) -> DrawResult {
+    let (rows, cols) = grid(panels.len(), 2);
+    let legend: Vec<&str> =
+        SHOWN.iter().copied().filter(|s| panels.iter().any(|p| p.subjects().contains(s))).collect();
+    let root =
+        SVGBackend::new(path, (520 * cols as u32, HEAD + 24 + 280 * rows as u32 + FOOT)).into_drawing_area();
+    let body = frame(&root, "M decisions/s, all threads together: taller is faster", &legend, caption)?;
+    for (area, panel) in body.split_evenly((rows, cols)).iter().zip(panels) {
+        let subjects = panel.subjects();
+        let threads = panel.threads();
+        let top = panel.cells.iter().map(|c| c.mops.median).fold(0.0, f64::max);
+        let m = subjects.len() as f64;
+        let width = 0.8 / m;
+        let mut chart = ChartBuilder::on(area)
+            .caption(format!("{} ({})", panel.workload, panel.load), (FONT, 15))
+            .margin(8)
+            .x_label_area_size(26)
+            .y_label_area_size(44)
+            .build_cartesian_2d(-0.5f64..(threads.len() as f64 - 0.5), 0f64..top.max(1.0) * 1.2)?;
+        let labels: Vec<String> =
+            threads.iter().map(|t| format!("{t} thread{}", if *t == 1 { "" } else { "s" })).collect();
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .light_line_style(WHITE)
+            .bold_line_style(RGBColor(235, 235, 235))
+            .x_labels(threads.len())
+            .x_label_style((FONT, 13))
+            .x_label_formatter(&|x| {
+                let i = x.round();
+                if (x - i).abs() < 1e-6 && i >= 0.0 {
+                    labels.get(i as usize).cloned().unwrap_or_default()
+                } else {
+                    String::new()
+                }
+            })
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .draw()?;
+        for (j, subject) in subjects.iter().enumerate() {
+            let colour = color_of(subject);
+            let bars: Vec<(f64, f64)> = threads
+                .iter()
+                .enumerate()
+                .filter_map(|(g, t)| {
+                    let x = g as f64 + (j as f64 - (m - 1.0) / 2.0) * width;
+                    Some((x, panel.cell(subject, *t)?.mops.median))
+                })
+                .collect();
+            chart.draw_series(bars.iter().map(|&(x, v)| {
+                Rectangle::new([(x - width * 0.45, 0.0), (x + width * 0.45, v)], colour.filled())
+            }))?;
+            chart.draw_series(bars.iter().map(|&(x, v)| {
+                Text::new(
+                    format!("{v:.0}"),
+                    (x, v),
+                    TextStyle::from((FONT, 11).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom)),
+                )
+            }))?;
+        }
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// Single calls' latency quantiles at the most threads, one line per subject.
+fn latency(path: &Path, panels: &[Panel<'_>], caption: &str) -> DrawResult {
+    let (rows, cols) = grid(panels.len(), 3);
+    let legend: Vec<&str> =
+        SHOWN.iter().copied().filter(|s| panels.iter().any(|p| p.subjects().contains(s))).collect();
+    let root =
+        SVGBackend::new(path, (460 * cols as u32, HEAD + 24 + 300 * rows as u32 + FOOT)).into_drawing_area();
+    let body =
+        frame(&root, "time per decision by quantile, single calls: lower is faster", &legend, caption)?;
     let last = (QUANTILES.len() - 1) as f64;
-    for (area, (name, cells)) in root.split_evenly((rows, cols)).iter().zip(panels) {
-        let max_t = cells.iter().map(|c| c.threads).max().unwrap_or(1);
-        let cells: Vec<&Cell> = cells.iter().copied().filter(|c| c.threads == max_t).collect();
+    for (area, panel) in body.split_evenly((rows, cols)).iter().zip(panels) {
+        let max_t = panel.threads().last().copied().unwrap_or(1);
+        let cells: Vec<&Cell> = panel.cells.iter().copied().filter(|c| c.threads == max_t).collect();
         let curve = |c: &Cell| -> Vec<(f64, f64)> {
             QUANTILES
                 .iter()
                 .enumerate()
-                .map(|(i, &(q, _))| (i as f64, (c.calls.value_at_quantile(q) as f64 / 1000.0).max(0.1)))
+                .map(|(i, &(q, _))| (i as f64, (c.calls.value_at_quantile(q) as f64 / 1000.0).max(1.0)))
                 .collect()
         };
         let lo = cells.iter().flat_map(|c| curve(c)).map(|p| p.1).fold(f64::INFINITY, f64::min);
         let hi = cells.iter().flat_map(|c| curve(c)).map(|p| p.1).fold(0.0, f64::max);
-        let load = cells.first().map_or("", |c| c.load.name());
         let mut chart = ChartBuilder::on(area)
             .caption(
-                format!("{name} ({load}, {max_t} thread{})", if max_t == 1 { "" } else { "s" }),
-                ("sans-serif", 16),
+                format!(
+                    "{} ({}, {max_t} thread{})",
+                    panel.workload,
+                    panel.load,
+                    if max_t == 1 { "" } else { "s" }
+                ),
+                (FONT, 15),
             )
             .margin(10)
             .x_label_area_size(30)
-            .y_label_area_size(60)
+            .y_label_area_size(50)
             .build_cartesian_2d(
                 -0.2f64..last + 0.2,
-                ((lo * 0.7).max(0.1)..(hi * 1.5).max(1.0)).log_scale(),
+                ((lo * 0.7).max(1.0)..(hi * 1.5).max(10.0)).log_scale(),
             )?;
         chart
             .configure_mesh()
+            .light_line_style(WHITE)
+            .bold_line_style(RGBColor(235, 235, 235))
             .x_labels(QUANTILES.len())
             .x_label_formatter(&|x| {
                 let i = x.round();
@@ -199,19 +361,16 @@ fn latency(path: &Path, panels: &[(&str, Vec<&Cell>)], palette: &[&str]) -> Draw
                     String::new()
                 }
             })
-            .y_desc("ns per decision (single calls)")
-            .y_label_formatter(&|y| format!("{y:.0}"))
+            .y_label_formatter(&|y| duration_label(*y))
             .draw()?;
-        for c in &cells {
-            let col = color_of(palette, c.subject);
+        for subject in panel.subjects() {
+            let Some(c) = cells.iter().find(|c| c.subject == subject) else { continue };
+            let colour = color_of(subject);
+            let stroke = if subject == "tollgate" { 3 } else { 2 };
             let pts = curve(c);
-            chart
-                .draw_series(LineSeries::new(pts.clone(), col.stroke_width(2)))?
-                .label(c.subject)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], col.stroke_width(2)));
-            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, col.filled())))?;
+            chart.draw_series(LineSeries::new(pts.clone(), colour.stroke_width(stroke)))?;
+            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
         }
-        legend(&mut chart)?;
     }
     root.present()?;
     Ok(())

@@ -279,16 +279,22 @@ impl Report {
                 });
             }
         }
-        // The surface issue: the cost of decision counters, direct and keyed (reported; the goal
-        // is that a limiter without them pays nothing, which the rows above measure).
+        // Issue 35: metrics on (the decision counters the `metrics` feature reports; its
+        // Reporter reads them at a scrape, nothing else is per decision): ≤ 5% on the direct
+        // paths; the keyed ones reported.
         for w in ["direct", "1K-keys"] {
             for l in [Load::Allow, Load::Deny] {
-                if let (Some(t), Some(c)) = (ns(w, l, "tollgate", 1), ns(w, l, "tollgate-counters", 1)) {
+                if let (Some(t), Some(c)) = (ns(w, l, "tollgate", 1), ns(w, l, "tollgate-metrics", 1)) {
+                    let direct = w == "direct";
                     out.push(Target {
-                        what: format!("{w}, decision counters on, 1 thread, {}", l.name()),
-                        goal: "report the cost".into(),
-                        measured: format!("{c:.1} ns against {t:.1} without ({:+.1} ns)", c - t),
-                        met: true,
+                        what: format!("{w}, metrics on (decision counters), 1 thread, {}", l.name()),
+                        goal: if direct {
+                            "≤ 1.05× tollgate without".into()
+                        } else {
+                            "report the cost".into()
+                        },
+                        measured: format!("{c:.1} ns against {t:.1} without ({:.3}×)", c / t),
+                        met: !direct || c <= 1.05 * t,
                     });
                 }
             }
@@ -783,6 +789,18 @@ impl Report {
             m.steal_percent.map_or("n/a".to_owned(), |p| format!("{p:.1}%"))
         );
         let _ = writeln!(s, "| platform | {} |", m.noise);
+        // The charts first: the picture at a glance, the tables after it.
+        if !written.is_empty() {
+            let _ = writeln!(s, "\n### Charts\n");
+            for p in &written {
+                let _ = writeln!(
+                    s,
+                    "![{}]({})\n",
+                    p.file_stem().map(|f| f.to_string_lossy()).unwrap_or_default(),
+                    rel(p)
+                );
+            }
+        }
         if !self.targets.is_empty() {
             let _ = write!(s, "\n### Targets\n\n{}", self.targets_table());
         }
@@ -804,17 +822,6 @@ impl Report {
         }
         if let Some(r) = self.redis_section() {
             let _ = write!(s, "\n### Redis\n\n{r}");
-        }
-        if !written.is_empty() {
-            let _ = writeln!(s, "\n### Charts\n");
-            for p in &written {
-                let _ = writeln!(
-                    s,
-                    "![{}]({})\n",
-                    p.file_stem().map(|f| f.to_string_lossy()).unwrap_or_default(),
-                    rel(p)
-                );
-            }
         }
         let (begin, end) = ("<!-- results:begin -->", "<!-- results:end -->");
         let text = match std::fs::read_to_string(path) {

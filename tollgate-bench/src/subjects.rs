@@ -223,7 +223,7 @@ pub fn direct_subjects() -> Vec<(&'static str, Maker)> {
                 let _ = l.check();
             })))
         }),
-        ("tollgate-counters", |s| {
+        ("tollgate-metrics", |s| {
             Box::new(Bucket(spend(s.load, Limiter::new(s.load.quota()).with_counters(), |l| {
                 let _ = l.check();
             })))
@@ -522,7 +522,7 @@ pub fn keyed_subject(name: &str) -> Option<Maker> {
         },
         "tollgate-evict" => |s| Box::new(Keyed(keyed(s, WhenFull::EvictFullest, TscClock::new()))),
         "tollgate-prefetch" => |s| Box::new(KeyedPrefetch(keyed(s, WhenFull::Deny, TscClock::new()))),
-        "tollgate-counters" => |s| {
+        "tollgate-metrics" => |s| {
             let l = KeyedLimiter::<u64>::builder(s.load.quota())
                 .capacity(s.capacity)
                 .counters(true)
