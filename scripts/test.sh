@@ -7,7 +7,7 @@
 # apt-get, a C and a C++ compiler (the C ABI's test, libFuzzer), pkg-config, valgrind (the C
 # test runs under memcheck), redis-server and redis-cli (the Redis and server tests, against a
 # real Redis), python3 (the benchmark smoke checks); with rustup, rustfmt and clippy; with
-# cargo, cargo-fuzz. Nothing already present is touched.
+# cargo, cargo-fuzz and cargo-deny. Nothing already present is touched.
 #
 #     bash scripts/test.sh            # everything (about 30 minutes on 2 cores)
 #     FUZZ_SECONDS=60 bash scripts/test.sh
@@ -44,7 +44,17 @@ if ! command -v cargo-fuzz >/dev/null 2>&1; then
     echo "installing with cargo: cargo-fuzz"
     cargo install cargo-fuzz --locked
 fi
-echo "present: a C and C++ compiler, pkg-config, valgrind, redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), python3, rustfmt, clippy, cargo-fuzz"
+if ! command -v cargo-deny >/dev/null 2>&1; then
+    echo "installing with cargo: cargo-deny (licences and bans)"
+    cargo install cargo-deny --locked
+fi
+echo "present: a C and C++ compiler, pkg-config, valgrind, redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), python3, rustfmt, clippy, cargo-fuzz, cargo-deny"
+
+step "licences, bans and sources of every dependency (deny.toml; advisories need the network)"
+cargo deny --workspace check licenses bans sources
+
+step "every published crate packages (metadata, files, the workspace's own versions)"
+cargo package --workspace --exclude tollgate-bench --exclude loom-tests --allow-dirty --no-verify --quiet
 
 step "rustfmt"
 cargo fmt --all -- --check
