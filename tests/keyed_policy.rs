@@ -84,9 +84,16 @@ proptest! {
         window in prop_oneof![1_000u64..=5_000, 1_000_000u64..=2_000_000_000],
         ops in ops(6, 80, 2_000_000_000),
         fail_open in any::<bool>(),
+        charging in any::<bool>(),
     ) {
         let p = FixedWindow::new(limit, Duration::from_nanos(window)).unwrap();
-        matches_models(p, || FixedWindowModel::new(limit, window), limit, ops, fail_open)?;
+        if charging {
+            // Every refused request up to the largest count is counted, so it reaches the word.
+            let model = || FixedWindowModel::charging(limit, window);
+            matches_models(p.charging_refusals(), model, FixedWindow::MAX_LIMIT, ops, fail_open)?;
+        } else {
+            matches_models(p, || FixedWindowModel::new(limit, window), limit, ops, fail_open)?;
+        }
     }
 
     #[test]

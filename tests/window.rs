@@ -83,10 +83,15 @@ proptest! {
         limit in prop_oneof![1u64..=5, 1u64..=FixedWindow::MAX_LIMIT],
         window in prop_oneof![1u64..=1_000, 1u64..=10 * S, 1u64..=1 << 62],
         ops in prop::collection::vec((prop_oneof![Just(0u64), 0u64..2_000, 0u64..20 * S, any::<u64>()], any::<bool>(), prop_oneof![0u64..=3, any::<u64>()]), 1..100),
+        charging in any::<bool>(),
     ) {
         let q = FixedWindow::new(limit, Duration::from_nanos(window)).unwrap();
+        let (q, mut model) = if charging {
+            (q.charging_refusals(), FixedWindowModel::charging(limit, window))
+        } else {
+            (q, FixedWindowModel::new(limit, window))
+        };
         let l = FixedWindowLimiter::with_clock(q, ManualClock::new());
-        let mut model = FixedWindowModel::new(limit, window);
         let mut now = 0u64;
         for (step, back, n) in ops {
             now = if back { now.saturating_sub(step) } else { now.saturating_add(step) };

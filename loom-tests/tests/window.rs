@@ -49,6 +49,26 @@ fn rollover_race() {
     });
 }
 
+/// Refusals counted (`charging_refusals`), limit 2 per 10 ns: two threads ask twice each in
+/// window 0. Whatever the interleaving of the CASes (a refusal's store racing an admission's),
+/// exactly 2 are admitted: a counted refusal never takes an admission's place nor makes room
+/// for another.
+#[test]
+fn refusals_are_counted_exactly_once() {
+    model(|| {
+        let l = Arc::new(FixedWindowLimiter::with_clock(
+            FixedWindow::new(2, Duration::from_nanos(10)).unwrap().charging_refusals(),
+            ManualClock::new(),
+        ));
+        let a = spawn_at(&l, &[1, 2]);
+        let b = spawn_at(&l, &[3, 4]);
+        assert_eq!(a.join().unwrap() + b.join().unwrap(), 2);
+        let d = l.check_at(Nanos::new(5));
+        assert!(!d.is_allowed());
+        assert_eq!(d.remaining(), 0);
+    });
+}
+
 /// The sliding-window counter on the same loop: limit 2 per 10 ns; two threads decide at the end
 /// of window 0 and the start of window 1. The stored index never moves back, so window 1 always
 /// sees window 0's grants as its previous count: at most 2 are admitted in total here (at δ = 0

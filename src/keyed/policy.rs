@@ -67,7 +67,8 @@ pub(crate) mod sealed {
         fn keyed_update(&self, new: Self) -> Result<Self, crate::UpdateError>;
         /// Elapsed time is clamped here, so that every word stays below 2^62 − 1.
         fn keyed_lifetime(&self) -> Nanos;
-        /// The most units one decision can admit (a larger `n` is never admitted).
+        /// The most units one decision can admit or count (a larger `n` is refused as a peek,
+        /// without reaching the word).
         fn most_at_once(&self) -> u64;
         /// The first word of a key never seen, at `elapsed`.
         fn fresh(&self, elapsed: Nanos) -> u64;

@@ -38,6 +38,8 @@ pub struct FixedWindow {
     limit: u64,
     window: u64,
     per_window: Divisor,
+    /// Refused units count in the window too ([`FixedWindow::charging_refusals`]).
+    charge_refused: bool,
 }
 
 impl FixedWindow {
@@ -47,7 +49,46 @@ impl FixedWindow {
     /// At most `limit` per `window` (1 ns to 2^62 ns).
     pub fn new(limit: u64, window: Duration) -> Result<FixedWindow, ConfigError> {
         let window = check_window("fixed-window", limit, COUNT_MASK, window)?;
-        Ok(FixedWindow { limit, window, per_window: Divisor::new(window) })
+        Ok(FixedWindow { limit, window, per_window: Divisor::new(window), charge_refused: false })
+    }
+
+    /// This window, counting refused units as well as admitted ones: the count of a window
+    /// is every unit asked for in it (up to 2^24 − 1), as in limiters that increment a
+    /// counter before they compare it (envoyproxy/ratelimit's `INCRBY`, most Redis `INCR`
+    /// scripts). A client that keeps asking past the limit stays refused until the window
+    /// ends, and its refusals never turn into admissions. Decisions are unchanged otherwise;
+    /// refused units are not refundable, and a request of more than 2^24 − 1 units is refused
+    /// without counting.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{FixedWindow, FixedWindowLimiter, ManualClock, Nanos};
+    ///
+    /// let w = FixedWindow::new(2, Duration::from_secs(60))?.charging_refusals();
+    /// let l = FixedWindowLimiter::with_clock(w, ManualClock::new());
+    /// let t = Nanos::ZERO;
+    /// assert!(l.check_n_at(t, 1).is_allowed());
+    /// assert!(!l.check_n_at(t, 2).is_allowed()); // refused, and counted: 3 of 2
+    /// assert!(!l.check_n_at(t, 1).is_allowed()); // one would fit without the refused two
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub const fn charging_refusals(mut self) -> FixedWindow {
+        self.charge_refused = true;
+        self
+    }
+
+    /// Whether refused units count ([`charging_refusals`](FixedWindow::charging_refusals)).
+    pub const fn charges_refusals(&self) -> bool {
+        self.charge_refused
+    }
+
+    /// The count of a window after `n` more units were refused in it, when refusals count
+    /// and the count can grow: `count + n`, held at the count's largest value.
+    /// A request of more than that largest count is refused without counting.
+    #[inline]
+    fn refused_count(&self, count: u64, n: u64) -> Option<u64> {
+        let next = count.saturating_add(n).min(COUNT_MASK);
+        (self.charge_refused && n > 0 && n <= COUNT_MASK && next > count).then_some(next)
     }
 
     /// The limit per window.
@@ -85,9 +126,10 @@ impl Policy for FixedWindow {
                 );
                 return (Some(word + n), d);
             }
-            let reset = Nanos::new(if count == 0 { 0 } else { until_end });
+            let stored = self.refused_count(count, n).map(|c| word - count + c);
+            let reset = Nanos::new(if count == 0 && stored.is_none() { 0 } else { until_end });
             return (
-                None,
+                stored,
                 Decision::from_nanos(Outcome::Denied, remaining(count), Nanos::new(until_end), reset),
             );
         }
@@ -107,7 +149,12 @@ impl Policy for FixedWindow {
             r
         };
         if n > self.limit {
-            return (None, Decision::from_nanos(Outcome::Insufficient, remaining(count), Nanos::ZERO, reset));
+            let stored = self.refused_count(count, n).map(|c| (index << COUNT_BITS) | c);
+            let reset = if stored.is_some() { Nanos::new(until_end) } else { reset };
+            return (
+                stored,
+                Decision::from_nanos(Outcome::Insufficient, remaining(count), Nanos::ZERO, reset),
+            );
         }
         if n == 0 {
             return (None, Decision::from_nanos(Outcome::Allowed, remaining(count), Nanos::ZERO, reset));
@@ -122,8 +169,10 @@ impl Policy for FixedWindow {
             );
             (Some(next), d)
         } else {
+            let stored = self.refused_count(count, n).map(|c| (index << COUNT_BITS) | c);
+            let reset = if stored.is_some() { Nanos::new(until_end) } else { reset };
             let d = Decision::from_nanos(Outcome::Denied, remaining(count), Nanos::new(until_end), reset);
-            (None, d)
+            (stored, d)
         }
     }
 
@@ -141,12 +190,17 @@ impl Policy for FixedWindow {
 
     fn config_words(&self) -> Option<[u64; WORDS]> {
         let [magic, shift] = self.per_window.to_words();
-        Some([self.limit, self.window, magic, shift, 0, 0, 0, 0, 0, 0])
+        Some([self.limit, self.window, magic, shift, u64::from(self.charge_refused), 0, 0, 0, 0, 0])
     }
 
     fn from_config_words(w: [u64; WORDS]) -> Option<FixedWindow> {
-        let [limit, window, magic, shift, ..] = w;
-        Some(FixedWindow { limit, window, per_window: Divisor::from_words([magic, shift]) })
+        let [limit, window, magic, shift, charge, ..] = w;
+        Some(FixedWindow {
+            limit,
+            window,
+            per_window: Divisor::from_words([magic, shift]),
+            charge_refused: charge != 0,
+        })
     }
 
     /// Any new limit; the window's length stays (the state counts in windows).
@@ -179,9 +233,15 @@ impl crate::keyed::sealed::KeyedWords for FixedWindow {
         Nanos::new(KEYED_MAX_INDEX.saturating_mul(self.window).min(MAX_ELAPSED + 1) - 1)
     }
 
+    /// The limit; with refusals counted, the largest count (a refused request up to it is
+    /// counted, so it must reach the word).
     #[inline]
     fn most_at_once(&self) -> u64 {
-        self.limit
+        if self.charge_refused {
+            COUNT_MASK
+        } else {
+            self.limit
+        }
     }
 
     /// The current window, nothing counted: what a word of an earlier window decides as.

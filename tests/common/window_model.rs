@@ -22,11 +22,34 @@ pub struct FixedWindowModel {
     limit: i128,
     window: i128,
     state: Option<(i128, i128)>, // (stored index = i + 1, count)
+    /// Refused units count too, up to 2^24 − 1 (`FixedWindow::charging_refusals`).
+    charge_refused: bool,
 }
 
 impl FixedWindowModel {
     pub fn new(limit: u64, window_ns: u64) -> FixedWindowModel {
-        FixedWindowModel { limit: i128::from(limit), window: i128::from(window_ns), state: None }
+        FixedWindowModel {
+            limit: i128::from(limit),
+            window: i128::from(window_ns),
+            state: None,
+            charge_refused: false,
+        }
+    }
+
+    /// The model of `FixedWindow::charging_refusals`.
+    pub fn charging(limit: u64, window_ns: u64) -> FixedWindowModel {
+        FixedWindowModel { charge_refused: true, ..FixedWindowModel::new(limit, window_ns) }
+    }
+
+    /// Counts `n` refused units of window `index`, if refusals count, `n` is at most the
+    /// largest count and the count can grow; whether it did.
+    fn charge(&mut self, index: i128, count: i128, n: i128) -> bool {
+        let next = (count + n).min((1 << 24) - 1);
+        let grew = self.charge_refused && n < (1 << 24) && next > count;
+        if grew {
+            self.state = Some((index, next));
+        }
+        grew
     }
 
     /// A new limit at runtime: the state is kept (a count above the limit refuses until the
@@ -57,6 +80,7 @@ impl FixedWindowModel {
         let n = i128::from(n);
         let u = |x: i128| u64::try_from(x).unwrap();
         if n > self.limit {
+            let reset = if self.charge(index, count, n) { until_end } else { reset };
             return (Outcome::Insufficient, u((self.limit - count).max(0)), 0, u(reset));
         }
         if n == 0 {
@@ -66,6 +90,7 @@ impl FixedWindowModel {
             self.state = Some((index, count + n));
             (Outcome::Allowed, u(self.limit - count - n), 0, u(until_end))
         } else {
+            let reset = if self.charge(index, count, n) { until_end } else { reset };
             (Outcome::Denied, u((self.limit - count).max(0)), u(until_end), u(reset))
         }
     }
