@@ -136,8 +136,11 @@ assert len(r["pacing"]) == 5 and all(p["sent"] > 0 for i, p in enumerate(r["paci
 assert r["redis_skipped"] is None and len(r["redis"]) == 9, (r["redis_skipped"], r["redis"])
 assert all(x["decisions"] > 0 for x in r["redis"]), r["redis"]
 assert "<!-- results:end -->" in (d / "report.md").read_text()
-for chart in ("throughput.svg", "latency.svg"):
-    assert (d / "docs" / "charts" / chart).read_text().startswith("<svg")
+scaled = len(r["threads"]) > 1 and workloads & {"1-key", "1K-keys"}
+charts = ["decisions.svg", "latency.svg"] + (["scaling.svg"] if scaled else [])
+for chart in charts:
+    svg = (d / "docs" / "charts" / chart).read_text()
+    assert svg.startswith("<svg") and "commit" in svg, chart
 print(f"{len(r['cells'])} cells in {len(workloads)} workloads, {len(r['memory'])} memory probes")
 PY
 cargo run -q --profile ci -p tollgate-bench -- --quick --csv --filter direct/deny --threads 1 --no-memory >"$scratch/report.csv"

@@ -34,7 +34,12 @@
 
 mod config;
 mod matching;
+mod service;
 mod yaml;
 
 pub use config::{Config, ConfigError, Descriptor, Domain, LoadOptions, Metadata, RateLimit, Unit};
 pub use matching::{wildcard_match, Found, Matched};
+pub use service::{
+    Code, CurrentLimit, Limits, Request, RequestDescriptor, RequestError, Response, RuleCounts, Status,
+    WallClock,
+};

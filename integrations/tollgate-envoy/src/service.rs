@@ -1,0 +1,428 @@
+//! The decisions of `ShouldRateLimit`, apart from any protocol: upstream's fixed window on
+//! tollgate's keyed tables, in the process.
+//!
+//! Each rule (a descriptor with a `rate_limit`) gets a keyed table of window counters, made on
+//! its first request: a [`FixedWindow`] of the rule's unit whose windows start at multiples of
+//! the unit since the Unix epoch (the table's clock starts at the epoch, and each decision is
+//! made at the wall-clock time), keyed by the request's values as upstream's cache key is.
+//! The table counts every hit, as upstream's `INCRBY` does before it compares: its count after
+//! the hits is `after`, the descriptor is over the limit when `after > requests_per_unit`,
+//! and `limit_remaining` is `requests_per_unit − after` otherwise. Rejected hits therefore
+//! count, and a migration changes no verdict.
+//!
+//! The table's count is 24 bits wide: a rule of 16,777,215 requests per unit or more is
+//! refused when the configuration is loaded (see [`Limits::new`]).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tollgate::{FixedWindow, Keyed, ManualClock, Nanos, Outcome, WhenFull};
+
+use crate::config::{Config, ConfigError, Domain, Unit};
+use crate::matching::Found;
+
+/// The largest count a window holds; rules must stay below it.
+const MAX_COUNT: u64 = FixedWindow::MAX_LIMIT;
+
+/// A window counter table: one per rule and unit.
+type Table = Keyed<FixedWindow, str, ManualClock>;
+
+/// A request's answer code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Code {
+    Ok,
+    OverLimit,
+}
+
+/// The limit a status reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CurrentLimit {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    /// The rule's `name` ("" without one).
+    pub name: String,
+}
+
+/// One descriptor's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    pub code: Code,
+    /// The limit that applied (`None`: no rule, or an unlimited one).
+    pub current_limit: Option<CurrentLimit>,
+    /// What is left in the window (`u32::MAX` for an unlimited rule, as upstream).
+    pub limit_remaining: u32,
+    /// Until the window ends, in whole seconds, when a limit applied.
+    pub duration_until_reset: Option<Duration>,
+}
+
+impl Status {
+    fn unlimited() -> Status {
+        Status { code: Code::Ok, current_limit: None, limit_remaining: u32::MAX, duration_until_reset: None }
+    }
+
+    fn no_limit() -> Status {
+        Status { code: Code::Ok, current_limit: None, limit_remaining: 0, duration_until_reset: None }
+    }
+}
+
+/// A request descriptor: its entries, a per-request limit, and its own hits.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestDescriptor {
+    /// `(key, value)` entries, in order.
+    pub entries: Vec<(String, String)>,
+    /// A limit the request brings for this descriptor (upstream's `limit` override).
+    pub limit: Option<(u32, Option<Unit>)>,
+    /// The descriptor's own `hits_addend` (0: check without charging).
+    pub hits_addend: Option<u64>,
+}
+
+/// A `ShouldRateLimit` request.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Request {
+    pub domain: String,
+    pub descriptors: Vec<RequestDescriptor>,
+    /// Hits of every descriptor without its own (0 counts as 1).
+    pub hits_addend: u32,
+}
+
+/// A `ShouldRateLimit` answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Response {
+    pub overall_code: Code,
+    /// One per request descriptor, in order.
+    pub statuses: Vec<Status>,
+}
+
+/// A request upstream refuses, with upstream's message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RequestError {
+    /// `rate limit domain must not be empty`.
+    EmptyDomain,
+    /// `rate limit descriptor list must not be empty`.
+    NoDescriptors,
+    /// A per-request limit whose unit is not one (upstream's process crashes on it).
+    OverrideUnit { descriptor: usize },
+}
+
+impl fmt::Display for RequestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RequestError::EmptyDomain => f.write_str("rate limit domain must not be empty"),
+            RequestError::NoDescriptors => f.write_str("rate limit descriptor list must not be empty"),
+            RequestError::OverrideUnit { descriptor } => {
+                write!(
+                    f,
+                    "descriptor {descriptor}: the limit override has no unit (UNKNOWN): it limits nothing"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for RequestError {}
+
+/// The counts of one statistics key, as upstream's `ratelimit.service.rate_limit.<key>.*`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleCounts {
+    pub total_hits: u64,
+    pub over_limit: u64,
+    pub near_limit: u64,
+    pub within_limit: u64,
+    pub shadow_mode: u64,
+}
+
+/// The wall clock, in nanoseconds since the Unix epoch (or a test's).
+pub type WallClock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+fn system_time() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// A configuration and its counters: what `ShouldRateLimit` decides with.
+pub struct Limits {
+    config: Config,
+    tables: RwLock<HashMap<(String, Unit), Arc<Table>>>,
+    counts: std::sync::Mutex<HashMap<String, RuleCounts>>,
+    clock: WallClock,
+    keys_per_rule: usize,
+    /// Upstream's `NEAR_LIMIT_RATIO`.
+    near_ratio: f32,
+}
+
+impl fmt::Debug for Limits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limits").field("domains", &self.config.domains().count()).finish_non_exhaustive()
+    }
+}
+
+impl Limits {
+    /// Decisions under `config` on the system clock, each rule's table holding up to
+    /// `keys_per_rule` distinct values at once. Refuses a rule the tables cannot count.
+    pub fn new(config: Config, keys_per_rule: usize) -> Result<Limits, ConfigError> {
+        Limits::with_clock(config, keys_per_rule, Arc::new(system_time))
+    }
+
+    /// [`new`](Limits::new) on a given wall clock (ns since the Unix epoch).
+    pub fn with_clock(config: Config, keys_per_rule: usize, clock: WallClock) -> Result<Limits, ConfigError> {
+        for domain in config.domains() {
+            check_counts(domain, &domain.root)?;
+        }
+        Ok(Limits {
+            config,
+            tables: RwLock::new(HashMap::new()),
+            counts: std::sync::Mutex::new(HashMap::new()),
+            clock,
+            keys_per_rule: keys_per_rule.max(1),
+            near_ratio: 0.8,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The counts kept under statistics key `key` (e.g. `domain.key1_value1`).
+    pub fn counts(&self, key: &str) -> RuleCounts {
+        self.counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(key)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Decides a request as upstream's `ShouldRateLimit` does.
+    pub fn should_rate_limit(&self, request: &Request) -> Result<Response, RequestError> {
+        if request.domain.is_empty() {
+            return Err(RequestError::EmptyDomain);
+        }
+        if request.descriptors.is_empty() {
+            return Err(RequestError::NoDescriptors);
+        }
+        for (i, d) in request.descriptors.iter().enumerate() {
+            if matches!(d.limit, Some((_, None))) {
+                return Err(RequestError::OverrideUnit { descriptor: i });
+            }
+        }
+        let now_ns = (self.clock)();
+        let domain = self.config.domain(&request.domain);
+        let rules: Vec<Rule<'_>> = request
+            .descriptors
+            .iter()
+            .map(|d| match domain {
+                Some(domain) => Rule::of(domain, d),
+                None => Rule::None,
+            })
+            .collect();
+        // Rules another applying rule replaces are neither counted nor reported.
+        let replaced: Vec<&str> = rules
+            .iter()
+            .filter_map(Rule::found)
+            .flat_map(|f| f.descriptor.rate_limit.iter().flat_map(|r| r.replaces.iter().map(String::as_str)))
+            .collect();
+        let mut statuses = Vec::with_capacity(rules.len());
+        for (d, rule) in request.descriptors.iter().zip(&rules) {
+            let hits = d.hits_addend.unwrap_or_else(|| u64::from(request.hits_addend.max(1)));
+            let status = match rule {
+                Rule::None => Status::no_limit(),
+                Rule::Found(f) => {
+                    let r = f.descriptor.rate_limit.as_ref().expect("a found rule has a rate_limit");
+                    if r.unlimited {
+                        Status::unlimited()
+                    } else if !r.name.is_empty() && replaced.contains(&r.name.as_str()) {
+                        Status::no_limit()
+                    } else {
+                        let unit = r.unit.expect("a limited rule has a unit");
+                        let limit = CurrentLimit {
+                            requests_per_unit: r.requests_per_unit,
+                            unit,
+                            name: r.name.clone(),
+                        };
+                        let table_id = (f.descriptor.full_key.clone(), unit);
+                        let key = cache_key(&d.entries, &f.shared);
+                        self.decide(
+                            table_id,
+                            &key,
+                            limit,
+                            hits,
+                            now_ns,
+                            &f.stats_key,
+                            f.descriptor.shadow_mode,
+                        )
+                    }
+                }
+                Rule::Override(requests_per_unit, unit, stats_key) => {
+                    let limit = CurrentLimit {
+                        requests_per_unit: *requests_per_unit,
+                        unit: *unit,
+                        name: String::new(),
+                    };
+                    let table_id = (format!("{}\0override", request.domain), *unit);
+                    let key = cache_key(&d.entries, &[]);
+                    self.decide(table_id, &key, limit, hits, now_ns, stats_key, false)
+                }
+            };
+            statuses.push(status);
+        }
+        let overall_code =
+            if statuses.iter().any(|s| s.code == Code::OverLimit) { Code::OverLimit } else { Code::Ok };
+        Ok(Response { overall_code, statuses })
+    }
+
+    /// One descriptor's decision: `hits` counted in its window, compared with the limit.
+    #[expect(clippy::too_many_arguments, reason = "one call site, each argument distinct")]
+    fn decide(
+        &self,
+        table_id: (String, Unit),
+        key: &str,
+        limit: CurrentLimit,
+        hits: u64,
+        now_ns: u64,
+        stats_key: &str,
+        shadow: bool,
+    ) -> Status {
+        let unit = limit.unit;
+        let over = u64::from(limit.requests_per_unit);
+        let now_s = now_ns / 1_000_000_000;
+        let reset = Some(Duration::from_secs(unit.seconds() - now_s % unit.seconds()));
+        // The count after the hits, as upstream's INCRBY returns it.
+        let after = if over == 0 {
+            hits
+        } else {
+            let table = self.table(table_id);
+            let d = table.check_n_at(key, Nanos::new(now_ns), hits.min(MAX_COUNT));
+            match d.outcome() {
+                Outcome::Allowed => MAX_COUNT - d.remaining(),
+                // A full table, or a count past what a window holds: over the limit.
+                _ => MAX_COUNT,
+            }
+        };
+        let before = after.saturating_sub(hits);
+        let near = (over as f32 * self.near_ratio).floor() as u64;
+        let mut counts = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let c = counts.entry(stats_key.to_owned()).or_default();
+        c.total_hits += hits;
+        let remaining;
+        let code;
+        if after > over {
+            code = Code::OverLimit;
+            remaining = 0;
+            if before >= over {
+                c.over_limit += hits;
+            } else {
+                c.over_limit += after - over;
+                c.near_limit += over - near.max(before);
+            }
+        } else {
+            code = Code::Ok;
+            remaining = u32::try_from(over - after).unwrap_or(u32::MAX);
+            if after > near {
+                c.near_limit += if before >= near { hits } else { after - near };
+            }
+            c.within_limit += hits;
+        }
+        let code = if code == Code::OverLimit && shadow {
+            c.shadow_mode += if before >= over { hits } else { after - over };
+            Code::Ok
+        } else {
+            code
+        };
+        Status { code, current_limit: Some(limit), limit_remaining: remaining, duration_until_reset: reset }
+    }
+
+    /// The table of `id`, made on first use.
+    fn table(&self, id: (String, Unit)) -> Arc<Table> {
+        if let Some(t) = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&id) {
+            return Arc::clone(t);
+        }
+        let mut tables = self.tables.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let unit = id.1;
+        let capacity = self.keys_per_rule;
+        Arc::clone(tables.entry(id).or_insert_with(|| {
+            let window = FixedWindow::new(MAX_COUNT, Duration::from_secs(unit.seconds()))
+                .expect("a unit is a valid window and the count's largest a valid limit");
+            // The clock at zero is the Unix epoch: windows start at multiples of the unit since
+            // then, as upstream's, and decisions pass the wall-clock time.
+            let table = Keyed::<FixedWindow, str, ManualClock>::builder_for_clock(window)
+                .capacity(capacity)
+                .when_full(WhenFull::Deny)
+                .build_with_clock(ManualClock::new())
+                .expect("a valid keyed table");
+            Arc::new(table)
+        }))
+    }
+}
+
+/// The rule of one request descriptor.
+enum Rule<'c> {
+    None,
+    Found(Found<'c>),
+    /// A per-request limit: requests per unit, unit, statistics key.
+    Override(u32, Unit, String),
+}
+
+impl<'c> Rule<'c> {
+    fn of(domain: &'c Domain, d: &RequestDescriptor) -> Rule<'c> {
+        if let Some((requests_per_unit, Some(unit))) = d.limit {
+            let mut key = domain.name.clone();
+            for (k, v) in &d.entries {
+                key.push('.');
+                key.push_str(k);
+                if !v.is_empty() {
+                    key.push('_');
+                    key.push_str(v);
+                }
+            }
+            return Rule::Override(requests_per_unit, unit, key);
+        }
+        let entries: Vec<(&str, &str)> = d.entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        domain.find(&entries).map_or(Rule::None, Rule::Found)
+    }
+
+    fn found(&self) -> Option<&Found<'c>> {
+        match self {
+            Rule::Found(f) => Some(f),
+            _ => None,
+        }
+    }
+}
+
+/// Upstream's cache key without its domain prefix and window: `key_value_` per entry, the
+/// shared pattern in place of the value where the threshold is shared.
+fn cache_key(entries: &[(String, String)], shared: &[Option<String>]) -> String {
+    let mut key = String::new();
+    for (i, (k, v)) in entries.iter().enumerate() {
+        key.push_str(k);
+        key.push('_');
+        key.push_str(shared.get(i).and_then(Option::as_deref).unwrap_or(v));
+        key.push('_');
+    }
+    key
+}
+
+/// A rule whose limit the window's count cannot exceed is refused at load.
+fn check_counts(domain: &Domain, node: &crate::config::Descriptor) -> Result<(), ConfigError> {
+    for child in node.children() {
+        if let Some(r) = &child.rate_limit {
+            if !r.unlimited && u64::from(r.requests_per_unit) >= MAX_COUNT {
+                return Err(ConfigError {
+                    file: domain.file.clone(),
+                    line: child.line,
+                    message: format!(
+                        "requests_per_unit {} of '{}' is beyond the embedded window's count (at most {}); use the Redis backend",
+                        r.requests_per_unit,
+                        child.full_key,
+                        MAX_COUNT - 1
+                    ),
+                });
+            }
+        }
+        check_counts(domain, child)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,280 @@
+//! `ShouldRateLimit`'s decisions, in process: the scenarios of envoyproxy/ratelimit's
+//! integration test (`basic`, `another`, `share_threshold`, `reload`) and of its Docker scripts
+//! (replaces, shadow mode, unlimited, detailed statistics), with upstream's statuses and
+//! counters, on a wall clock the test moves.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_envoy::{
+    Code, Config, CurrentLimit, Limits, LoadOptions, Request, RequestDescriptor, RequestError, RuleCounts,
+    Status, Unit,
+};
+
+/// A wall clock at `start` seconds since the epoch, moved by the test.
+fn clock(start_s: u64) -> (Arc<AtomicU64>, tollgate_envoy::WallClock) {
+    let now = Arc::new(AtomicU64::new(start_s * 1_000_000_000));
+    let read = Arc::clone(&now);
+    (now, Arc::new(move || read.load(Ordering::Relaxed)))
+}
+
+fn limits(files: &[&str], start_s: u64) -> (Arc<AtomicU64>, Limits) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/integration");
+    let files: Vec<(String, String)> =
+        files.iter().map(|f| ((*f).to_owned(), std::fs::read_to_string(dir.join(f)).unwrap())).collect();
+    let config = Config::from_files(files, LoadOptions::default()).unwrap();
+    let (now, wall) = clock(start_s);
+    (now, Limits::with_clock(config, 1_000, wall).unwrap())
+}
+
+fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> Request {
+    Request {
+        domain: domain.to_owned(),
+        descriptors: descriptors
+            .iter()
+            .map(|entries| RequestDescriptor {
+                entries: entries.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+                ..RequestDescriptor::default()
+            })
+            .collect(),
+        hits_addend: 1,
+    }
+}
+
+/// (code, requests per unit, unit, remaining) of a status with a limit.
+fn limited(s: &Status) -> (Code, u32, Unit, u32) {
+    let l = s.current_limit.as_ref().expect("a limit");
+    (s.code, l.requests_per_unit, l.unit, s.limit_remaining)
+}
+
+#[test]
+fn upstreams_basic_and_another_scenarios() {
+    // 600 s into an hour: the minute and hour windows are mid-way, none ends during the test.
+    let (_now, l) = limits(&["basic.yaml", "another.yaml"], 1_700_000_000 / 3600 * 3600 + 600);
+    // An unknown domain is no error: OK, no limit.
+    let r = l.should_rate_limit(&request("foo", &[&[("hello", "world")]])).unwrap();
+    assert_eq!(r.overall_code, Code::Ok);
+    assert_eq!(
+        r.statuses,
+        [Status { code: Code::Ok, current_limit: None, limit_remaining: 0, duration_until_reset: None }]
+    );
+
+    let r = l.should_rate_limit(&request("basic", &[&[("key1", "foo")]])).unwrap();
+    assert_eq!((r.overall_code, limited(&r.statuses[0])), (Code::Ok, (Code::Ok, 50, Unit::Second, 49)));
+    assert_eq!(l.counts("basic.key1").total_hits, 1);
+
+    for i in 0..25u32 {
+        let r = l.should_rate_limit(&request("another", &[&[("key2", "r1")]])).unwrap();
+        if i < 20 {
+            assert_eq!(
+                (r.overall_code, limited(&r.statuses[0])),
+                (Code::Ok, (Code::Ok, 20, Unit::Minute, 19 - i))
+            );
+        } else {
+            assert_eq!(
+                (r.overall_code, limited(&r.statuses[0])),
+                (Code::OverLimit, (Code::OverLimit, 20, Unit::Minute, 0))
+            );
+        }
+        let c = l.counts("another.key2");
+        assert_eq!((c.total_hits, c.over_limit), (u64::from(i) + 1, u64::from(i.saturating_sub(19))));
+    }
+
+    for i in 0..15u32 {
+        let r = l.should_rate_limit(&request("another", &[&[("key2", "r2")], &[("key3", "r2")]])).unwrap();
+        assert_eq!(limited(&r.statuses[0]), (Code::Ok, 20, Unit::Minute, 19 - i));
+        let expected =
+            if i < 10 { (Code::Ok, 10, Unit::Hour, 9 - i) } else { (Code::OverLimit, 10, Unit::Hour, 0) };
+        assert_eq!(limited(&r.statuses[1]), expected, "i = {i}");
+        assert_eq!(r.overall_code, r.statuses[1].code);
+        let (k2, k3) = (l.counts("another.key2"), l.counts("another.key3"));
+        assert_eq!((k2.total_hits, k2.over_limit), (u64::from(i) + 26, 5));
+        assert_eq!((k3.total_hits, k3.over_limit), (u64::from(i) + 1, u64::from(i.saturating_sub(9))));
+    }
+}
+
+#[test]
+fn duration_until_reset_counts_down_to_the_windows_end_on_the_epochs_grid() {
+    let (now, l) = limits(&["another.yaml"], 86_400 * 20_000 + 100);
+    let r = l.should_rate_limit(&request("another", &[&[("key4", "durTest")]])).unwrap();
+    assert_eq!(r.statuses[0].duration_until_reset, Some(Duration::from_secs(86_400 - 100)));
+    now.fetch_add(2_000_000_000, Ordering::Relaxed);
+    let r = l.should_rate_limit(&request("another", &[&[("key4", "durTest")]])).unwrap();
+    assert_eq!(r.statuses[0].duration_until_reset, Some(Duration::from_secs(86_400 - 102)));
+    assert_eq!(limited(&r.statuses[0]), (Code::Ok, 20, Unit::Day, 18));
+    // The next day is a new window.
+    now.fetch_add((86_400 - 102) * 1_000_000_000, Ordering::Relaxed);
+    let r = l.should_rate_limit(&request("another", &[&[("key4", "durTest")]])).unwrap();
+    assert_eq!(limited(&r.statuses[0]), (Code::Ok, 20, Unit::Day, 19));
+    assert_eq!(r.statuses[0].duration_until_reset, Some(Duration::from_secs(86_400)));
+}
+
+#[test]
+fn a_shared_threshold_is_one_counter_for_every_matching_value() {
+    let (_now, l) = limits(&["share_threshold.yaml"], 3_600 * 500_000);
+    for _ in 0..10 {
+        l.should_rate_limit(&request("share-threshold-test", &[&[("files", "files/a.pdf")]])).unwrap();
+    }
+    let r = l.should_rate_limit(&request("share-threshold-test", &[&[("files", "files/b.csv")]])).unwrap();
+    assert_eq!(
+        (r.overall_code, limited(&r.statuses[0])),
+        (Code::OverLimit, (Code::OverLimit, 10, Unit::Hour, 0))
+    );
+    for i in 0..10 {
+        let value = format!("files_no_share/{i}");
+        let r =
+            l.should_rate_limit(&request("share-threshold-test", &[&[("files_no_share", &value)]])).unwrap();
+        assert_eq!(limited(&r.statuses[0]), (Code::Ok, 10, Unit::Hour, 9));
+    }
+}
+
+#[test]
+fn a_zero_limit_blocks_every_request() {
+    let (_now, l) = limits(&["reload.yaml"], 1_000_000);
+    let r = l.should_rate_limit(&request("reload", &[&[("block", "foo")]])).unwrap();
+    assert_eq!(
+        (r.overall_code, limited(&r.statuses[0])),
+        (Code::OverLimit, (Code::OverLimit, 0, Unit::Second, 0))
+    );
+    let r = l.should_rate_limit(&request("reload", &[&[("key1", "foo")]])).unwrap();
+    assert_eq!(limited(&r.statuses[0]), (Code::Ok, 50, Unit::Second, 49));
+}
+
+#[test]
+fn the_docker_scripts_replaces_shadow_mode_and_unlimited() {
+    let (_now, l) = limits(&["example.yaml"], 60 * 30_000_000);
+    let ask = |descriptors: &[&[(&str, &str)]]| {
+        l.should_rate_limit(&request("rl", descriptors)).unwrap().overall_code
+    };
+    // simple-get: a shadow rule over its limit still answers OK.
+    for _ in 0..5 {
+        assert_eq!(ask(&[&[("foo", "pelle"), ("baz", "shady")]]), Code::Ok);
+    }
+    assert!(l.counts("rl.foo.baz_shady").shadow_mode >= 2);
+    // trigger-ratelimit: 3 per minute.
+    for _ in 0..3 {
+        assert_eq!(ask(&[&[("foo", "pelle"), ("baz", "not-so-shady")]]), Code::Ok);
+    }
+    assert_eq!(ask(&[&[("foo", "pelle"), ("baz", "not-so-shady")]]), Code::OverLimit);
+    // replaces (1): banned is 0 per minute; the override rule replaces it.
+    assert_eq!(ask(&[&[("foo", "bkthomps"), ("bar", "banned")]]), Code::OverLimit);
+    let four = |dest: &str| -> Code {
+        ask(&[
+            &[("foo", "bkthomps"), ("bar", "banned")],
+            &[("source_cluster", "proxy"), ("destination_cluster", dest)],
+        ])
+    };
+    assert_eq!(four("mock"), Code::OverLimit);
+    assert_eq!(four("override"), Code::Ok);
+    assert_eq!(four("override"), Code::Ok);
+    assert_eq!(four("override"), Code::OverLimit);
+    // replaces (2): bkthomps (1/min) is replaced while proxy/bkthomps (2/min) applies, and is
+    // not counted meanwhile.
+    let two = |dest: &str| -> Code {
+        ask(&[
+            &[("foo", "my_foo"), ("bar", "bkthomps")],
+            &[("source_cluster", "proxy"), ("destination_cluster", dest)],
+        ])
+    };
+    assert_eq!(two("bkthomps"), Code::Ok);
+    assert_eq!(two("bkthomps"), Code::Ok);
+    assert_eq!(two("bkthomps"), Code::OverLimit);
+    assert_eq!(two("not_bkthomps"), Code::Ok, "the bkthomps rule was never incremented while replaced");
+    assert_eq!(two("not_bkthomps"), Code::OverLimit);
+    // Unlimited: OK with u32::MAX remaining and no limit.
+    let r = l.should_rate_limit(&request("rl", &[&[("qux", "x")], &[("foo", "f"), ("bay", "y")]])).unwrap();
+    assert_eq!(
+        r.statuses[0],
+        Status { code: Code::Ok, current_limit: None, limit_remaining: u32::MAX, duration_until_reset: None }
+    );
+    assert_eq!(r.statuses[1].limit_remaining, u32::MAX);
+    // value-included-in-stats-key: 2 per minute, counted under the request's value.
+    assert_eq!(ask(&[&[("unspec", "unspecified_value")]]), Code::Ok);
+    assert_eq!(ask(&[&[("unspec", "unspecified_value")]]), Code::Ok);
+    assert_eq!(ask(&[&[("unspec", "unspecified_value")]]), Code::OverLimit);
+    assert_eq!(l.counts("rl.unspec_unspecified_value").over_limit, 1);
+}
+
+#[test]
+fn near_and_over_limit_counts_follow_upstreams_arithmetic() {
+    let config = Config::from_files(
+        [("n.yaml", "domain: n\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 20}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 8}\n")],
+        LoadOptions::default(),
+    )
+    .unwrap();
+    let (_now, wall) = clock(3_600 * 1_000);
+    let l = Limits::with_clock(config, 100, wall).unwrap();
+    let hit = |key: &str, value: &str, hits: u64| {
+        let mut r = request("n", &[&[(key, value)]]);
+        r.descriptors[0].hits_addend = Some(hits);
+        l.should_rate_limit(&r).unwrap().statuses[0].clone()
+    };
+    // limit 8, near 6: after 7 with 2 hits is OK, 1 near, 2 within.
+    hit("b", "x", 5);
+    let s = hit("b", "x", 2);
+    assert_eq!(limited(&s), (Code::Ok, 8, Unit::Hour, 1));
+    assert_eq!(
+        l.counts("n.b"),
+        RuleCounts { total_hits: 7, near_limit: 1, within_limit: 7, ..RuleCounts::default() }
+    );
+    // limit 20, near 16: 3 hits to 19 (near 3), then 3 to 22 (over 2, near 1).
+    hit("a", "y", 16);
+    let s = hit("a", "y", 3);
+    assert_eq!(limited(&s), (Code::Ok, 20, Unit::Hour, 1));
+    let s = hit("a", "y", 3);
+    assert_eq!(limited(&s), (Code::OverLimit, 20, Unit::Hour, 0));
+    assert_eq!(
+        l.counts("n.a"),
+        RuleCounts { total_hits: 22, over_limit: 2, near_limit: 3 + 1, within_limit: 19, shadow_mode: 0 }
+    );
+    // A descriptor's hits_addend of 0 checks without charging: over only once past the limit.
+    let s = hit("a", "z", 20);
+    assert_eq!(limited(&s), (Code::Ok, 20, Unit::Hour, 0));
+    assert_eq!(hit("a", "z", 0).code, Code::Ok, "20 of 20 is not over");
+    hit("a", "z", 1);
+    assert_eq!(hit("a", "z", 0).code, Code::OverLimit);
+}
+
+#[test]
+fn bad_requests_get_upstreams_errors_and_overrides_apply_without_a_rule() {
+    let (_now, l) = limits(&["basic.yaml"], 1_000_000);
+    assert_eq!(l.should_rate_limit(&request("", &[&[("a", "b")]])), Err(RequestError::EmptyDomain));
+    assert_eq!(l.should_rate_limit(&request("basic", &[])), Err(RequestError::NoDescriptors));
+    assert_eq!(RequestError::EmptyDomain.to_string(), "rate limit domain must not be empty");
+    assert_eq!(RequestError::NoDescriptors.to_string(), "rate limit descriptor list must not be empty");
+    // A per-request limit applies whenever the domain exists, matched or not.
+    let mut r = request("basic", &[&[("nothing", "here")]]);
+    r.descriptors[0].limit = Some((2, Some(Unit::Hour)));
+    for remaining in [1, 0] {
+        let s = &l.should_rate_limit(&r).unwrap().statuses[0];
+        assert_eq!(
+            (s.code, s.current_limit.clone(), s.limit_remaining),
+            (
+                Code::Ok,
+                Some(CurrentLimit { requests_per_unit: 2, unit: Unit::Hour, name: String::new() }),
+                remaining
+            )
+        );
+    }
+    assert_eq!(l.should_rate_limit(&r).unwrap().overall_code, Code::OverLimit);
+    assert_eq!(l.counts("basic.nothing_here").total_hits, 3);
+    r.descriptors[0].limit = Some((2, None));
+    assert!(matches!(l.should_rate_limit(&r), Err(RequestError::OverrideUnit { descriptor: 0 })));
+    // No rule, no limit.
+    let r = l.should_rate_limit(&request("basic", &[&[("nothing", "here")]])).unwrap();
+    assert_eq!(r.statuses[0].current_limit, None);
+}
+
+#[test]
+fn rules_beyond_the_windows_count_are_refused_at_load() {
+    let config = Config::from_files(
+        [("big.yaml", "domain: big\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 100000000}\n")],
+        LoadOptions::default(),
+    )
+    .unwrap();
+    let e = Limits::new(config, 10).unwrap_err();
+    assert_eq!(e.line, Some(3));
+    assert!(e.message.contains("requests_per_unit 100000000 of 'big.a'"), "{e}");
+}
