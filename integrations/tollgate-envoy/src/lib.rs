@@ -33,11 +33,13 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
+mod grpc;
 mod matching;
 mod service;
 mod yaml;
 
 pub use config::{Config, ConfigError, Descriptor, Domain, LoadOptions, Metadata, RateLimit, Unit};
+pub use grpc::Service;
 pub use matching::{wildcard_match, Found, Matched};
 pub use service::{
     Code, CurrentLimit, Limits, Request, RequestDescriptor, RequestError, Response, RuleCounts, Status,

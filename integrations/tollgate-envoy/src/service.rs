@@ -181,6 +181,46 @@ impl Limits {
         })
     }
 
+    /// Limits under `config` that keep this one's counts where its rules stay: the window
+    /// counters of every rule whose path and unit are unchanged (a changed
+    /// `requests_per_unit` applies to the counts already made), the per-request limits'
+    /// counters, and every statistics key's counts. What a reload makes.
+    pub fn reloaded(&self, config: Config) -> Result<Limits, ConfigError> {
+        let next = Limits::with_clock(config, self.keys_per_rule, Arc::clone(&self.clock))?;
+        let mut kept = HashMap::new();
+        for ((path, unit), table) in
+            self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner).iter()
+        {
+            let still = path.ends_with("\0override") || next.rule_unit(path) == Some(*unit);
+            if still {
+                kept.insert((path.clone(), *unit), Arc::clone(table));
+            }
+        }
+        *next.tables.write().unwrap_or_else(std::sync::PoisonError::into_inner) = kept;
+        *next.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        Ok(next)
+    }
+
+    /// The unit of the rule at `path` (a descriptor's full key), if it has a limited one.
+    fn rule_unit(&self, path: &str) -> Option<Unit> {
+        fn walk<'a>(
+            node: &'a crate::config::Descriptor,
+            path: &str,
+        ) -> Option<&'a crate::config::Descriptor> {
+            if node.full_key == path {
+                return Some(node);
+            }
+            let child = node.children().find(|c| {
+                path.strip_prefix(c.full_key.as_str())
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+            })?;
+            walk(child, path)
+        }
+        let node = self.config.domains().find_map(|d| walk(&d.root, path))?;
+        node.rate_limit.as_ref().filter(|r| !r.unlimited).and_then(|r| r.unit)
+    }
+
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.config
@@ -304,30 +344,31 @@ impl Limits {
         };
         let before = after.saturating_sub(hits);
         let near = (over as f32 * self.near_ratio).floor() as u64;
+        // Counts saturate: a request's hits can be anything up to 2^64 − 1.
         let mut counts = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let c = counts.entry(stats_key.to_owned()).or_default();
-        c.total_hits += hits;
+        c.total_hits = c.total_hits.saturating_add(hits);
         let remaining;
         let code;
         if after > over {
             code = Code::OverLimit;
             remaining = 0;
             if before >= over {
-                c.over_limit += hits;
+                c.over_limit = c.over_limit.saturating_add(hits);
             } else {
-                c.over_limit += after - over;
-                c.near_limit += over - near.max(before);
+                c.over_limit = c.over_limit.saturating_add(after - over);
+                c.near_limit = c.near_limit.saturating_add(over - near.max(before));
             }
         } else {
             code = Code::Ok;
             remaining = u32::try_from(over - after).unwrap_or(u32::MAX);
             if after > near {
-                c.near_limit += if before >= near { hits } else { after - near };
+                c.near_limit = c.near_limit.saturating_add(if before >= near { hits } else { after - near });
             }
-            c.within_limit += hits;
+            c.within_limit = c.within_limit.saturating_add(hits);
         }
         let code = if code == Code::OverLimit && shadow {
-            c.shadow_mode += if before >= over { hits } else { after - over };
+            c.shadow_mode = c.shadow_mode.saturating_add(if before >= over { hits } else { after - over });
             Code::Ok
         } else {
             code

@@ -1,0 +1,205 @@
+//! `ShouldRateLimit` over real gRPC on 127.0.0.1: tonic's client against the service, as
+//! Envoy calls it; the health service; a reload that keeps the counters of unchanged rules;
+//! and requests upstream would choke on.
+
+use std::path::Path;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{rate_limit::Unit as PbUnit, Code};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use tokio::net::TcpListener;
+use tollgate_envoy::{Config, Limits, LoadOptions, Service};
+
+fn config(files: &[&str]) -> Config {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/integration");
+    let files: Vec<(String, String)> =
+        files.iter().map(|f| ((*f).to_owned(), std::fs::read_to_string(dir.join(f)).unwrap())).collect();
+    Config::from_files(files, LoadOptions::default()).unwrap()
+}
+
+/// A service on a free port, its client, and the way to stop it.
+async fn start(
+    limits: Limits,
+) -> (Service, RateLimitServiceClient<tonic::transport::Channel>, String, tokio::sync::oneshot::Sender<()>) {
+    let service = Service::new(limits);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = service.clone();
+    tokio::spawn(async move {
+        serving
+            .serve(listener, async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+    });
+    let client = RateLimitServiceClient::connect(url.clone()).await.unwrap();
+    (service, client, url, stop)
+}
+
+fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: descriptors
+            .iter()
+            .map(|entries| RateLimitDescriptor {
+                entries: entries
+                    .iter()
+                    .map(|(k, v)| Entry { key: (*k).to_owned(), value: (*v).to_owned() })
+                    .collect(),
+                ..RateLimitDescriptor::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+/// (overall, [(code, requests per unit, unit, remaining)]).
+fn summary(r: &RateLimitResponse) -> (i32, Vec<(i32, u32, i32, u32)>) {
+    (
+        r.overall_code,
+        r.statuses
+            .iter()
+            .map(|s| {
+                let l = s.current_limit.clone().unwrap_or_default();
+                (s.code, l.requests_per_unit, l.unit, s.limit_remaining)
+            })
+            .collect(),
+    )
+}
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoys_call_is_answered_field_for_field() {
+    let (_service, mut client, _url, stop) =
+        start(Limits::new(config(&["basic.yaml", "another.yaml"]), 1_000).unwrap()).await;
+    let r = client.should_rate_limit(request("basic", &[&[("key1", "foo")]])).await.unwrap().into_inner();
+    assert_eq!(summary(&r), (OK, vec![(OK, 50, PbUnit::Second as i32, 49)]));
+    let reset = r.statuses[0].duration_until_reset.unwrap();
+    assert!((1..=1).contains(&reset.seconds) && reset.nanos == 0, "{reset:?}");
+    // Unknown domains and descriptors are no error: OK, no limit.
+    let r = client.should_rate_limit(request("foo", &[&[("hello", "world")]])).await.unwrap().into_inner();
+    assert_eq!((r.overall_code, r.statuses.len(), r.statuses[0].current_limit.clone()), (OK, 1, None));
+    // 20 per minute, then over (the test must not straddle a minute: start early in one).
+    let key = format!("{:?}", std::time::SystemTime::now());
+    let mut codes = Vec::new();
+    for _ in 0..22 {
+        let r =
+            client.should_rate_limit(request("another", &[&[("key2", &key)]])).await.unwrap().into_inner();
+        codes.push(r.statuses[0].code);
+    }
+    let admitted = codes.iter().filter(|&&c| c == OK).count();
+    assert!(admitted >= 20, "{codes:?}");
+    // Upstream's errors: UNKNOWN with its message.
+    let e = client.should_rate_limit(request("", &[&[("a", "b")]])).await.unwrap_err();
+    assert_eq!((e.code(), e.message()), (tonic::Code::Unknown, "rate limit domain must not be empty"));
+    let e = client.should_rate_limit(request("basic", &[])).await.unwrap_err();
+    assert_eq!(
+        (e.code(), e.message()),
+        (tonic::Code::Unknown, "rate limit descriptor list must not be empty")
+    );
+    let _ = stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_service_says_ratelimit_is_serving() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let (_service, _client, url, stop) = start(Limits::new(config(&["basic.yaml"]), 10).unwrap()).await;
+    let channel = tonic::transport::Channel::from_shared(url).unwrap().connect().await.unwrap();
+    let mut health = HealthClient::new(channel);
+    for name in ["ratelimit", ""] {
+        let r = health.check(HealthCheckRequest { service: name.to_owned() }).await.unwrap().into_inner();
+        assert_eq!(r.status, ServingStatus::Serving as i32, "{name:?}");
+    }
+    let _ = stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_the_counts_of_rules_that_did_not_change() {
+    let (service, mut client, _url, stop) =
+        start(Limits::new(config(&["another.yaml"]), 1_000).unwrap()).await;
+    let key = format!("{:?}", std::time::SystemTime::now());
+    let hit = |client: &mut RateLimitServiceClient<_>, k: &'static str| {
+        let r = request("another", &[&[(k, key.as_str())]]);
+        let mut client = client.clone();
+        async move { summary(&client.should_rate_limit(r).await.unwrap().into_inner()).1[0] }
+    };
+    for _ in 0..3 {
+        hit(&mut client, "key3").await;
+        hit(&mut client, "key4").await;
+    }
+    // key3 keeps its hour and its limit; key4 moves from a day to an hour; reload.yaml's
+    // domain arrives.
+    let changed = config(&["another.yaml"]);
+    let mut yaml =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/integration/another.yaml"))
+            .unwrap();
+    yaml = yaml.replace(
+        "  - key: key4\n    rate_limit:\n      unit: day",
+        "  - key: key4\n    rate_limit:\n      unit: hour",
+    );
+    let reload =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/integration/reload.yaml"))
+            .unwrap();
+    let next = Config::from_files(
+        [("another.yaml", yaml.as_str()), ("reload.yaml", reload.as_str())],
+        LoadOptions::default(),
+    )
+    .unwrap();
+    drop(changed);
+    service.replace(service.limits().reloaded(next).unwrap());
+    assert_eq!(hit(&mut client, "key3").await, (OK, 10, PbUnit::Hour as i32, 6), "key3's count carried over");
+    assert_eq!(
+        hit(&mut client, "key4").await,
+        (OK, 20, PbUnit::Hour as i32, 19),
+        "key4's unit changed: counted afresh"
+    );
+    let r = client.should_rate_limit(request("reload", &[&[("key1", "foo")]])).await.unwrap().into_inner();
+    assert_eq!(summary(&r), (OK, vec![(OK, 50, PbUnit::Second as i32, 49)]));
+    assert_eq!(service.limits().counts("another.key3").total_hits, 4);
+    let _ = stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_requests_are_answered_and_the_service_keeps_serving() {
+    let (_service, mut client, _url, stop) =
+        start(Limits::new(config(&["basic.yaml", "another.yaml"]), 100).unwrap()).await;
+    // A descriptor of 10,000 entries, and a 1 MiB value.
+    let long: Vec<(String, String)> = (0..10_000).map(|i| (format!("k{i}"), "v".to_owned())).collect();
+    let entries: Vec<(&str, &str)> = long.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let r = client.should_rate_limit(request("basic", &[&entries])).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, OK);
+    let big = "x".repeat(1 << 20);
+    let r = client.should_rate_limit(request("basic", &[&[("key1", &big)]])).await.unwrap().into_inner();
+    assert_eq!(summary(&r), (OK, vec![(OK, 50, PbUnit::Second as i32, 49)]));
+    // The largest hits: over the limit, counted, no overflow.
+    let mut huge = request("another", &[&[("key3", "huge")]]);
+    huge.descriptors[0].hits_addend = Some(UInt64Value { value: u64::MAX });
+    let r = client.should_rate_limit(huge).await.unwrap().into_inner();
+    assert_eq!(summary(&r), (OVER, vec![(OVER, 10, PbUnit::Hour as i32, 0)]));
+    let mut huge = request("another", &[&[("key3", "huge2")]]);
+    huge.hits_addend = u32::MAX;
+    assert_eq!(client.should_rate_limit(huge).await.unwrap().into_inner().overall_code, OVER);
+    // A per-request limit of unit UNKNOWN crashes upstream; here it is a clear error.
+    let mut bad = request("basic", &[&[("key1", "foo")]]);
+    bad.descriptors[0].limit = Some(RateLimitOverride { requests_per_unit: 5, unit: 0 });
+    let e = client.should_rate_limit(bad).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unknown);
+    assert!(e.message().contains("no unit"), "{}", e.message());
+    // Still serving.
+    let r = client.should_rate_limit(request("basic", &[&[("key1", "after")]])).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, OK);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let _ = stop.send(());
+}
