@@ -34,6 +34,7 @@
 
 mod config;
 mod grpc;
+mod http;
 mod matching;
 mod service;
 mod yaml;
