@@ -104,6 +104,66 @@ struct Args {
     /// Worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Serves Envoy's global rate limit service (envoyproxy/ratelimit's API) from its YAML
+    /// configuration: one file, or a directory of them read whole (one domain a file).
+    /// Reloaded on SIGHUP, keeping the counts of rules that did not change.
+    #[arg(long, value_name = "PATH")]
+    envoy_config: Option<PathBuf>,
+    /// Where `ShouldRateLimit` is served over gRPC (with grpc.health.v1), with
+    /// --envoy-config (default 127.0.0.1:8081, upstream's GRPC_PORT).
+    #[arg(long, value_name = "ADDR", requires = "envoy_config")]
+    envoy_grpc: Option<SocketAddr>,
+    /// Where upstream's HTTP endpoints are served (/json, /healthcheck), with --envoy-config
+    /// (none by default; upstream's PORT is 8080).
+    #[arg(long, value_name = "ADDR", requires = "envoy_config")]
+    envoy_http: Option<SocketAddr>,
+    /// Distinct values each Envoy rule counts at once (a table per rule, allocated when the
+    /// rule is first used; about 20 bytes a value).
+    #[arg(long, default_value_t = 65_536, requires = "envoy_config")]
+    envoy_keys_per_rule: usize,
+    /// Files of one domain add up instead of being refused (upstream's MERGE_DOMAIN_CONFIG).
+    #[arg(long, requires = "envoy_config")]
+    envoy_merge_domains: bool,
+}
+
+/// Envoy's rate limit service, as the flags set it.
+#[derive(Clone, Debug)]
+struct Envoy {
+    path: PathBuf,
+    options: tollgate_envoy::LoadOptions,
+    keys_per_rule: usize,
+    grpc: SocketAddr,
+    http: Option<SocketAddr>,
+}
+
+impl Envoy {
+    fn from_args(args: &Args) -> Option<Envoy> {
+        Some(Envoy {
+            path: args.envoy_config.clone()?,
+            options: tollgate_envoy::LoadOptions {
+                merge_domains: args.envoy_merge_domains,
+                ..tollgate_envoy::LoadOptions::default()
+            },
+            keys_per_rule: args.envoy_keys_per_rule,
+            grpc: args.envoy_grpc.unwrap_or_else(|| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8081)),
+            http: args.envoy_http,
+        })
+    }
+
+    /// The configuration at `path` (a file or a directory).
+    fn config(&self) -> Result<tollgate_envoy::Config, String> {
+        let loaded = if self.path.is_dir() {
+            tollgate_envoy::Config::from_dir(&self.path, self.options)
+        } else {
+            tollgate_envoy::Config::from_file(&self.path, self.options)
+        };
+        loaded.map_err(|e| format!("{}: {e}", self.path.display()))
+    }
+
+    fn limits(&self) -> Result<tollgate_envoy::Limits, String> {
+        tollgate_envoy::Limits::new(self.config()?, self.keys_per_rule)
+            .map_err(|e| format!("{}: {e}", self.path.display()))
+    }
 }
 
 fn main() {
@@ -119,9 +179,22 @@ fn main() {
         Some(path) => file::load(path).unwrap_or_else(|e| fail(&e.to_string())),
         None => from_flags(&args),
     };
+    let envoy = Envoy::from_args(&args);
     if args.check_config {
+        if let Some(e) = &envoy {
+            match e.limits() {
+                Ok(l) => {
+                    println!("{}: OK ({} Envoy domain(s))", e.path.display(), l.config().domains().count())
+                }
+                Err(e) => fail(&format!("invalid Envoy configuration: {e}")),
+            }
+        }
         check(&config, &service, args.config.as_deref());
     }
+    let envoy = envoy.map(|e| match e.limits() {
+        Ok(limits) => (e, tollgate_envoy::Service::new(limits)),
+        Err(err) => fail(&format!("invalid Envoy configuration: {err}")),
+    });
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Some(t) = service.threads {
         runtime.worker_threads(t.max(1));
@@ -134,7 +207,7 @@ fn main() {
         Ok(s) => s,
         Err(e) => fail(&format!("invalid configuration: {e}")),
     };
-    let clean = runtime.block_on(run(server, service, args.config));
+    let clean = runtime.block_on(run(server, service, args.config, envoy));
     // Connections still open past the shutdown timeout are dropped with the runtime.
     runtime.shutdown_timeout(Duration::from_millis(100));
     std::process::exit(if clean { 0 } else { 2 });
@@ -142,8 +215,15 @@ fn main() {
 
 /// Serves every listener until SIGTERM or Ctrl-C, reloading `path` on SIGHUP; whether every
 /// connection closed within the shutdown timeout.
-async fn run(server: Arc<Server>, service: Service, path: Option<PathBuf>) -> bool {
+async fn run(
+    server: Arc<Server>,
+    service: Service,
+    path: Option<PathBuf>,
+    envoy: Option<(Envoy, tollgate_envoy::Service)>,
+) -> bool {
     let mut listening = Vec::new();
+    // Envoy's listeners finish their calls in flight at shutdown, within the shutdown timeout.
+    let mut envoy_tasks = Vec::new();
     for addr in &service.listeners {
         let listener = match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => l,
@@ -164,6 +244,36 @@ async fn run(server: Arc<Server>, service: Service, path: Option<PathBuf>) -> bo
         tracing::info!(%local, "serving /metrics");
         listening.push(tokio::spawn(Arc::clone(&server).serve_metrics(listener)));
     }
+    let (stop_envoy, envoy_stopped) = tokio::sync::watch::channel(false);
+    if let Some((settings, rls)) = &envoy {
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        let listener = match tokio::net::TcpListener::bind(settings.grpc).await {
+            Ok(l) => l,
+            Err(e) => fail(&format!("cannot listen on {} for Envoy's gRPC: {e}", settings.grpc)),
+        };
+        let local = listener.local_addr().map_or(settings.grpc, |a| a);
+        println!("tollgate-server envoy grpc on {local}");
+        tracing::info!(%local, "serving Envoy's rate limit service (gRPC)");
+        let (rls_grpc, until) = (rls.clone(), stopped(envoy_stopped.clone()));
+        envoy_tasks.push(tokio::spawn(async move {
+            if let Err(e) = rls_grpc.serve(listener, until).await {
+                tracing::error!(error = %e, "Envoy's gRPC listener failed");
+            }
+        }));
+        if let Some(addr) = settings.http {
+            let listener = match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => l,
+                Err(e) => fail(&format!("cannot listen on {addr} for Envoy's HTTP: {e}")),
+            };
+            let local = listener.local_addr().map_or(addr, |a| a);
+            println!("tollgate-server envoy http on http://{local}/json");
+            tracing::info!(%local, "serving Envoy's rate limit service (/json, /healthcheck)");
+            let (rls_http, until) = (rls.clone(), stopped(envoy_stopped.clone()));
+            envoy_tasks.push(tokio::spawn(async move { rls_http.serve_http(listener, until).await }));
+        }
+    }
     let _ = std::io::stdout().flush();
     let signal = |kind| {
         tokio::signal::unix::signal(kind).unwrap_or_else(|e| fail(&format!("cannot handle signals: {e}")))
@@ -174,17 +284,33 @@ async fn run(server: Arc<Server>, service: Service, path: Option<PathBuf>) -> bo
     );
     loop {
         tokio::select! {
-            _ = hangup.recv() => reload(&server, path.as_deref()),
+            _ = hangup.recv() => {
+                reload(&server, path.as_deref());
+                if let Some((settings, rls)) = &envoy {
+                    reload_envoy(settings, rls);
+                }
+            }
             _ = terminate.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
         }
     }
     tracing::info!(connections = server.connections(), "shutting down: no new connections");
     server.shutdown();
+    let _ = stop_envoy.send(true);
     for l in listening {
         let _ = l.await;
     }
-    let clean = server.drained(service.shutdown_timeout).await;
+    let deadline = tokio::time::Instant::now() + service.shutdown_timeout;
+    let mut envoy_clean = true;
+    for task in envoy_tasks {
+        let abort = task.abort_handle();
+        if tokio::time::timeout_at(deadline, task).await.is_err() {
+            abort.abort();
+            envoy_clean = false;
+        }
+    }
+    let clean =
+        server.drained(deadline.saturating_duration_since(tokio::time::Instant::now())).await && envoy_clean;
     if clean {
         tracing::info!("stopped");
     } else {
@@ -223,6 +349,22 @@ fn reload(server: &Server, path: Option<&Path>) {
             }
         }
         Err(e) => tracing::error!(error = %e, "reload refused: the running configuration is kept"),
+    }
+}
+
+/// SIGHUP for Envoy's configuration: read again and applied (the counts of unchanged rules
+/// kept), or refused with the reason and the running configuration kept.
+fn reload_envoy(settings: &Envoy, rls: &tollgate_envoy::Service) {
+    let next = settings
+        .config()
+        .and_then(|c| rls.limits().reloaded(c).map_err(|e| format!("{}: {e}", settings.path.display())));
+    match next {
+        Ok(limits) => {
+            let domains = limits.config().domains().count();
+            rls.replace(limits);
+            tracing::info!(path = %settings.path.display(), domains, "Envoy configuration reloaded");
+        }
+        Err(e) => tracing::error!(error = %e, "Envoy reload refused: the running configuration is kept"),
     }
 }
 

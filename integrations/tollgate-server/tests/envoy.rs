@@ -1,0 +1,181 @@
+//! tollgate-server as Envoy's rate limit service: the binary started on a directory of
+//! envoyproxy/ratelimit's YAML, asked over gRPC by tonic's client (as Envoy asks) and over
+//! `/json`, reloaded by SIGHUP (a bad file refused, the counts of unchanged rules kept), and
+//! stopped by SIGTERM.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
+const RULES: &str = "domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: hour
+      requests_per_unit: 3
+  - key: path
+    value: /login
+    rate_limit:
+      unit: hour
+      requests_per_unit: 1
+";
+
+struct Running {
+    child: Child,
+    grpc: String,
+    http: String,
+    log: PathBuf,
+}
+
+impl Running {
+    fn signal(&self, name: &str) {
+        assert!(Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success());
+    }
+
+    fn wait_log(&self, what: &str) {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(20) {
+            if std::fs::read_to_string(&self.log).unwrap().contains(what) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("{what}: {}", std::fs::read_to_string(&self.log).unwrap());
+    }
+
+    /// POST /json with `body`: the status line and the body.
+    fn json(&self, body: &str) -> (String, String) {
+        let addr = self.http.trim_start_matches("http://").trim_end_matches("/json");
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            s,
+            "POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut got = String::new();
+        s.read_to_string(&mut got).unwrap();
+        let status = got.lines().next().unwrap().to_owned();
+        let body = got.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+        (status, body)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(dir: &std::path::Path, log: PathBuf) -> Running {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate-server"))
+        .args(["--port", "0", "--envoy-grpc", "127.0.0.1:0", "--envoy-http", "127.0.0.1:0", "--envoy-config"])
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(File::create(&log).unwrap()))
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = |prefix: &str| {
+        let mut l = String::new();
+        out.read_line(&mut l).unwrap();
+        l.trim().strip_prefix(prefix).unwrap_or_else(|| panic!("{l:?}")).to_owned()
+    };
+    let _resp = line("tollgate-server listening on ");
+    let grpc = format!("http://{}", line("tollgate-server envoy grpc on "));
+    let http = line("tollgate-server envoy http on ");
+    Running { child, grpc, http, log }
+}
+
+fn request(entries: &[(&str, &str)]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: entries.iter().map(|(k, v)| Entry { key: (*k).into(), value: (*v).into() }).collect(),
+            ..RateLimitDescriptor::default()
+        }],
+        hits_addend: 1,
+    }
+}
+
+#[test]
+fn the_server_answers_envoy_and_reloads_its_rules() {
+    let dir = std::env::temp_dir().join(format!("tollgate-envoy-server-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("config")).unwrap();
+    std::fs::write(dir.join("config/edge.yaml"), RULES).unwrap();
+    let log = dir.with_extension("log");
+    let running = start(&dir, log.clone());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut client = rt.block_on(RateLimitServiceClient::connect(running.grpc.clone())).unwrap();
+    let mut ask = |entries: &[(&str, &str)]| {
+        let r = rt.block_on(client.should_rate_limit(request(entries))).unwrap().into_inner();
+        (r.overall_code, r.statuses[0].limit_remaining)
+    };
+    let (ok, over) = (1, 2);
+    assert_eq!(ask(&[("remote_address", "10.0.0.1")]), (ok, 2));
+    assert_eq!(ask(&[("remote_address", "10.0.0.1")]), (ok, 1));
+    assert_eq!(ask(&[("path", "/login")]), (ok, 0));
+    assert_eq!(ask(&[("path", "/login")]), (over, 0));
+    // The same service over /json.
+    let (status, body) = running.json(
+        r#"{"domain":"edge","descriptors":[{"entries":[{"key":"remote_address","value":"10.0.0.1"}]}]}"#,
+    );
+    assert!(status.contains("200"), "{status} {body}");
+    assert!(body.contains(r#""overallCode":"OK""#), "{body}");
+    // A bad file is refused on SIGHUP, with its file and line; the rules keep answering.
+    std::fs::write(
+        dir.join("config/edge.yaml"),
+        RULES
+            .replace("unit: hour\n      requests_per_unit: 3", "unit: fortnight\n      requests_per_unit: 3"),
+    )
+    .unwrap();
+    running.signal("HUP");
+    running.wait_log("Envoy reload refused");
+    assert!(std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("config.edge.yaml:5: invalid rate limit unit 'fortnight'"));
+    assert_eq!(ask(&[("remote_address", "10.0.0.1")]), (over, 0), "4 of 3: the running rules and counts");
+    // A good one applies; the unchanged rule keeps its count, the raised limit applies to it.
+    std::fs::write(
+        dir.join("config/edge.yaml"),
+        RULES.replace("requests_per_unit: 3", "requests_per_unit: 6"),
+    )
+    .unwrap();
+    running.signal("HUP");
+    running.wait_log("Envoy configuration reloaded");
+    assert_eq!(ask(&[("remote_address", "10.0.0.1")]), (ok, 1), "5 of 6");
+    // Envoy closes its connection when the server says it is going away; this client, whose
+    // runtime no longer runs, cannot: it is dropped first, with its runtime (which closes its
+    // socket).
+    let _ = ask;
+    drop(client);
+    drop(rt);
+    running.signal("TERM");
+    let start = Instant::now();
+    let mut running = running;
+    loop {
+        if let Some(status) = running.child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "still running after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&log);
+}
