@@ -236,6 +236,45 @@ impl Limits {
             .unwrap_or_default()
     }
 
+    /// Writes every statistics key's counts to the `metrics` facade under upstream's
+    /// Prometheus names, as absolute values: `ratelimit_service_rate_limit_<stat>` for
+    /// `total_hits`, `over_limit`, `near_limit`, `within_limit` and `shadow_mode`, labelled
+    /// `domain`, `key1` and (from three levels) `key2` as upstream's mapper labels them
+    /// (deeper levels add up into their `key2`), after upstream's sanitizing (`:` and `|` as
+    /// `_`, the dots of an IPv4 address as `_`). Call it before rendering a scrape.
+    pub fn report_metrics(&self) {
+        let counts = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let mut series: HashMap<(String, String, Option<String>), RuleCounts> = HashMap::new();
+        for (key, c) in counts {
+            let key = sanitize_stat(&key);
+            let mut parts = key.splitn(4, '.');
+            let domain = parts.next().unwrap_or_default().to_owned();
+            let Some(key1) = parts.next() else { continue };
+            let key2 = parts.next().map(str::to_owned);
+            let total = series.entry((domain, key1.to_owned(), key2)).or_default();
+            total.total_hits = total.total_hits.saturating_add(c.total_hits);
+            total.over_limit = total.over_limit.saturating_add(c.over_limit);
+            total.near_limit = total.near_limit.saturating_add(c.near_limit);
+            total.within_limit = total.within_limit.saturating_add(c.within_limit);
+            total.shadow_mode = total.shadow_mode.saturating_add(c.shadow_mode);
+        }
+        for ((domain, key1, key2), c) in series {
+            let mut labels = vec![("domain", domain), ("key1", key1)];
+            if let Some(key2) = key2 {
+                labels.push(("key2", key2));
+            }
+            for (name, value) in [
+                ("ratelimit_service_rate_limit_total_hits", c.total_hits),
+                ("ratelimit_service_rate_limit_over_limit", c.over_limit),
+                ("ratelimit_service_rate_limit_near_limit", c.near_limit),
+                ("ratelimit_service_rate_limit_within_limit", c.within_limit),
+                ("ratelimit_service_rate_limit_shadow_mode", c.shadow_mode),
+            ] {
+                metrics::counter!(name, &labels).absolute(value);
+            }
+        }
+    }
+
     /// Decides a request as upstream's `ShouldRateLimit` does.
     pub fn should_rate_limit(&self, request: &Request) -> Result<Response, RequestError> {
         if request.domain.is_empty() {
@@ -466,4 +505,59 @@ fn check_counts(domain: &Domain, node: &crate::config::Descriptor) -> Result<(),
         check_counts(domain, child)?;
     }
     Ok(())
+}
+
+/// Upstream's `SanitizeStatName`: `:` and `|` as `_`, and the dots of anything shaped like an
+/// IPv4 address (four runs of 1 to 3 digits) as `_`.
+pub(crate) fn sanitize_stat(key: &str) -> String {
+    let mut out: Vec<char> = key.chars().map(|c| if c == ':' || c == '|' { '_' } else { c }).collect();
+    let n = out.len();
+    let mut i = 0;
+    while i < n {
+        // The longest `d{1,3}.d{1,3}.d{1,3}.d{1,3}` starting at i.
+        let mut j = i;
+        let mut dots = Vec::new();
+        let mut ok = true;
+        for group in 0..4 {
+            let start = j;
+            while j < n && out[j].is_ascii_digit() && j - start < 3 {
+                j += 1;
+            }
+            if j == start {
+                ok = false;
+                break;
+            }
+            if group < 3 {
+                if j < n && out[j] == '.' {
+                    dots.push(j);
+                    j += 1;
+                } else {
+                    ok = false;
+                    break;
+                }
+            }
+        }
+        if ok {
+            for d in dots {
+                out[d] = '_';
+            }
+            i = j;
+        } else {
+            i += 1;
+        }
+    }
+    out.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sanitize_stat;
+
+    #[test]
+    fn stat_names_are_sanitized_as_upstreams() {
+        assert_eq!(sanitize_stat("edge.remote_address_50.0.0.5"), "edge.remote_address_50_0_0_5");
+        assert_eq!(sanitize_stat("d.k_a:b|c"), "d.k_a_b_c");
+        assert_eq!(sanitize_stat("d.version_1.2.3"), "d.version_1.2.3");
+        assert_eq!(sanitize_stat("d.k.v"), "d.k.v");
+    }
 }

@@ -326,6 +326,19 @@ pub struct Server {
     /// only grows: allowed, denied.
     retired: [AtomicU64; 2],
     started: Instant,
+    /// More series for GET /metrics, written before each scrape ([`Server::add_report`]).
+    reports: Reports,
+}
+
+/// Reports added by [`Server::add_report`].
+#[derive(Default)]
+struct Reports(Mutex<Vec<Box<dyn Fn() + Send + Sync>>>);
+
+impl std::fmt::Debug for Reports {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len();
+        write!(f, "Reports({n})")
+    }
 }
 
 /// What a [`Server::reload`] changed.
@@ -365,6 +378,7 @@ impl Server {
             log_suppressed: AtomicU64::new(0),
             retired: [AtomicU64::new(0), AtomicU64::new(0)],
             started: Instant::now(),
+            reports: Reports::default(),
         };
         server.reload(config)?;
         Ok(Arc::new(server))
@@ -1019,8 +1033,19 @@ impl Server {
     /// refusals, protocol and authentication errors, quotas held, refused and evicted, keys
     /// and capacity, and decisions by quota and outcome (`tollgate_server_*`).
     pub fn metrics_page(&self, recorder: &metrics_exporter_prometheus::PrometheusRecorder) -> String {
-        metrics::with_local_recorder(recorder, || self.report_metrics());
+        metrics::with_local_recorder(recorder, || {
+            self.report_metrics();
+            for report in self.reports.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter() {
+                report();
+            }
+        });
         recorder.handle().render()
+    }
+
+    /// Adds series to GET /metrics: `report` writes them to the `metrics` facade (as
+    /// absolute values) before each scrape, e.g. Envoy's rate limit service's statistics.
+    pub fn add_report(&self, report: impl Fn() + Send + Sync + 'static) {
+        self.reports.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Box::new(report));
     }
 
     /// Serves `GET /metrics` (the [`metrics_page`](Server::metrics_page)) on `listener` until

@@ -246,6 +246,9 @@ async fn run(
     }
     let (stop_envoy, envoy_stopped) = tokio::sync::watch::channel(false);
     if let Some((settings, rls)) = &envoy {
+        // Upstream's statistics on the same /metrics.
+        let reported = rls.clone();
+        server.add_report(move || reported.limits().report_metrics());
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };

@@ -32,6 +32,7 @@ struct Running {
     child: Child,
     grpc: String,
     http: String,
+    metrics: String,
     log: PathBuf,
 }
 
@@ -58,20 +59,30 @@ impl Running {
     /// POST /json with `body`: the status line and the body.
     fn json(&self, body: &str) -> (String, String) {
         let addr = self.http.trim_start_matches("http://").trim_end_matches("/json");
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(
-            s,
+        let request = format!(
             "POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
-        )
-        .unwrap();
-        let mut got = String::new();
-        s.read_to_string(&mut got).unwrap();
-        let status = got.lines().next().unwrap().to_owned();
-        let body = got.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
-        (status, body)
+        );
+        exchange(addr, &request)
     }
+
+    /// GET /metrics: the page.
+    fn scrape(&self) -> String {
+        let addr = self.metrics.trim_start_matches("http://").trim_end_matches("/metrics");
+        exchange(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").1
+    }
+}
+
+/// One HTTP/1.1 exchange on a new connection: the status line and the body.
+fn exchange(addr: &str, request: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut got = String::new();
+    s.read_to_string(&mut got).unwrap();
+    let status = got.lines().next().unwrap().to_owned();
+    let body = got.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    (status, body)
 }
 
 impl Drop for Running {
@@ -83,7 +94,17 @@ impl Drop for Running {
 
 fn start(dir: &std::path::Path, log: PathBuf) -> Running {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate-server"))
-        .args(["--port", "0", "--envoy-grpc", "127.0.0.1:0", "--envoy-http", "127.0.0.1:0", "--envoy-config"])
+        .args([
+            "--port",
+            "0",
+            "--metrics",
+            "127.0.0.1:0",
+            "--envoy-grpc",
+            "127.0.0.1:0",
+            "--envoy-http",
+            "127.0.0.1:0",
+        ])
+        .arg("--envoy-config")
         .arg(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::from(File::create(&log).unwrap()))
@@ -96,9 +117,10 @@ fn start(dir: &std::path::Path, log: PathBuf) -> Running {
         l.trim().strip_prefix(prefix).unwrap_or_else(|| panic!("{l:?}")).to_owned()
     };
     let _resp = line("tollgate-server listening on ");
+    let metrics = line("tollgate-server metrics on ");
     let grpc = format!("http://{}", line("tollgate-server envoy grpc on "));
     let http = line("tollgate-server envoy http on ");
-    Running { child, grpc, http, log }
+    Running { child, grpc, http, metrics, log }
 }
 
 fn request(entries: &[(&str, &str)]) -> RateLimitRequest {
@@ -137,6 +159,15 @@ fn the_server_answers_envoy_and_reloads_its_rules() {
     );
     assert!(status.contains("200"), "{status} {body}");
     assert!(body.contains(r#""overallCode":"OK""#), "{body}");
+    // Upstream's statistics, under its Prometheus names, on the server's /metrics.
+    let page = running.scrape();
+    for series in [
+        r#"ratelimit_service_rate_limit_over_limit{domain="edge",key1="path_/login"} 1"#,
+        r#"ratelimit_service_rate_limit_total_hits{domain="edge",key1="remote_address"} 3"#,
+        r#"ratelimit_service_rate_limit_within_limit{domain="edge",key1="remote_address"} 3"#,
+    ] {
+        assert!(page.lines().any(|l| l == series), "{series} in\n{page}");
+    }
     // A bad file is refused on SIGHUP, with its file and line; the rules keep answering.
     std::fs::write(
         dir.join("config/edge.yaml"),
