@@ -157,6 +157,7 @@ RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate --features serde,t
 RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate-tower --features axum,metrics
 RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate-redis --features metrics
 RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate-server
+RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tollgate-envoy
 
 step "crate builds without default features"
 cargo check -p tollgate --no-default-features

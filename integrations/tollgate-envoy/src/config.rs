@@ -50,7 +50,7 @@ const KEYS: &[&str] = &[
 /// name (as upstream names it), the line where known, and upstream's message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError {
-    /// The file, named as upstream names it (see the [module docs](self)).
+    /// The file, named as upstream names it (see [`Config::from_dir`]).
     pub file: String,
     /// The line (1-based) of the key or value at fault, where there is one.
     pub line: Option<usize>,

@@ -1,8 +1,7 @@
 //! Envoy's global rate limit service on tollgate: a drop-in for envoyproxy/ratelimit that reads
 //! its YAML configuration unchanged and answers its API (`ShouldRateLimit` over gRPC, `/json`).
-//!
-//! This part of the crate reads the configuration and finds the rule a request falls under,
-//! exactly as upstream does:
+//! `tollgate-server --envoy-config` serves it; a program of its own serves a [`Service`] with
+//! [`Service::serve`] (gRPC and health) and [`Service::serve_http`].
 //!
 //! - [`Config`] loads upstream's files (one file, or a directory of them, one domain each)
 //!   with every key upstream accepts and every check it makes, and refuses what it refuses
@@ -11,6 +10,10 @@
 //!   then the first matching wildcard, then the bare key; a rule applies only at the depth of
 //!   the request's last entry. It names the statistics as upstream does (`detailed_metric`,
 //!   `value_to_metric`, `share_threshold`).
+//! - [`Limits`] decides as upstream's fixed window on tollgate's keyed tables (every hit
+//!   counted, windows on the Unix epoch's grid), with upstream's statuses, errors and
+//!   statistics ([`Limits::report_metrics`]); [`Limits::reloaded`] keeps the counts of rules a
+//!   reload leaves unchanged.
 //!
 //! ```
 //! use tollgate_envoy::{Config, LoadOptions, Unit};

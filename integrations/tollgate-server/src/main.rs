@@ -157,12 +157,21 @@ impl Envoy {
         } else {
             tollgate_envoy::Config::from_file(&self.path, self.options)
         };
-        loaded.map_err(|e| format!("{}: {e}", self.path.display()))
+        loaded.map_err(|e| self.named(&e))
     }
 
     fn limits(&self) -> Result<tollgate_envoy::Limits, String> {
-        tollgate_envoy::Limits::new(self.config()?, self.keys_per_rule)
-            .map_err(|e| format!("{}: {e}", self.path.display()))
+        tollgate_envoy::Limits::new(self.config()?, self.keys_per_rule).map_err(|e| self.named(&e))
+    }
+
+    /// An error of the configuration, under the directory's path when it came from one (a
+    /// file's error already names it).
+    fn named(&self, e: &tollgate_envoy::ConfigError) -> String {
+        if self.path.is_dir() {
+            format!("{}: {e}", self.path.display())
+        } else {
+            e.to_string()
+        }
     }
 }
 
@@ -358,9 +367,7 @@ fn reload(server: &Server, path: Option<&Path>) {
 /// SIGHUP for Envoy's configuration: read again and applied (the counts of unchanged rules
 /// kept), or refused with the reason and the running configuration kept.
 fn reload_envoy(settings: &Envoy, rls: &tollgate_envoy::Service) {
-    let next = settings
-        .config()
-        .and_then(|c| rls.limits().reloaded(c).map_err(|e| format!("{}: {e}", settings.path.display())));
+    let next = settings.config().and_then(|c| rls.limits().reloaded(c).map_err(|e| settings.named(&e)));
     match next {
         Ok(limits) => {
             let domains = limits.config().domains().count();
