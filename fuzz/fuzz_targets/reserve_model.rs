@@ -11,8 +11,8 @@ use std::time::Duration;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use tollgate::{
-    Admit, Cancelled, Decision, KeyedLimiter, Limiter, ManualClock, Nanos, Rate, Receipt, Reservation, ReserveError,
-    TokenBucket,
+    Admit, Cancelled, Decision, KeyedLimiter, Limiter, ManualClock, Nanos, Rate, Receipt, Reservation,
+    ReserveError, TokenBucket,
 };
 
 #[path = "../../tests/common/model.rs"]
@@ -142,18 +142,30 @@ fuzz_target!(|input: Input| {
             }
             Op::CheckN(n) => {
                 let got = limiter.check(key, now, n.into());
-                assert_eq!(Answer::of(&got), model.decide(now, n.into(), true), "check_n({n}) at {now}, {q:?}");
+                assert_eq!(
+                    Answer::of(&got),
+                    model.decide(now, n.into(), true),
+                    "check_n({n}) at {now}, {q:?}"
+                );
             }
             Op::PeekN(n) => {
                 let got = limiter.peek(key, now, n.into());
-                assert_eq!(Answer::of(&got), model.decide(now, n.into(), false), "peek_n({n}) at {now}, {q:?}");
+                assert_eq!(
+                    Answer::of(&got),
+                    model.decide(now, n.into(), false),
+                    "peek_n({n}) at {now}, {q:?}"
+                );
             }
             Op::Reserve(n, wait) => {
                 let max_wait = wait.map_or(Duration::MAX, Duration::from_nanos);
                 let got = limiter.reserve(key, now, n.into(), max_wait);
                 match (got, model.reserve(now, n.into(), wait.unwrap_or(u64::MAX))) {
                     (Ok(r), Ok(m)) => {
-                        assert_eq!(r.delay(), Duration::from_nanos(m.wait_ns), "reserve({n}) at {now}, {q:?}");
+                        assert_eq!(
+                            r.delay(),
+                            Duration::from_nanos(m.wait_ns),
+                            "reserve({n}) at {now}, {q:?}"
+                        );
                         open.push((key, r, m));
                     }
                     (Err(ReserveError::Insufficient { .. }), Err(ModelRefusal::Insufficient)) => {}

@@ -312,6 +312,16 @@ impl Config {
     }
 
     fn add_file(&mut self, file: &str, contents: &str, options: LoadOptions) -> Result<(), ConfigError> {
+        self.add_parsed(file, contents, options).map_err(|mut e| {
+            // The scanner can place a mark one line past the input's last (an empty scalar, an
+            // error at the end): name the last line instead.
+            let last = contents.matches(['\n', '\r']).count().max(1);
+            e.line = e.line.map(|l| l.min(last));
+            e
+        })
+    }
+
+    fn add_parsed(&mut self, file: &str, contents: &str, options: LoadOptions) -> Result<(), ConfigError> {
         let root = parse(file, contents)?;
         validate_keys(file, &root)?;
         let domain_node = root.get_node("domain");
@@ -322,7 +332,7 @@ impl Config {
         if domain.is_empty() {
             return Err(ConfigError::new(
                 file,
-                domain_node.and_then(yaml::line),
+                key_line(&root, "domain"),
                 "config file cannot have empty domain",
             ));
         }
@@ -334,7 +344,7 @@ impl Config {
             if !options.merge_domains {
                 return Err(ConfigError::new(
                     file,
-                    domain_node.and_then(yaml::line),
+                    key_line(&root, "domain"),
                     format!("duplicate domain '{domain}' in config file"),
                 ));
             }
