@@ -234,23 +234,13 @@ async fn run(
     // Envoy's listeners finish their calls in flight at shutdown, within the shutdown timeout.
     let mut envoy_tasks = Vec::new();
     for addr in &service.listeners {
-        let listener = match tokio::net::TcpListener::bind(addr).await {
-            Ok(l) => l,
-            Err(e) => fail(&format!("cannot listen on {addr}: {e}")),
-        };
-        let local = listener.local_addr().map_or(*addr, |a| a);
-        println!("tollgate-server listening on {local}");
-        tracing::info!(%local, "listening");
+        let listener = bind(*addr, "", "tollgate-server listening on ", "", "listening").await;
         listening.push(tokio::spawn(Arc::clone(&server).serve(listener)));
     }
     if let Some(addr) = service.metrics {
-        let listener = match tokio::net::TcpListener::bind(addr).await {
-            Ok(l) => l,
-            Err(e) => fail(&format!("cannot serve metrics on {addr}: {e}")),
-        };
-        let local = listener.local_addr().map_or(addr, |a| a);
-        println!("tollgate-server metrics on http://{local}/metrics");
-        tracing::info!(%local, "serving /metrics");
+        let listener =
+            bind(addr, " for metrics", "tollgate-server metrics on http://", "/metrics", "serving /metrics")
+                .await;
         listening.push(tokio::spawn(Arc::clone(&server).serve_metrics(listener)));
     }
     let (stop_envoy, envoy_stopped) = tokio::sync::watch::channel(false);
@@ -261,13 +251,9 @@ async fn run(
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
-        let listener = match tokio::net::TcpListener::bind(settings.grpc).await {
-            Ok(l) => l,
-            Err(e) => fail(&format!("cannot listen on {} for Envoy's gRPC: {e}", settings.grpc)),
-        };
-        let local = listener.local_addr().map_or(settings.grpc, |a| a);
-        println!("tollgate-server envoy grpc on {local}");
-        tracing::info!(%local, "serving Envoy's rate limit service (gRPC)");
+        let grpc = "serving Envoy's rate limit service (gRPC)";
+        let listener =
+            bind(settings.grpc, " for Envoy's gRPC", "tollgate-server envoy grpc on ", "", grpc).await;
         let (rls_grpc, until) = (rls.clone(), stopped(envoy_stopped.clone()));
         envoy_tasks.push(tokio::spawn(async move {
             if let Err(e) = rls_grpc.serve(listener, until).await {
@@ -275,13 +261,9 @@ async fn run(
             }
         }));
         if let Some(addr) = settings.http {
-            let listener = match tokio::net::TcpListener::bind(addr).await {
-                Ok(l) => l,
-                Err(e) => fail(&format!("cannot listen on {addr} for Envoy's HTTP: {e}")),
-            };
-            let local = listener.local_addr().map_or(addr, |a| a);
-            println!("tollgate-server envoy http on http://{local}/json");
-            tracing::info!(%local, "serving Envoy's rate limit service (/json, /healthcheck)");
+            let http = "serving Envoy's rate limit service (/json, /healthcheck)";
+            let listener =
+                bind(addr, " for Envoy's HTTP", "tollgate-server envoy http on http://", "/json", http).await;
             let (rls_http, until) = (rls.clone(), stopped(envoy_stopped.clone()));
             envoy_tasks.push(tokio::spawn(async move { rls_http.serve_http(listener, until).await }));
         }
@@ -362,6 +344,25 @@ fn reload(server: &Server, path: Option<&Path>) {
         }
         Err(e) => tracing::error!(error = %e, "reload refused: the running configuration is kept"),
     }
+}
+
+/// A listener on `addr` (or the process ends, saying what it was `for`), announced on standard
+/// output as `{printed}{local address}{path}` and in the log as `logged`.
+async fn bind(
+    addr: SocketAddr,
+    what_for: &str,
+    printed: &str,
+    path: &str,
+    logged: &'static str,
+) -> tokio::net::TcpListener {
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => fail(&format!("cannot listen on {addr}{what_for}: {e}")),
+    };
+    let local = listener.local_addr().map_or(addr, |a| a);
+    println!("{printed}{local}{path}");
+    tracing::info!(%local, "{logged}");
+    listener
 }
 
 /// SIGHUP for Envoy's configuration: read again and applied (the counts of unchanged rules
