@@ -8,6 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -152,6 +153,15 @@ pub(crate) fn to_proto(r: &Response) -> RateLimitResponse {
                     nanos: 0,
                 }),
                 quota: None,
+            })
+            .collect(),
+        response_headers_to_add: r
+            .headers
+            .iter()
+            .map(|(key, value)| HeaderValue {
+                key: key.clone(),
+                value: value.clone(),
+                ..HeaderValue::default()
             })
             .collect(),
         ..RateLimitResponse::default()

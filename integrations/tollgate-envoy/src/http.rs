@@ -155,6 +155,10 @@ pub(crate) fn to_json(r: &Response) -> Value {
     if !statuses.is_empty() {
         o.insert("statuses".into(), Value::Array(statuses));
     }
+    if !r.headers.is_empty() {
+        let headers = r.headers.iter().map(|(k, v)| json!({"key": k, "value": v})).collect();
+        o.insert("responseHeadersToAdd".into(), Value::Array(headers));
+    }
     Value::Object(o)
 }
 

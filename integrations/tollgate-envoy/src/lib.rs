@@ -46,6 +46,6 @@ pub use config::{Config, ConfigError, Descriptor, Domain, LoadOptions, Metadata,
 pub use grpc::Service;
 pub use matching::{wildcard_match, Found, Matched};
 pub use service::{
-    Code, CurrentLimit, Limits, Request, RequestDescriptor, RequestError, Response, RuleCounts, Status,
-    WallClock,
+    Code, CurrentLimit, HeaderNames, Limits, Request, RequestDescriptor, RequestError, Response, RuleCounts,
+    Settings, Status, WallClock,
 };

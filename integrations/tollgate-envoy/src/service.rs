@@ -93,6 +93,49 @@ pub struct Response {
     pub overall_code: Code,
     /// One per request descriptor, in order.
     pub statuses: Vec<Status>,
+    /// Headers for Envoy to add to the client's response ([`Settings::response_headers`]).
+    pub headers: Vec<(String, String)>,
+}
+
+/// The names of the headers that describe the limit to the client (upstream's
+/// `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderNames {
+    pub limit: String,
+    pub remaining: String,
+    pub reset: String,
+}
+
+impl Default for HeaderNames {
+    /// Upstream's defaults: `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`.
+    fn default() -> HeaderNames {
+        HeaderNames {
+            limit: "RateLimit-Limit".into(),
+            remaining: "RateLimit-Remaining".into(),
+            reset: "RateLimit-Reset".into(),
+        }
+    }
+}
+
+/// The service's settings (upstream's environment variables of the same meaning).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// `SHADOW_MODE`: a request over the limit is answered OK overall (its statuses keep
+    /// OVER_LIMIT), and counted as `global_shadow_mode`.
+    pub shadow_mode: bool,
+    /// `QUOTA_MODE`: every rule is in quota mode (see [`Descriptor::quota_mode`](crate::Descriptor)).
+    pub quota_mode: bool,
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED`, with the names: the most constraining status as three
+    /// headers for the client.
+    pub response_headers: Option<HeaderNames>,
+    /// `NEAR_LIMIT_RATIO`: above this share of the limit, hits count as near it (default 0.8).
+    pub near_limit_ratio: f32,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings { shadow_mode: false, quota_mode: false, response_headers: None, near_limit_ratio: 0.8 }
+    }
 }
 
 /// A request upstream refuses, with upstream's message.
@@ -149,8 +192,9 @@ pub struct Limits {
     counts: std::sync::Mutex<HashMap<String, RuleCounts>>,
     clock: WallClock,
     keys_per_rule: usize,
-    /// Upstream's `NEAR_LIMIT_RATIO`.
-    near_ratio: f32,
+    settings: Settings,
+    /// Requests answered OK overall by the global shadow mode.
+    global_shadow: std::sync::atomic::AtomicU64,
 }
 
 impl fmt::Debug for Limits {
@@ -177,8 +221,25 @@ impl Limits {
             counts: std::sync::Mutex::new(HashMap::new()),
             clock,
             keys_per_rule: keys_per_rule.max(1),
-            near_ratio: 0.8,
+            settings: Settings::default(),
+            global_shadow: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// These limits under `settings`.
+    pub fn with_settings(mut self, settings: Settings) -> Limits {
+        self.settings = settings;
+        self
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Requests the global shadow mode answered OK although over a limit.
+    pub fn global_shadow_mode(&self) -> u64 {
+        self.global_shadow.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Limits under `config` that keep this one's counts where its rules stay: the window
@@ -186,7 +247,9 @@ impl Limits {
     /// `requests_per_unit` applies to the counts already made), the per-request limits'
     /// counters, and every statistics key's counts. What a reload makes.
     pub fn reloaded(&self, config: Config) -> Result<Limits, ConfigError> {
-        let next = Limits::with_clock(config, self.keys_per_rule, Arc::clone(&self.clock))?;
+        let next = Limits::with_clock(config, self.keys_per_rule, Arc::clone(&self.clock))?
+            .with_settings(self.settings.clone());
+        next.global_shadow.store(self.global_shadow_mode(), std::sync::atomic::Ordering::Relaxed);
         let mut kept = HashMap::new();
         for ((path, unit), table) in
             self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner).iter()
@@ -243,6 +306,7 @@ impl Limits {
     /// (deeper levels add up into their `key2`), after upstream's sanitizing (`:` and `|` as
     /// `_`, the dots of an IPv4 address as `_`). Call it before rendering a scrape.
     pub fn report_metrics(&self) {
+        metrics::counter!("ratelimit_service_global_shadow_mode").absolute(self.global_shadow_mode());
         let counts = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         let mut series: HashMap<(String, String, Option<String>), RuleCounts> = HashMap::new();
         for (key, c) in counts {
@@ -305,6 +369,9 @@ impl Limits {
             .flat_map(|f| f.descriptor.rate_limit.iter().flat_map(|r| r.replaces.iter().map(String::as_str)))
             .collect();
         let mut statuses = Vec::with_capacity(rules.len());
+        // Per status: whether a limit decided it (not unlimited, not unmatched) and whether
+        // its rule is in quota mode.
+        let mut kinds = Vec::with_capacity(rules.len());
         for (d, rule) in request.descriptors.iter().zip(&rules) {
             let hits = d.hits_addend.unwrap_or_else(|| u64::from(request.hits_addend.max(1)));
             let status = match rule {
@@ -346,11 +413,40 @@ impl Limits {
                     self.decide(table_id, &key, limit, hits, now_ns, stats_key, false)
                 }
             };
+            let quota = self.settings.quota_mode || rule.found().is_some_and(|f| f.descriptor.quota_mode);
+            kinds.push((status.current_limit.is_some(), quota));
             statuses.push(status);
         }
-        let overall_code =
-            if statuses.iter().any(|s| s.code == Code::OverLimit) { Code::OverLimit } else { Code::Ok };
-        Ok(Response { overall_code, statuses })
+        // Upstream's overall code: over when a rule not in quota mode is over, or when every
+        // quota rule is.
+        let (mut failed_rate, mut failed_quota, mut quotas) = (0, 0, 0);
+        for (s, &(limited, quota)) in statuses.iter().zip(&kinds) {
+            if !limited {
+                continue;
+            }
+            match (s.code, quota) {
+                (Code::OverLimit, true) => failed_quota += 1,
+                (Code::OverLimit, false) => failed_rate += 1,
+                _ => {}
+            }
+            if quota {
+                quotas += 1;
+            }
+        }
+        let mut overall_code = if failed_rate > 0 || (quotas > 0 && quotas == failed_quota) {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
+        if overall_code == Code::OverLimit && self.settings.shadow_mode {
+            overall_code = Code::Ok;
+            self.global_shadow.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let headers = match &self.settings.response_headers {
+            Some(names) => headers(names, &statuses, &kinds, now_ns),
+            None => Vec::new(),
+        };
+        Ok(Response { overall_code, statuses, headers })
     }
 
     /// One descriptor's decision: `hits` counted in its window, compared with the limit.
@@ -382,7 +478,7 @@ impl Limits {
             }
         };
         let before = after.saturating_sub(hits);
-        let near = (over as f32 * self.near_ratio).floor() as u64;
+        let near = (over as f32 * self.settings.near_limit_ratio).floor() as u64;
         // Counts saturate: a request's hits can be anything up to 2^64 − 1.
         let mut counts = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let c = counts.entry(stats_key.to_owned()).or_default();
@@ -436,6 +532,39 @@ impl Limits {
             Arc::new(table)
         }))
     }
+}
+
+/// Upstream's response headers: the status with the least remaining (the last one over the
+/// limit, outside quota mode, if any), as its limit, remaining and seconds to the window's end.
+fn headers(
+    names: &HeaderNames,
+    statuses: &[Status],
+    kinds: &[(bool, bool)],
+    now_ns: u64,
+) -> Vec<(String, String)> {
+    let mut chosen: Option<&Status> = None;
+    let mut least = u32::MAX;
+    for (s, &(limited, quota)) in statuses.iter().zip(kinds) {
+        if !limited {
+            continue;
+        }
+        if s.code == Code::OverLimit && !quota {
+            chosen = Some(s);
+            least = 0;
+        } else if s.limit_remaining < least {
+            chosen = Some(s);
+            least = s.limit_remaining;
+        }
+    }
+    let Some(s) = chosen else { return Vec::new() };
+    let Some(limit) = &s.current_limit else { return Vec::new() };
+    let unit = limit.unit.seconds();
+    let now_s = now_ns / 1_000_000_000;
+    vec![
+        (names.limit.clone(), limit.requests_per_unit.to_string()),
+        (names.remaining.clone(), s.limit_remaining.to_string()),
+        (names.reset.clone(), (unit - now_s % unit).to_string()),
+    ]
 }
 
 /// The rule of one request descriptor.

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_envoy::{
-    Code, Config, CurrentLimit, Limits, LoadOptions, Request, RequestDescriptor, RequestError, RuleCounts,
-    Status, Unit,
+    Code, Config, CurrentLimit, HeaderNames, Limits, LoadOptions, Request, RequestDescriptor, RequestError,
+    RuleCounts, Settings, Status, Unit,
 };
 
 /// A wall clock at `start` seconds since the epoch, moved by the test.
@@ -277,4 +277,85 @@ fn rules_beyond_the_windows_count_are_refused_at_load() {
     let e = Limits::new(config, 10).unwrap_err();
     assert_eq!(e.line, Some(3));
     assert!(e.message.contains("requests_per_unit 100000000 of 'big.a'"), "{e}");
+}
+
+const QUOTAS: &str = "domain: rl
+descriptors:
+  - key: service
+    value: service_1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: service
+    value: service_2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 10}
+";
+
+fn inline(yaml: &str, start_s: u64, settings: Settings) -> Limits {
+    let config = Config::from_files([("inline.yaml", yaml)], LoadOptions::default()).unwrap();
+    let (_now, wall) = clock(start_s);
+    Limits::with_clock(config, 100, wall).unwrap().with_settings(settings)
+}
+
+#[test]
+fn quota_mode_is_over_only_when_every_quota_is() {
+    // Upstream's quota script: two quota rules on one request.
+    let l = inline(QUOTAS, 60 * 1_000_000, Settings::default());
+    let both = request("rl", &[&[("service", "service_1")], &[("service", "service_2")]]);
+    assert_eq!(l.should_rate_limit(&both).unwrap().overall_code, Code::Ok);
+    let r = l.should_rate_limit(&both).unwrap();
+    assert_eq!((r.statuses[0].code, r.statuses[1].code), (Code::OverLimit, Code::Ok));
+    assert_eq!(r.overall_code, Code::Ok, "service_2 still has quota");
+    assert_eq!(l.should_rate_limit(&both).unwrap().overall_code, Code::OverLimit, "both spent");
+    // Token quota: a check with hits 0 is over only once the count passes the limit.
+    let mut check = request("rl", &[&[("service", "service_2")]]);
+    check.descriptors[0].hits_addend = Some(0);
+    assert_eq!(l.should_rate_limit(&check).unwrap().overall_code, Code::OverLimit, "3 of 2");
+    // QUOTA_MODE makes every rule a quota: one rule over of two is not over overall.
+    let l = inline(QUOTAS, 60 * 1_000_000, Settings { quota_mode: true, ..Settings::default() });
+    let mixed = request("rl", &[&[("service", "service_1")], &[("plain", "x")]]);
+    l.should_rate_limit(&mixed).unwrap();
+    let r = l.should_rate_limit(&mixed).unwrap();
+    assert_eq!((r.statuses[0].code, r.overall_code), (Code::OverLimit, Code::Ok));
+}
+
+#[test]
+fn global_shadow_mode_answers_ok_and_keeps_the_statuses() {
+    let l = inline(QUOTAS, 60 * 1_000_000, Settings { shadow_mode: true, ..Settings::default() });
+    let one = request("rl", &[&[("service", "service_1")], &[("plain", "x")]]);
+    l.should_rate_limit(&one).unwrap();
+    let r = l.should_rate_limit(&one).unwrap();
+    assert_eq!((r.overall_code, r.statuses[0].code), (Code::Ok, Code::OverLimit));
+    assert_eq!(l.global_shadow_mode(), 1);
+}
+
+#[test]
+fn response_headers_describe_the_most_constraining_status() {
+    let yaml = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+    // Upstream's vector: 10 per minute, over, at 2222 s: reset in 58 s.
+    let l = inline(
+        yaml,
+        2222,
+        Settings { response_headers: Some(HeaderNames::default()), ..Settings::default() },
+    );
+    let mut over = request("d", &[&[("a", "x")]]);
+    over.descriptors[0].hits_addend = Some(11);
+    let r = l.should_rate_limit(&over).unwrap();
+    let expected = [("RateLimit-Limit", "10"), ("RateLimit-Remaining", "0"), ("RateLimit-Reset", "58")];
+    assert_eq!(r.headers, expected.map(|(k, v)| (k.to_owned(), v.to_owned())));
+    // The least remaining wins; custom names.
+    let names = HeaderNames {
+        limit: "A-Ratelimit-Limit".into(),
+        remaining: "A-Ratelimit-Remaining".into(),
+        reset: "A-Ratelimit-Reset".into(),
+    };
+    let l = inline(yaml, 3600 * 10 + 100, Settings { response_headers: Some(names), ..Settings::default() });
+    let r = l.should_rate_limit(&request("d", &[&[("a", "x")], &[("b", "y")]])).unwrap();
+    let expected =
+        [("A-Ratelimit-Limit", "5"), ("A-Ratelimit-Remaining", "4"), ("A-Ratelimit-Reset", "3500")];
+    assert_eq!(r.headers, expected.map(|(k, v)| (k.to_owned(), v.to_owned())));
+    // No limit applied, no headers.
+    assert!(l.should_rate_limit(&request("d", &[&[("c", "z")]])).unwrap().headers.is_empty());
 }

@@ -118,12 +118,33 @@ struct Args {
     #[arg(long, value_name = "ADDR", requires = "envoy_config")]
     envoy_http: Option<SocketAddr>,
     /// Distinct values each Envoy rule counts at once (a table per rule, allocated when the
-    /// rule is first used; about 20 bytes a value).
+    /// rule is first used).
     #[arg(long, default_value_t = 65_536, requires = "envoy_config")]
     envoy_keys_per_rule: usize,
     /// Files of one domain add up instead of being refused (upstream's MERGE_DOMAIN_CONFIG).
-    #[arg(long, requires = "envoy_config")]
+    #[arg(long, env = "MERGE_DOMAIN_CONFIG")]
     envoy_merge_domains: bool,
+    /// A request over a limit is answered OK overall (its statuses keep OVER_LIMIT) and
+    /// counted (upstream's SHADOW_MODE).
+    #[arg(long, env = "SHADOW_MODE")]
+    envoy_shadow_mode: bool,
+    /// Every Envoy rule in quota mode (upstream's QUOTA_MODE).
+    #[arg(long, env = "QUOTA_MODE")]
+    envoy_quota_mode: bool,
+    /// Answers carry the most constraining limit as three headers for the client (upstream's
+    /// LIMIT_RESPONSE_HEADERS_ENABLED; names from LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER,
+    /// LIMIT_RESET_HEADER, default RateLimit-Limit, -Remaining, -Reset).
+    #[arg(long, env = "LIMIT_RESPONSE_HEADERS_ENABLED")]
+    envoy_response_headers: bool,
+    #[arg(long, env = "LIMIT_LIMIT_HEADER", default_value = "RateLimit-Limit", hide = true)]
+    envoy_limit_header: String,
+    #[arg(long, env = "LIMIT_REMAINING_HEADER", default_value = "RateLimit-Remaining", hide = true)]
+    envoy_remaining_header: String,
+    #[arg(long, env = "LIMIT_RESET_HEADER", default_value = "RateLimit-Reset", hide = true)]
+    envoy_reset_header: String,
+    /// Hits above this share of a limit count as near it (upstream's NEAR_LIMIT_RATIO).
+    #[arg(long, env = "NEAR_LIMIT_RATIO", default_value_t = 0.8)]
+    envoy_near_limit_ratio: f32,
 }
 
 /// Envoy's rate limit service, as the flags set it.
@@ -131,6 +152,7 @@ struct Args {
 struct Envoy {
     path: PathBuf,
     options: tollgate_envoy::LoadOptions,
+    settings: tollgate_envoy::Settings,
     keys_per_rule: usize,
     grpc: SocketAddr,
     http: Option<SocketAddr>,
@@ -143,6 +165,16 @@ impl Envoy {
             options: tollgate_envoy::LoadOptions {
                 merge_domains: args.envoy_merge_domains,
                 ..tollgate_envoy::LoadOptions::default()
+            },
+            settings: tollgate_envoy::Settings {
+                shadow_mode: args.envoy_shadow_mode,
+                quota_mode: args.envoy_quota_mode,
+                response_headers: args.envoy_response_headers.then(|| tollgate_envoy::HeaderNames {
+                    limit: args.envoy_limit_header.clone(),
+                    remaining: args.envoy_remaining_header.clone(),
+                    reset: args.envoy_reset_header.clone(),
+                }),
+                near_limit_ratio: args.envoy_near_limit_ratio,
             },
             keys_per_rule: args.envoy_keys_per_rule,
             grpc: args.envoy_grpc.unwrap_or_else(|| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8081)),
@@ -161,7 +193,9 @@ impl Envoy {
     }
 
     fn limits(&self) -> Result<tollgate_envoy::Limits, String> {
-        tollgate_envoy::Limits::new(self.config()?, self.keys_per_rule).map_err(|e| self.named(&e))
+        let limits =
+            tollgate_envoy::Limits::new(self.config()?, self.keys_per_rule).map_err(|e| self.named(&e))?;
+        Ok(limits.with_settings(self.settings.clone()))
     }
 
     /// An error of the configuration, under the directory's path when it came from one (a
