@@ -284,6 +284,13 @@ impl Limits {
         node.rate_limit.as_ref().filter(|r| !r.unlimited).and_then(|r| r.unit)
     }
 
+    /// The memory the window tables made so far hold (allocated up front per table, for
+    /// `keys_per_rule` values each), and how many tables there are.
+    pub fn memory(&self) -> (usize, usize) {
+        let tables = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (tables.values().map(|t| t.memory_bytes()).sum(), tables.len())
+    }
+
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.config

@@ -359,3 +359,27 @@ fn response_headers_describe_the_most_constraining_status() {
     // No limit applied, no headers.
     assert!(l.should_rate_limit(&request("d", &[&[("c", "z")]])).unwrap().headers.is_empty());
 }
+
+#[test]
+fn a_rules_table_holds_its_values_in_at_most_64_bytes_each() {
+    let config = Config::from_files(
+        [(
+            "m.yaml",
+            "domain: m\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 5}\n",
+        )],
+        LoadOptions::default(),
+    )
+    .unwrap();
+    let (_now, wall) = clock(1_000_000);
+    let keys = 1 << 16;
+    let l = Limits::with_clock(config, keys, wall).unwrap();
+    assert_eq!(l.memory(), (0, 0), "no table before the rule is used");
+    for i in 0..1_000 {
+        l.should_rate_limit(&request("m", &[&[("ip", &format!("10.0.{}.{}", i / 256, i % 256))]])).unwrap();
+    }
+    let (bytes, tables) = l.memory();
+    assert_eq!(tables, 1);
+    let per_value = bytes as f64 / keys as f64;
+    println!("{bytes} bytes for {keys} values: {per_value:.1} B a value");
+    assert!(per_value <= 64.0, "{per_value} B a value");
+}

@@ -118,7 +118,7 @@ struct Args {
     #[arg(long, value_name = "ADDR", requires = "envoy_config")]
     envoy_http: Option<SocketAddr>,
     /// Distinct values each Envoy rule counts at once (a table per rule, allocated when the
-    /// rule is first used).
+    /// rule is first used: 40 bytes a value).
     #[arg(long, default_value_t = 65_536, requires = "envoy_config")]
     envoy_keys_per_rule: usize,
     /// Files of one domain add up instead of being refused (upstream's MERGE_DOMAIN_CONFIG).
