@@ -264,6 +264,15 @@ async fn run(
     path: Option<PathBuf>,
     envoy: Option<(Envoy, tollgate_envoy::Service)>,
 ) -> bool {
+    // The signals are handled before any address is printed: a SIGTERM sent as soon as the
+    // process says where it listens must drain, not kill it with its connections unanswered.
+    let signal = |kind| {
+        tokio::signal::unix::signal(kind).unwrap_or_else(|e| fail(&format!("cannot handle signals: {e}")))
+    };
+    let (mut hangup, mut terminate) = (
+        signal(tokio::signal::unix::SignalKind::hangup()),
+        signal(tokio::signal::unix::SignalKind::terminate()),
+    );
     let mut listening = Vec::new();
     // Envoy's listeners finish their calls in flight at shutdown, within the shutdown timeout.
     let mut envoy_tasks = Vec::new();
@@ -303,13 +312,6 @@ async fn run(
         }
     }
     let _ = std::io::stdout().flush();
-    let signal = |kind| {
-        tokio::signal::unix::signal(kind).unwrap_or_else(|e| fail(&format!("cannot handle signals: {e}")))
-    };
-    let (mut hangup, mut terminate) = (
-        signal(tokio::signal::unix::SignalKind::hangup()),
-        signal(tokio::signal::unix::SignalKind::terminate()),
-    );
     loop {
         tokio::select! {
             _ = hangup.recv() => {
