@@ -1392,13 +1392,8 @@ pub(super) fn count(c: &Counters, code: usize) {
 #[inline(always)]
 pub(crate) fn tally(d: Decision, counters: &Option<Arc<Counters>>) -> Decision {
     if let Some(c) = counters {
-        match d.outcome() {
-            // nginx's delays: counted with the time they were told to wait.
-            crate::Outcome::Delayed => {
-                c.record_delayed(0, d.delay().as_nanos().try_into().unwrap_or(u64::MAX))
-            }
-            _ => count(c, d.outcome_code()),
-        }
+        // By its outcome's code, a delay (nginx's) with its wait: as a direct limiter counts.
+        c.record(&d);
     }
     d
 }

@@ -102,7 +102,7 @@ fn descriptor(d: RateLimitDescriptor) -> RequestDescriptor {
 
 /// An override's unit (`envoy.type.v3.RateLimitUnit`), `None` for UNKNOWN or a number it
 /// does not have.
-fn override_unit(unit: i32) -> Option<Unit> {
+pub(crate) fn override_unit(unit: i32) -> Option<Unit> {
     match RateLimitUnit::try_from(unit).ok()? {
         RateLimitUnit::Second => Some(Unit::Second),
         RateLimitUnit::Minute => Some(Unit::Minute),

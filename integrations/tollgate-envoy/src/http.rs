@@ -13,8 +13,9 @@ use serde_json::{json, Map, Value};
 use tokio::net::TcpListener;
 
 use crate::config::Unit;
-use crate::grpc::Service;
+use crate::grpc::{self, Service};
 use crate::service::{Code, Request, RequestDescriptor, Response};
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 
 /// The largest `/json` body read (upstream reads any): 4 MiB, gRPC's default message size.
 const MAX_BODY: usize = 4 << 20;
@@ -87,31 +88,21 @@ pub(crate) fn parse(body: &[u8]) -> Result<Request, String> {
     Ok(Request { domain: r.domain, descriptors, hits_addend: r.hits_addend })
 }
 
-/// `envoy.type.v3.RateLimitUnit` by name or number (`None`: UNKNOWN).
+/// `envoy.type.v3.RateLimitUnit` by name or number (`None`: UNKNOWN), read as the gRPC
+/// request's is.
 fn override_unit(unit: Option<&Value>) -> Result<Option<Unit>, String> {
-    let name = match unit {
+    let known = match unit {
         None | Some(Value::Null) => return Ok(None),
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(n)) => match n.as_u64() {
-            Some(0) => "UNKNOWN".into(),
-            Some(1) => "SECOND".into(),
-            Some(2) => "MINUTE".into(),
-            Some(3) => "HOUR".into(),
-            Some(4) => "DAY".into(),
-            Some(5) => "MONTH".into(),
-            Some(6) => "YEAR".into(),
-            _ => return Err(format!("limit.unit: {n} is not a RateLimitUnit")),
-        },
-        Some(other) => return Err(format!("limit.unit: {other} is not a RateLimitUnit")),
+        Some(Value::String(name)) => RateLimitUnit::from_str_name(name),
+        Some(Value::Number(n)) => {
+            n.as_i64().and_then(|n| i32::try_from(n).ok()).and_then(|n| RateLimitUnit::try_from(n).ok())
+        }
+        Some(_) => None,
     };
-    match name.as_str() {
-        "UNKNOWN" => Ok(None),
-        "WEEK" => Err("limit.unit: WEEK is not a RateLimitUnit".to_owned()),
-        _ => Unit::parse(&name)
-            .filter(|u| u.name() == name)
-            .map(Some)
-            .ok_or_else(|| format!("limit.unit: {name:?} is not a RateLimitUnit")),
-    }
+    let unit = unit.map_or_else(String::new, Value::to_string);
+    known
+        .map(|u| grpc::override_unit(u as i32))
+        .ok_or_else(|| format!("limit.unit: {unit} is not a RateLimitUnit"))
 }
 
 fn code_name(c: Code) -> &'static str {

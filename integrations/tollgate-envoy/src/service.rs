@@ -29,6 +29,23 @@ const MAX_COUNT: u64 = FixedWindow::MAX_LIMIT;
 /// A window counter table: one per rule and unit.
 type Table = Keyed<FixedWindow, str, ManualClock>;
 
+/// Which table counts a decision: a rule's (its descriptor's full key, its unit), or a
+/// domain's per-request limits of one unit (one table for all of them, so that clients
+/// cannot make tables).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum TableId {
+    Rule(String, Unit),
+    Override(String, Unit),
+}
+
+impl TableId {
+    fn unit(&self) -> Unit {
+        match self {
+            TableId::Rule(_, unit) | TableId::Override(_, unit) => *unit,
+        }
+    }
+}
+
 /// A request's answer code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Code {
@@ -188,7 +205,7 @@ fn system_time() -> u64 {
 /// A configuration and its counters: what `ShouldRateLimit` decides with.
 pub struct Limits {
     config: Config,
-    tables: RwLock<HashMap<(String, Unit), Arc<Table>>>,
+    tables: RwLock<HashMap<TableId, Arc<Table>>>,
     counts: std::sync::Mutex<HashMap<String, RuleCounts>>,
     clock: WallClock,
     keys_per_rule: usize,
@@ -213,7 +230,7 @@ impl Limits {
     /// [`new`](Limits::new) on a given wall clock (ns since the Unix epoch).
     pub fn with_clock(config: Config, keys_per_rule: usize, clock: WallClock) -> Result<Limits, ConfigError> {
         for domain in config.domains() {
-            check_counts(domain, &domain.root)?;
+            check_counts(domain)?;
         }
         Ok(Limits {
             config,
@@ -250,38 +267,31 @@ impl Limits {
         let next = Limits::with_clock(config, self.keys_per_rule, Arc::clone(&self.clock))?
             .with_settings(self.settings.clone());
         next.global_shadow.store(self.global_shadow_mode(), std::sync::atomic::Ordering::Relaxed);
-        let mut kept = HashMap::new();
-        for ((path, unit), table) in
-            self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner).iter()
-        {
-            let still = path.ends_with("\0override") || next.rule_unit(path) == Some(*unit);
-            if still {
-                kept.insert((path.clone(), *unit), Arc::clone(table));
-            }
+        // The tables the new configuration would make: every limited rule's, and the
+        // per-request limits' of every domain it still has.
+        let mut wanted = std::collections::HashSet::new();
+        for domain in next.config.domains() {
+            each_rule(&domain.root, &mut |rule| {
+                if let Some(unit) = rule.rate_limit.as_ref().filter(|r| !r.unlimited).and_then(|r| r.unit) {
+                    wanted.insert(TableId::Rule(rule.full_key.clone(), unit));
+                }
+            });
         }
+        let kept = self
+            .tables
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|(id, _)| match id {
+                TableId::Rule(..) => wanted.contains(*id),
+                TableId::Override(domain, _) => next.config.domain(domain).is_some(),
+            })
+            .map(|(id, table)| (id.clone(), Arc::clone(table)))
+            .collect();
         *next.tables.write().unwrap_or_else(std::sync::PoisonError::into_inner) = kept;
         *next.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
             self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         Ok(next)
-    }
-
-    /// The unit of the rule at `path` (a descriptor's full key), if it has a limited one.
-    fn rule_unit(&self, path: &str) -> Option<Unit> {
-        fn walk<'a>(
-            node: &'a crate::config::Descriptor,
-            path: &str,
-        ) -> Option<&'a crate::config::Descriptor> {
-            if node.full_key == path {
-                return Some(node);
-            }
-            let child = node.children().find(|c| {
-                path.strip_prefix(c.full_key.as_str())
-                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
-            })?;
-            walk(child, path)
-        }
-        let node = self.config.domains().find_map(|d| walk(&d.root, path))?;
-        node.rate_limit.as_ref().filter(|r| !r.unlimited).and_then(|r| r.unit)
     }
 
     /// The memory the window tables made so far hold (allocated up front per table, for
@@ -396,7 +406,7 @@ impl Limits {
                             unit,
                             name: r.name.clone(),
                         };
-                        let table_id = (f.descriptor.full_key.clone(), unit);
+                        let table_id = TableId::Rule(f.descriptor.full_key.clone(), unit);
                         let key = cache_key(&d.entries, &f.shared);
                         self.decide(
                             table_id,
@@ -415,7 +425,7 @@ impl Limits {
                         unit: *unit,
                         name: String::new(),
                     };
-                    let table_id = (format!("{}\0override", request.domain), *unit);
+                    let table_id = TableId::Override(request.domain.clone(), *unit);
                     let key = cache_key(&d.entries, &[]);
                     self.decide(table_id, &key, limit, hits, now_ns, stats_key, false)
                 }
@@ -460,7 +470,7 @@ impl Limits {
     #[expect(clippy::too_many_arguments, reason = "one call site, each argument distinct")]
     fn decide(
         &self,
-        table_id: (String, Unit),
+        table_id: TableId,
         key: &str,
         limit: CurrentLimit,
         hits: u64,
@@ -488,7 +498,11 @@ impl Limits {
         let near = (over as f32 * self.settings.near_limit_ratio).floor() as u64;
         // Counts saturate: a request's hits can be anything up to 2^64 − 1.
         let mut counts = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let c = counts.entry(stats_key.to_owned()).or_default();
+        // The key is copied only the first time it is counted.
+        if !counts.contains_key(stats_key) {
+            counts.insert(stats_key.to_owned(), RuleCounts::default());
+        }
+        let c = counts.get_mut(stats_key).expect("inserted above");
         c.total_hits = c.total_hits.saturating_add(hits);
         let remaining;
         let code;
@@ -519,12 +533,12 @@ impl Limits {
     }
 
     /// The table of `id`, made on first use.
-    fn table(&self, id: (String, Unit)) -> Arc<Table> {
+    fn table(&self, id: TableId) -> Arc<Table> {
         if let Some(t) = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&id) {
             return Arc::clone(t);
         }
         let mut tables = self.tables.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let unit = id.1;
+        let unit = id.unit();
         let capacity = self.keys_per_rule;
         Arc::clone(tables.entry(id).or_insert_with(|| {
             let window = FixedWindow::new(MAX_COUNT, Duration::from_secs(unit.seconds()))
@@ -621,26 +635,37 @@ fn cache_key(entries: &[(String, String)], shared: &[Option<String>]) -> String 
     key
 }
 
-/// A rule whose limit the window's count cannot exceed is refused at load.
-fn check_counts(domain: &Domain, node: &crate::config::Descriptor) -> Result<(), ConfigError> {
+/// `f` on every descriptor below `node`, depth first.
+fn each_rule<'c>(node: &'c crate::config::Descriptor, f: &mut impl FnMut(&'c crate::config::Descriptor)) {
     for child in node.children() {
-        if let Some(r) = &child.rate_limit {
-            if !r.unlimited && u64::from(r.requests_per_unit) >= MAX_COUNT {
-                return Err(ConfigError {
-                    file: domain.file.clone(),
-                    line: child.line,
-                    message: format!(
-                        "requests_per_unit {} of '{}' is beyond the embedded window's count (at most {}); use the Redis backend",
-                        r.requests_per_unit,
-                        child.full_key,
-                        MAX_COUNT - 1
-                    ),
-                });
-            }
-        }
-        check_counts(domain, child)?;
+        f(child);
+        each_rule(child, f);
     }
-    Ok(())
+}
+
+/// A rule whose limit the window's count cannot exceed is refused at load.
+fn check_counts(domain: &Domain) -> Result<(), ConfigError> {
+    let mut beyond = None;
+    each_rule(&domain.root, &mut |rule| {
+        let over = rule
+            .rate_limit
+            .as_ref()
+            .is_some_and(|r| !r.unlimited && u64::from(r.requests_per_unit) >= MAX_COUNT);
+        if over && beyond.is_none() {
+            beyond = Some(rule);
+        }
+    });
+    let Some(rule) = beyond else { return Ok(()) };
+    Err(ConfigError {
+        file: domain.file.clone(),
+        line: rule.line,
+        message: format!(
+            "requests_per_unit {} of '{}' is beyond the embedded window's count (at most {}); use the Redis backend",
+            rule.rate_limit.as_ref().map_or(0, |r| r.requests_per_unit),
+            rule.full_key,
+            MAX_COUNT - 1
+        ),
+    })
 }
 
 /// Upstream's `SanitizeStatName`: `:` and `|` as `_`, and the dots of anything shaped like an
