@@ -32,7 +32,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use driver::{measure, Keys, Sample, Subject, Timing};
 use machine::Machine;
-use report::{Cell, Memory, Report};
+use report::{Cell, Memory, Paired, Report};
 use subjects::{direct_subjects, keyed_subject, Load, Maker, Setup};
 use workloads::{key, ranks, Dist};
 
@@ -322,6 +322,7 @@ fn main() {
     let started = Instant::now();
     let fresh = AtomicU64::new(1 << 50);
     let mut cells = Vec::new();
+    let mut paired_rows = Vec::new();
     for (w, load, names) in &plan {
         bar.set_message(format!("{} {}: setting up", w.name, load.name()));
         let setup = Setup { load: *load, capacity: w.capacity };
@@ -376,6 +377,21 @@ fn main() {
             for (ti, &t) in threads.iter().enumerate() {
                 cells.push(Cell::new(w.name, *load, name, t, &samples[si][ti]));
             }
+        }
+        // The cost of the `metrics` feature is a few per cent, below what cells timed minutes
+        // apart on a shared host can resolve: the pair is timed again in alternation, so that
+        // drift lands on both sides of every ratio.
+        let find = |n: &str| subjects.iter().find(|(name, _)| *name == n).map(|(_, s)| s.as_ref());
+        let one = threads.iter().position(|&t| t == 1);
+        if let (Some(base), Some(with), Some(one)) = (find("tollgate"), find("tollgate-metrics"), one) {
+            bar.set_message(format!(
+                "{}/{}: tollgate and tollgate-metrics in alternation",
+                w.name,
+                load.name()
+            ));
+            let rounds = if args.quick { 2 } else { PAIRED_ROUNDS };
+            let ratios = paired(base, with, &keys[one], timing, rounds, &fresh);
+            paired_rows.push(Paired::new(w.name, *load, "tollgate", "tollgate-metrics", ratios));
         }
     }
     bar.finish_and_clear();
@@ -438,6 +454,7 @@ fn main() {
     };
     let mut report = Report::new(machine, cells, memory, reps, duration, threads, started.elapsed(), command);
     report.pacing = pacing_rows;
+    report.paired = paired_rows;
     report.redis = redis_rows;
     report.redis_skipped = redis_skipped;
     report.fill_ratios();
@@ -459,6 +476,40 @@ fn main() {
         }
         eprintln!("wrote {} and the charts in {}", path.display(), charts.display());
     }
+}
+
+/// Rounds of [`paired`]: each times both subjects for 10 ms.
+const PAIRED_ROUNDS: usize = 40;
+
+/// Times `base` and `with` on one thread in alternation (`base` first in even rounds, `with`
+/// first in odd ones), `rounds` times, and returns each round's ratio of `with`'s time per
+/// decision to `base`'s.
+fn paired(
+    base: &dyn Subject,
+    with: &dyn Subject,
+    keys: &Keys,
+    timing: Timing,
+    rounds: usize,
+    fresh: &AtomicU64,
+) -> Vec<f64> {
+    let timing = Timing {
+        warmup: Duration::from_millis(2),
+        duration: Duration::from_millis(10),
+        latency: Duration::ZERO,
+        ..timing
+    };
+    (0..rounds)
+        .map(|round| {
+            let time = |s: &dyn Subject| measure(s, keys, 1, timing, fresh).ns_per_op;
+            if round % 2 == 0 {
+                let b = time(base);
+                time(with) / b
+            } else {
+                let w = time(with);
+                w / time(base)
+            }
+        })
+        .collect()
 }
 
 fn progress(len: u64) -> ProgressBar {
