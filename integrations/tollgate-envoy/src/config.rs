@@ -44,7 +44,15 @@ const KEYS: &[&str] = &[
     "value_to_metric",
     "share_threshold",
     "metadata",
+    // tollgate's own, under `rate_limit` only (see [`Algorithm`]).
+    "algorithm",
+    "burst",
+    "unit_multiplier",
+    "count_rejected_hits",
 ];
+
+/// The keys tollgate adds to upstream's, valid under `rate_limit` only.
+const RATE_LIMIT_KEYS: &[&str] = &["algorithm", "burst", "unit_multiplier", "count_rejected_hits"];
 
 /// A configuration that upstream would refuse, or a file that could not be read: the file's
 /// name (as upstream names it), the line where known, and upstream's message.
@@ -137,6 +145,49 @@ impl Unit {
     }
 }
 
+/// How a rule decides (`rate_limit.algorithm`): upstream's fixed window by default, or one of
+/// tollgate's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// `fixed_window`: upstream's; windows of the unit (times `unit_multiplier`) aligned on
+    /// multiples of it since the Unix epoch.
+    #[default]
+    FixedWindow,
+    /// `token_bucket` (or `gcra`, the same equation): `requests_per_unit` per unit refilled
+    /// continuously, up to `burst` at once (default `requests_per_unit`).
+    TokenBucket,
+    /// `sliding_window`: the current window's count plus the previous window's weighted by how
+    /// much of it still overlaps the last unit.
+    SlidingWindow,
+    /// `nginx`: nginx's `limit_req` with `nodelay` (a service cannot delay a request): `burst`
+    /// requests above the rate pass at once, the rest are refused. Units of a second or a
+    /// minute only, as nginx's `r/s` and `r/m`.
+    Nginx,
+}
+
+impl Algorithm {
+    /// The algorithm of configuration name `name`.
+    pub fn parse(name: &str) -> Option<Algorithm> {
+        Some(match name {
+            "fixed_window" => Algorithm::FixedWindow,
+            "token_bucket" | "gcra" => Algorithm::TokenBucket,
+            "sliding_window" => Algorithm::SlidingWindow,
+            "nginx" => Algorithm::Nginx,
+            _ => return None,
+        })
+    }
+
+    /// Its configuration name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::Nginx => "nginx",
+        }
+    }
+}
+
 /// A descriptor's `rate_limit`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RateLimit {
@@ -150,6 +201,31 @@ pub struct RateLimit {
     pub name: String,
     /// The names of the rules this one replaces when both apply to one request.
     pub replaces: Vec<String>,
+    /// `algorithm` (tollgate's): upstream's fixed window when absent.
+    pub algorithm: Algorithm,
+    /// `burst` (tollgate's): the token bucket's capacity, nginx's `burst=`; `None` when absent.
+    pub burst: Option<u32>,
+    /// `unit_multiplier` (tollgate's): the window (or the token bucket's period) is this many
+    /// units; 1 when absent.
+    pub unit_multiplier: u32,
+    /// `count_rejected_hits` (tollgate's): whether hits over the limit count in the window, as
+    /// upstream's `INCRBY` counts them. True for the fixed window when absent (upstream's
+    /// verdicts); only the fixed window can count them.
+    pub count_rejected_hits: bool,
+}
+
+impl RateLimit {
+    /// The window, or the token bucket's period: the unit times `unit_multiplier` (`None` for
+    /// an unlimited rule).
+    pub fn window(&self) -> Option<std::time::Duration> {
+        let unit = self.unit?;
+        Some(std::time::Duration::from_secs(unit.seconds().saturating_mul(u64::from(self.unit_multiplier))))
+    }
+
+    /// Whether the rule decides as upstream's does: a fixed window that counts rejected hits.
+    pub fn counts_rejected(&self) -> bool {
+        self.algorithm == Algorithm::FixedWindow && self.count_rejected_hits
+    }
 }
 
 /// A value of a descriptor's `metadata`, kept for the response's dynamic metadata.
@@ -323,7 +399,7 @@ impl Config {
 
     fn add_parsed(&mut self, file: &str, contents: &str, options: LoadOptions) -> Result<(), ConfigError> {
         let root = parse(file, contents)?;
-        validate_keys(file, &root)?;
+        validate_keys(file, &root, false)?;
         let domain_node = root.get_node("domain");
         let domain = match domain_node {
             Some(node) => string_field(file, node, "domain")?,
@@ -442,7 +518,7 @@ fn load_error(file: &str, e: &LoadError) -> ConfigError {
 
 /// Upstream's first pass: every key a string in [`KEYS`] (anything under `metadata`
 /// excepted), every list of mappings, no floats.
-fn validate_keys(file: &str, map: &MarkedMappingNode) -> Result<(), ConfigError> {
+fn validate_keys(file: &str, map: &MarkedMappingNode, in_rate_limit: bool) -> Result<(), ConfigError> {
     for (key, value) in map.iter() {
         let line = yaml::scalar_line(key);
         if !matches!(yaml::scalar_kind(key), Kind::Str) {
@@ -459,8 +535,21 @@ fn validate_keys(file: &str, map: &MarkedMappingNode) -> Result<(), ConfigError>
                 format!("config error, unknown key '{}'", key.as_str()),
             ));
         }
+        if !in_rate_limit && RATE_LIMIT_KEYS.contains(&key.as_str()) {
+            return Err(ConfigError::new(
+                file,
+                line,
+                format!("config error, key '{}' belongs under rate_limit", key.as_str()),
+            ));
+        }
         if key.as_str() == "metadata" {
             continue;
+        }
+        if key.as_str() == "rate_limit" {
+            if let Node::Mapping(limit) = value {
+                validate_keys(file, limit, true)?;
+                continue;
+            }
         }
         validate_value(file, value)?;
     }
@@ -469,11 +558,11 @@ fn validate_keys(file: &str, map: &MarkedMappingNode) -> Result<(), ConfigError>
 
 fn validate_value(file: &str, value: &Node) -> Result<(), ConfigError> {
     match value {
-        Node::Mapping(map) => validate_keys(file, map),
+        Node::Mapping(map) => validate_keys(file, map, false),
         Node::Sequence(items) => {
             for item in items.iter() {
                 match item {
-                    Node::Mapping(map) => validate_keys(file, map)?,
+                    Node::Mapping(map) => validate_keys(file, map, false)?,
                     other => {
                         return Err(ConfigError::new(
                             file,
@@ -689,7 +778,64 @@ fn rate_limit(file: &str, node: &Node) -> Result<Option<RateLimit>, ConfigError>
             replaces.push(replaced);
         }
     }
-    Ok(Some(RateLimit { requests_per_unit, unit, unlimited, name, replaces }))
+    // tollgate's options, checked after upstream's so that upstream's files fail as upstream's.
+    let line_of = |key: &str| key_line(map, key).or(unit_line);
+    if let Some(key) = RATE_LIMIT_KEYS.iter().find(|k| unlimited && field(map, k).is_some()) {
+        return Err(ConfigError::new(file, line_of(key), format!("should not specify {key} when unlimited")));
+    }
+    let algorithm_text = field(map, "algorithm").map(|n| string_field(file, n, "algorithm")).transpose()?;
+    let algorithm = match algorithm_text.as_deref() {
+        None => Algorithm::FixedWindow,
+        Some(text) => Algorithm::parse(text).ok_or_else(|| {
+            ConfigError::new(
+                file,
+                line_of("algorithm"),
+                format!(
+                    "invalid rate limit algorithm '{text}' (one of fixed_window, token_bucket, gcra, sliding_window, nginx)"
+                ),
+            )
+        })?,
+    };
+    let burst = field(map, "burst").map(|n| u32_field(file, n)).transpose()?;
+    if burst.is_some() && !matches!(algorithm, Algorithm::TokenBucket | Algorithm::Nginx) {
+        return Err(ConfigError::new(
+            file,
+            line_of("burst"),
+            format!("burst applies to token_bucket, gcra and nginx, not {}", algorithm.name()),
+        ));
+    }
+    let unit_multiplier = field(map, "unit_multiplier").map(|n| u32_field(file, n)).transpose()?.unwrap_or(1);
+    if unit_multiplier == 0 {
+        return Err(ConfigError::new(file, line_of("unit_multiplier"), "unit_multiplier must be at least 1"));
+    }
+    let count_rejected_hits = field(map, "count_rejected_hits").map(|n| bool_field(file, n)).transpose()?;
+    if count_rejected_hits == Some(true) && algorithm != Algorithm::FixedWindow {
+        return Err(ConfigError::new(
+            file,
+            line_of("count_rejected_hits"),
+            format!("count_rejected_hits applies to fixed_window only, not {}", algorithm.name()),
+        ));
+    }
+    if algorithm == Algorithm::Nginx
+        && (unit_multiplier != 1 || !matches!(unit, Some(Unit::Second | Unit::Minute)))
+    {
+        return Err(ConfigError::new(
+            file,
+            line_of("algorithm"),
+            "nginx's rate is per second or per minute: unit second or minute, unit_multiplier 1",
+        ));
+    }
+    Ok(Some(RateLimit {
+        requests_per_unit,
+        unit,
+        unlimited,
+        name,
+        replaces,
+        algorithm,
+        burst,
+        unit_multiplier,
+        count_rejected_hits: count_rejected_hits.unwrap_or(algorithm == Algorithm::FixedWindow),
+    }))
 }
 
 /// `metadata` as values (numbers as upstream's `Struct` holds them, as doubles).

@@ -42,7 +42,9 @@ mod matching;
 mod service;
 mod yaml;
 
-pub use config::{Config, ConfigError, Descriptor, Domain, LoadOptions, Metadata, RateLimit, Unit};
+pub use config::{
+    Algorithm, Config, ConfigError, Descriptor, Domain, LoadOptions, Metadata, RateLimit, Unit,
+};
 pub use grpc::Service;
 pub use matching::{wildcard_match, Found, Matched};
 pub use service::{

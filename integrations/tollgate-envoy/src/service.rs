@@ -18,30 +18,146 @@ use std::fmt;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tollgate::{FixedWindow, Keyed, ManualClock, Nanos, Outcome, WhenFull};
+use tollgate::{
+    FixedWindow, Keyed, ManualClock, Nanos, Nginx, Outcome, Rate, SlidingWindow, TokenBucket, WhenFull,
+};
 
-use crate::config::{Config, ConfigError, Domain, Unit};
+use crate::config::{Algorithm, Config, ConfigError, Domain, RateLimit, Unit};
 use crate::matching::Found;
 
 /// The largest count a window holds; rules must stay below it.
 const MAX_COUNT: u64 = FixedWindow::MAX_LIMIT;
 
-/// A window counter table: one per rule and unit.
-type Table = Keyed<FixedWindow, str, ManualClock>;
+/// A rule's table of per-value state.
+enum Table {
+    /// Upstream's: a window counter that counts every hit (its limit the largest count), the
+    /// rule's limit compared with the count after the hits. Its clock's zero is the Unix epoch.
+    Counted(Keyed<FixedWindow, str, ManualClock>),
+    /// tollgate's algorithms, each with the rule's own quota: refused hits take nothing. Their
+    /// clock's zero is `origin` ns after the Unix epoch.
+    Window(Keyed<FixedWindow, str, ManualClock>, u64),
+    Bucket(Keyed<TokenBucket, str, ManualClock>, u64),
+    Sliding(Keyed<SlidingWindow, str, ManualClock>, u64),
+    Nginx(Keyed<Nginx, str, ManualClock>, u64),
+}
 
-/// Which table counts a decision: a rule's (its descriptor's full key, its unit), or a
-/// domain's per-request limits of one unit (one table for all of them, so that clients
+impl Table {
+    /// `n` hits of `key` at `now_ns` since the Unix epoch.
+    fn check(&self, key: &str, now_ns: u64, n: u64) -> tollgate::Decision {
+        let at = |origin: u64| Nanos::new(now_ns.saturating_sub(origin));
+        match self {
+            Table::Counted(t) => t.check_n_at(key, Nanos::new(now_ns), n),
+            Table::Window(t, origin) => t.check_n_at(key, at(*origin), n),
+            Table::Bucket(t, origin) => t.check_n_at(key, at(*origin), n),
+            Table::Sliding(t, origin) => t.check_n_at(key, at(*origin), n),
+            Table::Nginx(t, origin) => t.check_n_at(key, at(*origin), n),
+        }
+    }
+
+    fn memory_bytes(&self) -> usize {
+        match self {
+            Table::Counted(t) | Table::Window(t, _) => t.memory_bytes(),
+            Table::Bucket(t, _) => t.memory_bytes(),
+            Table::Sliding(t, _) => t.memory_bytes(),
+            Table::Nginx(t, _) => t.memory_bytes(),
+        }
+    }
+}
+
+/// What a rule's table is made of: what a reload must keep the same for the table (and its
+/// counts) to carry over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Spec {
+    algorithm: Algorithm,
+    /// The window (or the bucket's period), whole seconds.
+    window: u64,
+    /// The rule's quota and burst; both 0 for upstream's counted window, whose counts hold for
+    /// any limit.
+    quota: u32,
+    burst: u32,
+}
+
+impl Spec {
+    /// The spec of a limited rule whose `requests_per_unit` is not 0.
+    fn of(r: &RateLimit) -> Spec {
+        let window = r.window().map_or(1, |w| w.as_secs());
+        if r.counts_rejected() {
+            return Spec { algorithm: Algorithm::FixedWindow, window, quota: 0, burst: 0 };
+        }
+        let burst = match r.algorithm {
+            Algorithm::TokenBucket => r.burst.unwrap_or(r.requests_per_unit),
+            Algorithm::Nginx => r.burst.unwrap_or(0),
+            _ => 0,
+        };
+        Spec { algorithm: r.algorithm, window, quota: r.requests_per_unit, burst }
+    }
+
+    fn counted(self) -> bool {
+        self.quota == 0
+    }
+
+    /// The most hits one value can have at once: the count from which a decision is near the
+    /// limit.
+    fn capacity(self) -> u64 {
+        match self.algorithm {
+            Algorithm::TokenBucket => u64::from(self.burst),
+            Algorithm::Nginx => u64::from(self.burst) + 1,
+            _ => u64::from(self.quota),
+        }
+    }
+
+    /// A table of `capacity` values made at `now_ns`, or what is wrong with the quota.
+    fn table(self, capacity: usize, now_ns: u64) -> Result<Table, tollgate::ConfigError> {
+        let window = Duration::from_secs(self.window);
+        let quota = u64::from(self.quota);
+        // Windows start on multiples of the window since the Unix epoch, as upstream's.
+        let aligned = now_ns - now_ns % (self.window.saturating_mul(1_000_000_000)).max(1);
+        fn build<A: tollgate::KeyedAlgorithm>(
+            policy: A,
+            capacity: usize,
+        ) -> Result<Keyed<A, str, ManualClock>, tollgate::ConfigError> {
+            Keyed::<A, str, ManualClock>::builder_for_clock(policy)
+                .capacity(capacity)
+                .when_full(WhenFull::Deny)
+                .build_with_clock(ManualClock::new())
+        }
+        Ok(match self.algorithm {
+            _ if self.counted() => Table::Counted(build(FixedWindow::new(MAX_COUNT, window)?, capacity)?),
+            Algorithm::FixedWindow => {
+                Table::Window(build(FixedWindow::new(quota, window)?, capacity)?, aligned)
+            }
+            Algorithm::SlidingWindow => {
+                Table::Sliding(build(SlidingWindow::new(quota, window)?, capacity)?, aligned)
+            }
+            Algorithm::TokenBucket => Table::Bucket(
+                build(TokenBucket::new(Rate::per(quota, window), u64::from(self.burst))?, capacity)?,
+                now_ns,
+            ),
+            Algorithm::Nginx => {
+                let rate =
+                    if self.window == 60 { Nginx::per_minute(quota) } else { Nginx::per_second(quota) };
+                Table::Nginx(build(rate?.burst(u64::from(self.burst))?.nodelay(), capacity)?, now_ns)
+            }
+        })
+    }
+}
+
+/// Which table counts a decision: a rule's (its descriptor's full key, its table's spec), or
+/// a domain's per-request limits of one unit (one table for all of them, so that clients
 /// cannot make tables).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum TableId {
-    Rule(String, Unit),
+    Rule(String, Spec),
     Override(String, Unit),
 }
 
 impl TableId {
-    fn unit(&self) -> Unit {
+    fn spec(&self) -> Spec {
         match self {
-            TableId::Rule(_, unit) | TableId::Override(_, unit) => *unit,
+            TableId::Rule(_, spec) => *spec,
+            TableId::Override(_, unit) => {
+                Spec { algorithm: Algorithm::FixedWindow, window: unit.seconds(), quota: 0, burst: 0 }
+            }
         }
     }
 }
@@ -230,7 +346,7 @@ impl Limits {
     /// [`new`](Limits::new) on a given wall clock (ns since the Unix epoch).
     pub fn with_clock(config: Config, keys_per_rule: usize, clock: WallClock) -> Result<Limits, ConfigError> {
         for domain in config.domains() {
-            check_counts(domain)?;
+            check_rules(domain)?;
         }
         Ok(Limits {
             config,
@@ -272,8 +388,8 @@ impl Limits {
         let mut wanted = std::collections::HashSet::new();
         for domain in next.config.domains() {
             each_rule(&domain.root, &mut |rule| {
-                if let Some(unit) = rule.rate_limit.as_ref().filter(|r| !r.unlimited).and_then(|r| r.unit) {
-                    wanted.insert(TableId::Rule(rule.full_key.clone(), unit));
+                if let Some(r) = rule.rate_limit.as_ref().filter(|r| !r.unlimited) {
+                    wanted.insert(TableId::Rule(rule.full_key.clone(), Spec::of(r)));
                 }
             });
         }
@@ -406,7 +522,7 @@ impl Limits {
                             unit,
                             name: r.name.clone(),
                         };
-                        let table_id = TableId::Rule(f.descriptor.full_key.clone(), unit);
+                        let table_id = TableId::Rule(f.descriptor.full_key.clone(), Spec::of(r));
                         let key = cache_key(&d.entries, &f.shared);
                         self.decide(
                             table_id,
@@ -460,13 +576,14 @@ impl Limits {
             self.global_shadow.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         let headers = match &self.settings.response_headers {
-            Some(names) => headers(names, &statuses, &kinds, now_ns),
+            Some(names) => headers(names, &statuses, &kinds),
             None => Vec::new(),
         };
         Ok(Response { overall_code, statuses, headers })
     }
 
-    /// One descriptor's decision: `hits` counted in its window, compared with the limit.
+    /// One descriptor's decision: `hits` decided in the table of `table_id` (upstream's: counted
+    /// in the window, then compared with the limit).
     #[expect(clippy::too_many_arguments, reason = "one call site, each argument distinct")]
     fn decide(
         &self,
@@ -478,20 +595,36 @@ impl Limits {
         stats_key: &str,
         shadow: bool,
     ) -> Status {
-        let unit = limit.unit;
+        let spec = table_id.spec();
         let over = u64::from(limit.requests_per_unit);
-        let now_s = now_ns / 1_000_000_000;
-        let reset = Some(Duration::from_secs(unit.seconds() - now_s % unit.seconds()));
-        // The count after the hits, as upstream's INCRBY returns it.
-        let after = if over == 0 {
-            hits
-        } else {
-            let table = self.table(table_id);
-            let d = table.check_n_at(key, Nanos::new(now_ns), hits.min(MAX_COUNT));
-            match d.outcome() {
+        // Upstream's reset: the end of the (aligned) window.
+        let window_reset = Duration::from_secs(spec.window - (now_ns / 1_000_000_000) % spec.window);
+        // `after`: the count after the hits, as upstream's INCRBY returns it; `over`: the count
+        // above which a decision is over the limit.
+        let (after, over, reset) = if over == 0 {
+            (hits, 0, window_reset)
+        } else if spec.counted() {
+            let d = self.table(table_id, now_ns).check(key, now_ns, hits.min(MAX_COUNT));
+            let after = match d.outcome() {
                 Outcome::Allowed => MAX_COUNT - d.remaining(),
                 // A full table, or a count past what a window holds: over the limit.
                 _ => MAX_COUNT,
+            };
+            (after, over, window_reset)
+        } else {
+            // tollgate's: the algorithm decides, and a refusal takes nothing. What the value
+            // holds after an admission is its capacity less what remains; a refusal reads as
+            // every hit over the limit.
+            let capacity = spec.capacity();
+            let d = self.table(table_id, now_ns).check(key, now_ns, hits);
+            let reset = match spec.algorithm {
+                Algorithm::FixedWindow | Algorithm::SlidingWindow => window_reset,
+                // Whole seconds until the bucket is full again, rounded up.
+                _ => Duration::from_secs(d.reset_after_nanos().as_u64().div_ceil(1_000_000_000)),
+            };
+            match d.outcome() {
+                Outcome::Allowed => (capacity.saturating_sub(d.remaining()), capacity, reset),
+                _ => (capacity.saturating_add(hits), capacity, reset),
             }
         };
         let before = after.saturating_sub(hits);
@@ -529,40 +662,34 @@ impl Limits {
         } else {
             code
         };
-        Status { code, current_limit: Some(limit), limit_remaining: remaining, duration_until_reset: reset }
+        Status {
+            code,
+            current_limit: Some(limit),
+            limit_remaining: remaining,
+            duration_until_reset: Some(reset),
+        }
     }
 
-    /// The table of `id`, made on first use.
-    fn table(&self, id: TableId) -> Arc<Table> {
+    /// The table of `id`, made on first use (at `now_ns`).
+    fn table(&self, id: TableId, now_ns: u64) -> Arc<Table> {
         if let Some(t) = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&id) {
             return Arc::clone(t);
         }
         let mut tables = self.tables.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let unit = id.unit();
+        let spec = id.spec();
         let capacity = self.keys_per_rule;
         Arc::clone(tables.entry(id).or_insert_with(|| {
-            let window = FixedWindow::new(MAX_COUNT, Duration::from_secs(unit.seconds()))
-                .expect("a unit is a valid window and the count's largest a valid limit");
-            // The clock at zero is the Unix epoch: windows start at multiples of the unit since
-            // then, as upstream's, and decisions pass the wall-clock time.
-            let table = Keyed::<FixedWindow, str, ManualClock>::builder_for_clock(window)
-                .capacity(capacity)
-                .when_full(WhenFull::Deny)
-                .build_with_clock(ManualClock::new())
-                .expect("a valid keyed table");
-            Arc::new(table)
+            Arc::new(
+                spec.table(capacity, now_ns)
+                    .expect("every rule's table was made once when the configuration was loaded"),
+            )
         }))
     }
 }
 
 /// Upstream's response headers: the status with the least remaining (the last one over the
 /// limit, outside quota mode, if any), as its limit, remaining and seconds to the window's end.
-fn headers(
-    names: &HeaderNames,
-    statuses: &[Status],
-    kinds: &[(bool, bool)],
-    now_ns: u64,
-) -> Vec<(String, String)> {
+fn headers(names: &HeaderNames, statuses: &[Status], kinds: &[(bool, bool)]) -> Vec<(String, String)> {
     let mut chosen: Option<&Status> = None;
     let mut least = u32::MAX;
     for (s, &(limited, quota)) in statuses.iter().zip(kinds) {
@@ -579,12 +706,11 @@ fn headers(
     }
     let Some(s) = chosen else { return Vec::new() };
     let Some(limit) = &s.current_limit else { return Vec::new() };
-    let unit = limit.unit.seconds();
-    let now_s = now_ns / 1_000_000_000;
+    let reset = s.duration_until_reset.unwrap_or_default().as_secs();
     vec![
         (names.limit.clone(), limit.requests_per_unit.to_string()),
         (names.remaining.clone(), s.limit_remaining.to_string()),
-        (names.reset.clone(), (unit - now_s % unit).to_string()),
+        (names.reset.clone(), reset.to_string()),
     ]
 }
 
@@ -643,27 +769,37 @@ fn each_rule<'c>(node: &'c crate::config::Descriptor, f: &mut impl FnMut(&'c cra
     }
 }
 
-/// A rule whose limit the window's count cannot exceed is refused at load.
-fn check_counts(domain: &Domain) -> Result<(), ConfigError> {
-    let mut beyond = None;
+/// Every limited rule's table made once, so that a quota tollgate cannot hold (a count past
+/// what upstream's window counts, a rate or burst out of range) is refused at load, naming the
+/// rule.
+fn check_rules(domain: &Domain) -> Result<(), ConfigError> {
+    let mut first = None;
     each_rule(&domain.root, &mut |rule| {
-        let over = rule
-            .rate_limit
-            .as_ref()
-            .is_some_and(|r| !r.unlimited && u64::from(r.requests_per_unit) >= MAX_COUNT);
-        if over && beyond.is_none() {
-            beyond = Some(rule);
+        let Some(r) = rule.rate_limit.as_ref().filter(|r| !r.unlimited && r.requests_per_unit > 0) else {
+            return;
+        };
+        let why = if r.counts_rejected() && u64::from(r.requests_per_unit) >= MAX_COUNT {
+            Some(format!(
+                "is beyond the embedded window's count (at most {}); use the Redis backend",
+                MAX_COUNT - 1
+            ))
+        } else {
+            Spec::of(r).table(1, 0).err().map(|e| format!("cannot be decided: {e}"))
+        };
+        if let (Some(why), None) = (why, &first) {
+            first = Some((rule, why));
         }
     });
-    let Some(rule) = beyond else { return Ok(()) };
+    let Some((rule, why)) = first else { return Ok(()) };
+    let r = rule.rate_limit.as_ref().expect("a limited rule");
     Err(ConfigError {
         file: domain.file.clone(),
         line: rule.line,
         message: format!(
-            "requests_per_unit {} of '{}' is beyond the embedded window's count (at most {}); use the Redis backend",
-            rule.rate_limit.as_ref().map_or(0, |r| r.requests_per_unit),
+            "requests_per_unit {} of '{}' ({}) {why}",
+            r.requests_per_unit,
             rule.full_key,
-            MAX_COUNT - 1
+            r.algorithm.name()
         ),
     })
 }
