@@ -43,6 +43,12 @@ pub enum Error {
         /// The instant given, in microseconds since the Unix epoch.
         micros: u64,
     },
+    /// A batch of windows the script cannot decide as given (a key named twice, a window
+    /// length it cannot carry); nothing was sent.
+    Batch {
+        /// What was wrong with the batch.
+        reason: String,
+    },
     /// The key holds something that is not a tollgate bucket, or the script's reply is not
     /// what this version sends.
     Corrupt {
@@ -71,9 +77,11 @@ impl Error {
                         Some("LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN")
                     )
             }
-            Error::Config(_) | Error::Url { .. } | Error::Corrupt { .. } | Error::TimeOutOfRange { .. } => {
-                false
-            }
+            Error::Config(_)
+            | Error::Url { .. }
+            | Error::Corrupt { .. }
+            | Error::Batch { .. }
+            | Error::TimeOutOfRange { .. } => false,
         }
     }
 }
@@ -89,6 +97,7 @@ impl fmt::Display for Error {
             }
             Error::Redis(e) => write!(f, "Redis failed: {e}"),
             Error::Corrupt { key, reason } => write!(f, "Redis key {key:?}: {reason}"),
+            Error::Batch { reason } => write!(f, "a batch of windows that cannot be decided: {reason}"),
             Error::TimeOutOfRange { micros } => {
                 write!(f, "the instant {micros} µs after 1970 is beyond 2^53 µs, the most a decision in Redis can be dated")
             }

@@ -45,6 +45,7 @@ mod lease_word;
 mod leased;
 mod limiter;
 pub mod value;
+mod windows;
 
 pub use error::Error;
 pub use failure::{share, OnFailure, Stats};
@@ -53,3 +54,4 @@ pub use limiter::{Builder, RedisLimiter};
 /// The client this crate is built on, for matching on [`Error::Redis`]'s kinds and codes.
 pub use redis;
 pub use value::BucketValue;
+pub use windows::{RedisWindows, WindowCheck, WindowsBuilder};

@@ -36,7 +36,7 @@ impl Answer {
 
 /// Where the limiter's buckets live.
 #[derive(Clone)]
-enum Conn {
+pub(crate) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
 }
@@ -51,14 +51,14 @@ impl core::fmt::Debug for Conn {
 }
 
 impl Conn {
-    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> redis::RedisResult<Vec<u8>> {
+    pub(crate) async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> redis::RedisResult<Vec<u8>> {
         match self.clone() {
             Conn::Single(mut c) => invocation.invoke_async(&mut c).await,
             Conn::Cluster(mut c) => invocation.invoke_async(&mut c).await,
         }
     }
 
-    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+    pub(crate) async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
         match self.clone() {
             Conn::Single(mut c) => cmd.query_async(&mut c).await,
             Conn::Cluster(mut c) => cmd.query_async(&mut c).await,
@@ -81,22 +81,157 @@ pub struct RedisLimiter {
 
 #[derive(Debug)]
 struct Inner {
-    conn: Conn,
+    link: Link,
     quota: TokenBucket,
     prefix: Vec<u8>,
     script: Script,
     /// The quota's words of the script's argument: m, offset, fill, the last microsecond of the
     /// lifetime, the lifetime in units (see `bucket.lua`).
     quota_words: [u32; 9],
-    timeout: Duration,
     on_failure: OnFailure,
     fallback: Option<KeyedLimiter<Vec<u8>>>,
-    breaker: Breaker,
-    counters: Counters,
+}
+
+/// A connection to Redis with what every call through it shares: the timeout, the breaker,
+/// the counts, the round-trip histogram.
+#[derive(Debug)]
+pub(crate) struct Link {
+    pub(crate) conn: Conn,
+    pub(crate) timeout: Duration,
+    pub(crate) breaker: Breaker,
+    pub(crate) counters: Counters,
+    /// What answers when Redis cannot, for the breaker's log lines.
+    policy: String,
     /// The `limiter` label of the round-trip histogram, when asked for
     /// ([`Builder::round_trip_histogram`]).
     #[cfg(feature = "metrics")]
     histogram: Option<metrics::SharedString>,
+}
+
+/// Where Redis is and how long to wait for it: what [`Link::connect`] needs.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub(crate) urls: Vec<String>,
+    pub(crate) cluster: bool,
+    pub(crate) timeout: Duration,
+    pub(crate) breaker_threshold: u32,
+    pub(crate) breaker_cooldown: Duration,
+}
+
+impl Link {
+    /// Connects (within the timeout) and asks one `PING`, so that a refused connection or
+    /// missing credentials show at startup, not at the first request.
+    pub(crate) async fn connect(target: &Target, policy: String) -> Result<Link, Error> {
+        let bad_url =
+            |url: &str, e: redis::RedisError| Error::Url { url: redact(url), reason: e.to_string() };
+        let timeout = target.timeout;
+        let conn = if target.cluster {
+            let mut nodes = Vec::new();
+            for url in &target.urls {
+                nodes.push(
+                    redis::IntoConnectionInfo::into_connection_info(url.as_str())
+                        .map_err(|e| bad_url(url, e))?,
+                );
+            }
+            let client = ClusterClientBuilder::new(nodes)
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .build()
+                .map_err(Error::Redis)?;
+            let conn = tokio::time::timeout(timeout, client.get_async_connection())
+                .await
+                .map_err(|_| Error::Timeout { after: timeout })??;
+            Conn::Cluster(conn)
+        } else {
+            let url = target.urls.first().map_or("redis://127.0.0.1:6379", String::as_str);
+            let client = redis::Client::open(url).map_err(|e| bad_url(url, e))?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(timeout))
+                // Reconnect quickly and give up quickly: the breaker paces further attempts.
+                .set_number_of_retries(1)
+                .set_min_delay(Duration::from_millis(10))
+                .set_max_delay(Duration::from_millis(50));
+            let conn = tokio::time::timeout(timeout, ConnectionManager::new_with_config(client, config))
+                .await
+                .map_err(|_| Error::Timeout { after: timeout })??;
+            Conn::Single(conn)
+        };
+        // A server that wants credentials it did not get answers a connection with NOAUTH
+        // only at the first command: ask one now.
+        tokio::time::timeout(timeout, conn.query::<String>(&redis::cmd("PING")))
+            .await
+            .map_err(|_| Error::Timeout { after: timeout })??;
+        Ok(Link {
+            conn,
+            timeout,
+            breaker: Breaker::new(target.breaker_threshold, target.breaker_cooldown),
+            counters: Counters::default(),
+            policy,
+            #[cfg(feature = "metrics")]
+            histogram: None,
+        })
+    }
+
+    /// Whether the connection is to a Cluster (a script's keys must then share a slot).
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster(_))
+    }
+
+    /// Runs `f` under the breaker and the timeout, counting what happened.
+    pub(crate) async fn call<T>(
+        &self,
+        f: impl core::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, Error> {
+        let inner = self;
+        if let Gate::Open { retry_in } = inner.breaker.enter() {
+            Counters::bump(&inner.counters.short_circuited);
+            return Err(Error::BreakerOpen { retry_in });
+        }
+        #[cfg(feature = "metrics")]
+        let started = inner.histogram.as_ref().map(|_| std::time::Instant::now());
+        let replied = tokio::time::timeout(inner.timeout, f).await;
+        #[cfg(feature = "metrics")]
+        if let (Some(limiter), Some(started), Ok(_)) = (&inner.histogram, started, &replied) {
+            metrics::histogram!("tollgate_redis_round_trip_seconds", "limiter" => limiter.clone())
+                .record(started.elapsed());
+        }
+        let result = match replied {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                Counters::bump(if e.is_timeout() {
+                    &inner.counters.timeouts
+                } else {
+                    &inner.counters.errors
+                });
+                Err(Error::Redis(e))
+            }
+            Err(_) => {
+                Counters::bump(&inner.counters.timeouts);
+                Err(Error::Timeout { after: inner.timeout })
+            }
+        };
+        match &result {
+            Err(e) if e.is_transient() => {
+                if inner.breaker.failure() {
+                    Counters::bump(&inner.counters.breaker_trips);
+                    tracing::warn!(
+                        error = %e,
+                        policy = %inner.policy,
+                        cooldown_ms = u64::try_from(inner.breaker.cooldown().as_millis()).unwrap_or(u64::MAX),
+                        "Redis breaker opened: calls fail fast, answered by the failure policy; one probe a cooldown"
+                    );
+                }
+            }
+            // A server that answers (even with an error about one key) is up.
+            _ => {
+                if inner.breaker.success() {
+                    tracing::info!(policy = %inner.policy, "Redis breaker closed: a probe succeeded, decisions go to Redis again");
+                }
+            }
+        }
+        result
+    }
 }
 
 /// Builds a [`RedisLimiter`]: where Redis is, the key prefix, the timeout, the failure policy.
@@ -195,46 +330,19 @@ impl Builder {
                 burst: quota.burst(),
             }));
         }
-        let bad_url =
-            |url: &str, e: redis::RedisError| Error::Url { url: redact(url), reason: e.to_string() };
-        let timeout = self.timeout;
-        let conn = if self.cluster {
-            let mut nodes = Vec::new();
-            for url in &self.urls {
-                nodes.push(
-                    redis::IntoConnectionInfo::into_connection_info(url.as_str())
-                        .map_err(|e| bad_url(url, e))?,
-                );
-            }
-            let client = ClusterClientBuilder::new(nodes)
-                .connection_timeout(timeout)
-                .response_timeout(timeout)
-                .build()
-                .map_err(Error::Redis)?;
-            let conn = tokio::time::timeout(timeout, client.get_async_connection())
-                .await
-                .map_err(|_| Error::Timeout { after: timeout })??;
-            Conn::Cluster(conn)
-        } else {
-            let url = self.urls.first().map_or("redis://127.0.0.1:6379", String::as_str);
-            let client = redis::Client::open(url).map_err(|e| bad_url(url, e))?;
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(timeout))
-                .set_response_timeout(Some(timeout))
-                // Reconnect quickly and give up quickly: the breaker paces further attempts.
-                .set_number_of_retries(1)
-                .set_min_delay(Duration::from_millis(10))
-                .set_max_delay(Duration::from_millis(50));
-            let conn = tokio::time::timeout(timeout, ConnectionManager::new_with_config(client, config))
-                .await
-                .map_err(|_| Error::Timeout { after: timeout })??;
-            Conn::Single(conn)
+        let target = Target {
+            urls: self.urls,
+            cluster: self.cluster,
+            timeout: self.timeout,
+            breaker_threshold: self.breaker_threshold,
+            breaker_cooldown: self.breaker_cooldown,
         };
-        // A server that wants credentials it did not get answers a connection with NOAUTH
-        // only at the first command: ask one now, so that it shows at startup.
-        tokio::time::timeout(timeout, conn.query::<String>(&redis::cmd("PING")))
-            .await
-            .map_err(|_| Error::Timeout { after: timeout })??;
+        #[cfg_attr(not(feature = "metrics"), expect(unused_mut, reason = "set with the histogram"))]
+        let mut link = Link::connect(&target, format!("{:?}", self.on_failure)).await?;
+        #[cfg(feature = "metrics")]
+        {
+            link.histogram = self.histogram;
+        }
         let fallback = match &self.on_failure {
             OnFailure::Local(q) => {
                 Some(KeyedLimiter::<Vec<u8>>::builder(*q).capacity(self.fallback_capacity).build()?)
@@ -254,18 +362,13 @@ impl Builder {
         let quota_words = [m as u32, oh, ol, fh, fl, th, tl, lh, ll];
         Ok(RedisLimiter {
             inner: Arc::new(Inner {
-                conn,
+                link,
                 quota,
                 prefix: self.prefix,
                 script: Script::new(BUCKET_LUA),
                 quota_words,
-                timeout,
                 on_failure: self.on_failure,
                 fallback,
-                breaker: Breaker::new(self.breaker_threshold, self.breaker_cooldown),
-                counters: Counters::default(),
-                #[cfg(feature = "metrics")]
-                histogram: self.histogram,
             }),
         })
     }
@@ -309,7 +412,7 @@ impl RedisLimiter {
 
     /// What the limiter did so far, by path and by cause.
     pub fn stats(&self) -> Stats {
-        self.inner.counters.snapshot()
+        self.inner.link.counters.snapshot()
     }
 
     /// Writes the limiter's counts and breaker state to the current `metrics` recorder, as
@@ -342,7 +445,7 @@ impl RedisLimiter {
         }
         counter!("tollgate_redis_breaker_trips_total", "limiter" => limiter.clone())
             .absolute(s.breaker_trips);
-        let open = self.inner.breaker.remaining() > Duration::ZERO;
+        let open = self.inner.link.breaker.remaining() > Duration::ZERO;
         gauge!("tollgate_redis_breaker_open", "limiter" => limiter).set(if open { 1.0 } else { 0.0 });
     }
 
@@ -398,66 +501,12 @@ impl RedisLimiter {
     /// clock of whichever node answers: Redis does not synchronize its nodes' clocks, and each
     /// key is decided on the clock of the master that holds it.
     pub async fn server_time(&self) -> Result<u64, Error> {
-        let (secs, micros): (u64, u64) = self.call(self.inner.conn.query(&redis::cmd("TIME"))).await?;
+        let link = &self.inner.link;
+        let (secs, micros): (u64, u64) = link.call(link.conn.query(&redis::cmd("TIME"))).await?;
         secs.checked_mul(1_000_000).and_then(|us| us.checked_add(micros)).ok_or_else(|| Error::Corrupt {
             key: String::new(),
             reason: format!("TIME replied {secs} s and {micros} µs, beyond a u64 of microseconds"),
         })
-    }
-
-    /// Runs `f` under the breaker and the timeout, counting what happened.
-    async fn call<T>(
-        &self,
-        f: impl core::future::Future<Output = redis::RedisResult<T>>,
-    ) -> Result<T, Error> {
-        let inner = &*self.inner;
-        if let Gate::Open { retry_in } = inner.breaker.enter() {
-            Counters::bump(&inner.counters.short_circuited);
-            return Err(Error::BreakerOpen { retry_in });
-        }
-        #[cfg(feature = "metrics")]
-        let started = inner.histogram.as_ref().map(|_| std::time::Instant::now());
-        let replied = tokio::time::timeout(inner.timeout, f).await;
-        #[cfg(feature = "metrics")]
-        if let (Some(limiter), Some(started), Ok(_)) = (&inner.histogram, started, &replied) {
-            metrics::histogram!("tollgate_redis_round_trip_seconds", "limiter" => limiter.clone())
-                .record(started.elapsed());
-        }
-        let result = match replied {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                Counters::bump(if e.is_timeout() {
-                    &inner.counters.timeouts
-                } else {
-                    &inner.counters.errors
-                });
-                Err(Error::Redis(e))
-            }
-            Err(_) => {
-                Counters::bump(&inner.counters.timeouts);
-                Err(Error::Timeout { after: inner.timeout })
-            }
-        };
-        match &result {
-            Err(e) if e.is_transient() => {
-                if inner.breaker.failure() {
-                    Counters::bump(&inner.counters.breaker_trips);
-                    tracing::warn!(
-                        error = %e,
-                        policy = ?inner.on_failure,
-                        cooldown_ms = u64::try_from(inner.breaker.cooldown().as_millis()).unwrap_or(u64::MAX),
-                        "Redis breaker opened: calls fail fast, answered by the failure policy; one probe a cooldown"
-                    );
-                }
-            }
-            // A server that answers (even with an error about one key) is up.
-            _ => {
-                if inner.breaker.success() {
-                    tracing::info!(policy = ?inner.on_failure, "Redis breaker closed: a probe succeeded, decisions go to Redis again");
-                }
-            }
-        }
-        result
     }
 
     async fn decide(&self, key: &[u8], n: u64, take: bool, at: Option<u64>) -> Result<Decision, Error> {
@@ -466,7 +515,7 @@ impl RedisLimiter {
 
     /// `e`, counted as a call that returned an error.
     fn failed(&self, e: Error) -> Error {
-        Counters::bump(&self.inner.counters.failed_error);
+        Counters::bump(&self.inner.link.counters.failed_error);
         e
     }
 
@@ -505,14 +554,14 @@ impl RedisLimiter {
         }
         let mut invocation = inner.script.key(full.as_slice());
         invocation.arg(&arg[..]);
-        let reply = match self.call(inner.conn.invoke(&invocation)).await {
+        let reply = match inner.link.call(inner.link.conn.invoke(&invocation)).await {
             Ok(reply) => reply,
             Err(e) => {
                 return self.on_failure(key, policy_n, take, corrupt_value(&full, e)).map(Answer::Policy)
             }
         };
         let (decision, stamp, now) = self.read_reply(&full, &reply, n, takes).map_err(|e| self.failed(e))?;
-        Counters::bump(&inner.counters.redis);
+        Counters::bump(&inner.link.counters.redis);
         Ok(Answer::Redis { decision, stamp, now })
     }
 
@@ -566,7 +615,7 @@ impl RedisLimiter {
     /// A transient failure, answered by the policy; any other failure is returned.
     fn on_failure(&self, key: &[u8], n: u64, take: bool, e: Error) -> Result<Decision, Error> {
         let inner = &*self.inner;
-        let c = &inner.counters;
+        let c = &inner.link.counters;
         if !e.is_transient() {
             Counters::bump(&c.failed_error);
             return Err(e);
@@ -582,8 +631,8 @@ impl RedisLimiter {
             }
             (OnFailure::Deny, _) => {
                 Counters::bump(&c.failed_deny);
-                let retry = match inner.breaker.remaining() {
-                    Duration::ZERO => inner.timeout,
+                let retry = match inner.link.breaker.remaining() {
+                    Duration::ZERO => inner.link.timeout,
                     r => r,
                 };
                 Ok(Decision::denied(0, retry, inner.quota.fill_time().into()))

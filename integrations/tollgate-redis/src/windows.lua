@@ -1,0 +1,105 @@
+-- tollgate: fixed windows in Redis strings, a batch of them decided in one call on the server's
+-- clock.
+--
+-- Each value is the engine's own fixed-window word (tollgate's `FixedWindow`, src/policies/
+-- window.rs): the window's index + 1 in its high 40 bits, the window's count in its low 24,
+-- windows of W µs aligned on multiples of W since the Unix epoch. 12 bytes: the tag 'tgw1'
+-- (the format, version 1) and the word as two big-endian 32-bit limbs. Lua's numbers are
+-- doubles, exact below 2^53, so the word is read and written as (hi, lo) limbs: index + 1 is
+-- hi·2^8 + floor(lo / 2^24), the count lo mod 2^24. A value that is not one is refused with
+-- the code TOLLGATE_CORRUPT, never read as a window.
+--
+-- The script decides and writes every key of the batch; the client runs the engine's decision
+-- on the word each key held and the instant the script read, and checks that the engine would
+-- have written what the script wrote: every decision is the engine's, bit for bit.
+--
+-- KEYS[i]   the window of check i
+-- ARGV[1]   20 bytes per check, five big-endian 32-bit words each (one argument):
+--             flags     bit 0: refused hits count (`FixedWindow::charging_refusals`);
+--                       bit 1: decide at ARGV[2] (a replay) instead of the server's TIME (the
+--                       first check's flags decide for the batch); bit 2: `window` is in
+--                       whole seconds, else in µs (a year is 2^44.8 µs, beyond one word)
+--             limit     the window's limit, at most 2^24 − 1
+--             window    the window's length, in µs or seconds (see bit 2), at least 1
+--             n (hi, lo)
+-- ARGV[2]   the replayed instant, µs since the Unix epoch, as decimal text (at most 2^53)
+--
+-- Returns 8 + 16·#KEYS bytes: the instant decided at (µs, two limbs), then per check the word
+-- the key held before the decision and the word the script wrote (two limbs each; 0 for a
+-- missing key, and for nothing written).
+local P = 4294967296
+local C = 16777216 -- 2^24
+local MASK = C - 1
+local MAX_INDEX = 1099511627775 -- 2^40 − 1
+local args = ARGV[1]
+if #args ~= 20 * #KEYS then
+  return redis.error_reply('TOLLGATE_ARGS the checks are ' .. #args .. ' bytes for ' .. #KEYS .. ' keys, not 20 each')
+end
+
+local now_us
+local first_flags = struct.unpack('>I4', args, 1)
+local replay = math.floor(first_flags / 2) % 2 == 1
+if replay then
+  now_us = tonumber(ARGV[2])
+else
+  local t = redis.call('TIME')
+  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local out = { struct.pack('>I4I4', math.floor(now_us / P), now_us % P) }
+-- Every value is read before any is written: a key named twice in one batch is decided on
+-- what it held before the batch, twice, as two concurrent decisions would be; the client
+-- refuses such batches.
+for i, key in ipairs(KEYS) do
+  local flags, limit, window, nh, nl = struct.unpack('>I4I4I4I4I4', args, 20 * (i - 1) + 1)
+  local charge = flags % 2 == 1
+  local w_us = window
+  if math.floor(flags / 4) % 2 == 1 then w_us = window * 1000000 end
+  local n = nh * P + nl
+  local hi, lo = 0, 0
+  local raw = redis.call('GET', key)
+  if raw then
+    if #raw ~= 12 or string.sub(raw, 1, 4) ~= 'tgw1' then
+      return redis.error_reply('TOLLGATE_CORRUPT ' .. key .. ' holds ' .. #raw .. ' bytes that are not a tollgate window (tgw1, 12 bytes)')
+    end
+    hi, lo = struct.unpack('>I4I4', raw, 5)
+  end
+  local stored = hi * 256 + math.floor(lo / C)
+  local count = lo % C
+  -- The engine's: the current window's index + 1; the stored index never moves back.
+  -- (At most 2^40 − 1, where the engine's index stops: a window of under 1.6 ms on the
+  -- epoch's clock is already there, and never ends.)
+  local now_index = math.floor(now_us / w_us) + 1
+  if now_index > MAX_INDEX then now_index = MAX_INDEX end
+  local index = now_index
+  if stored >= now_index then index = stored else count = 0 end
+  local next_count = nil
+  if n == 0 then
+    next_count = nil
+  elseif n <= limit and count + n <= limit then
+    next_count = count + n
+  elseif charge and n <= MASK then
+    -- Refused and counted, held at the count's largest value.
+    local c = count + n
+    if c > MASK then c = MASK end
+    if c > count then next_count = c end
+  end
+  local whi, wlo = 0, 0
+  if next_count then
+    whi = math.floor(index / 256)
+    wlo = (index % 256) * C + next_count
+    -- The key lives until its window ends (then a missing key is a fresh window, as the
+    -- engine's word of an older window is); 1 ms more for Redis's millisecond clock.
+    -- A replayed instant has no relation to the server's real time, and the last window never
+    -- ends: no expiry then.
+    local value = 'tgw1' .. struct.pack('>I4I4', whi, wlo)
+    if replay or index == MAX_INDEX then
+      redis.call('SET', key, value)
+    else
+      local ms = math.ceil((index * w_us - now_us) / 1000) + 1
+      redis.call('SET', key, value, 'PX', ms)
+    end
+  end
+  out[#out + 1] = struct.pack('>I4I4I4I4', hi, lo, whi, wlo)
+end
+return table.concat(out)

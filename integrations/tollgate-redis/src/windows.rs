@@ -1,0 +1,297 @@
+//! Fixed windows in Redis, any number of them decided in one round trip: what a service that
+//! checks several limits per request (Envoy's rate limit service, a request's several keys)
+//! needs to pay one round trip whatever the number of limits.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Script;
+use tollgate::{Decision, FixedWindow, Nanos, Policy};
+
+use crate::error::Error;
+use crate::failure::{Counters, Stats};
+use crate::limiter::{Link, Target, MAX_MICROS};
+
+const WINDOWS_LUA: &str = include_str!("windows.lua");
+
+/// The bytes of one check in the script's argument.
+const CHECK_BYTES: usize = 20;
+/// Hash slots of a Redis Cluster.
+const SLOTS: u16 = 16384;
+
+/// Fixed windows per key, kept in Redis (standalone or Cluster) and shared by every process
+/// that uses the same prefix. [`check_all`](RedisWindows::check_all) decides a batch of
+/// windows, each with its own key, limit, length and cost, in **one script call** on the
+/// server's clock (on a Cluster, one call per hash slot the batch's keys fall in, sent at
+/// once). Windows are aligned on multiples of their length since the Unix epoch.
+///
+/// Each key holds the engine's own [`FixedWindow`] word, and each decision is the engine's:
+/// the client decides again, with the engine, on the word the key held and the instant the
+/// script read, and checks that the engine would have stored what the script stored (a
+/// mismatch is [`Error::Corrupt`]), so a
+/// decision equals what a local [`FixedWindow`] table on a clock starting at the Unix epoch
+/// answers at that instant, field for field. A key expires when its window ends.
+///
+/// Cheap to clone. Failures are returned ([`Error::is_transient`] says which a failure
+/// policy may answer); the breaker and the timeout bound every call.
+#[derive(Clone, Debug)]
+pub struct RedisWindows {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    link: Link,
+    prefix: Vec<u8>,
+    script: Script,
+}
+
+/// One window of a batch: `n` units of `key` under `window`.
+#[derive(Clone, Copy, Debug)]
+pub struct WindowCheck<'a> {
+    /// The key, without the prefix.
+    pub key: &'a [u8],
+    /// The limit, the length (whole microseconds; whole seconds beyond 71 minutes) and whether
+    /// refused units count ([`FixedWindow::charging_refusals`]).
+    pub window: FixedWindow,
+    /// The units asked for (0: a look that changes nothing).
+    pub n: u64,
+}
+
+/// Builds a [`RedisWindows`].
+#[derive(Debug)]
+pub struct WindowsBuilder {
+    target: Target,
+    prefix: Vec<u8>,
+}
+
+impl WindowsBuilder {
+    /// One Redis server (default `redis://127.0.0.1:6379`).
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.target.urls = vec![url.into()];
+        self.target.cluster = false;
+        self
+    }
+
+    /// A Redis Cluster, from one or more of its nodes' URLs.
+    pub fn cluster<I, S>(mut self, nodes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.target.urls = nodes.into_iter().map(Into::into).collect();
+        self.target.cluster = true;
+        self
+    }
+
+    /// Prepended to every key (default `tollgate:w:`).
+    pub fn prefix(mut self, prefix: impl Into<Vec<u8>>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long a call waits for Redis (default 100 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.target.timeout = timeout;
+        self
+    }
+
+    /// The breaker: open after `failures` consecutive transient failures, probe once per
+    /// `cooldown` (defaults 3 and 250 ms).
+    pub fn breaker(mut self, failures: u32, cooldown: Duration) -> Self {
+        self.target.breaker_threshold = failures;
+        self.target.breaker_cooldown = cooldown;
+        self
+    }
+
+    /// Connects (within the timeout): a bad URL, a refused connection or missing credentials
+    /// show here.
+    pub async fn connect(self) -> Result<RedisWindows, Error> {
+        let link = Link::connect(&self.target, "the caller's".to_owned()).await?;
+        Ok(RedisWindows {
+            inner: Arc::new(Inner { link, prefix: self.prefix, script: Script::new(WINDOWS_LUA) }),
+        })
+    }
+}
+
+impl RedisWindows {
+    /// A builder, for a server at `redis://127.0.0.1:6379` until told otherwise.
+    pub fn builder() -> WindowsBuilder {
+        WindowsBuilder {
+            target: Target {
+                urls: Vec::new(),
+                cluster: false,
+                timeout: Duration::from_millis(100),
+                breaker_threshold: 3,
+                breaker_cooldown: Duration::from_millis(250),
+            },
+            prefix: b"tollgate:w:".to_vec(),
+        }
+    }
+
+    /// What the calls did so far (`redis`: batches decided; the failures by cause).
+    pub fn stats(&self) -> Stats {
+        self.inner.link.counters.snapshot()
+    }
+
+    /// Decides every check of `checks`, in one script call per hash slot (one in all on a
+    /// single server), on the server's clock; the decisions in the checks' order. A batch
+    /// naming one key twice, or a window that is not whole microseconds (or whole seconds
+    /// beyond 2^32 µs), is refused before anything is sent.
+    pub async fn check_all(&self, checks: &[WindowCheck<'_>]) -> Result<Vec<Decision>, Error> {
+        self.decide(checks, None).await
+    }
+
+    /// [`check_all`](RedisWindows::check_all) as if the server's clock read `micros` (µs since
+    /// the Unix epoch), for tests that compare Redis with the engine instant by instant. Keys
+    /// written so get no expiry: never mix replays and live decisions on one key.
+    #[doc(hidden)]
+    pub async fn check_all_at_server_time(
+        &self,
+        checks: &[WindowCheck<'_>],
+        micros: u64,
+    ) -> Result<Vec<Decision>, Error> {
+        if micros > MAX_MICROS {
+            return Err(Error::TimeOutOfRange { micros });
+        }
+        self.decide(checks, Some(micros)).await
+    }
+
+    async fn decide(&self, checks: &[WindowCheck<'_>], at: Option<u64>) -> Result<Vec<Decision>, Error> {
+        let inner = &*self.inner;
+        let keys: Vec<Vec<u8>> = checks.iter().map(|c| [inner.prefix.as_slice(), c.key].concat()).collect();
+        let mut args = Vec::with_capacity(checks.len());
+        for (c, key) in checks.iter().zip(&keys) {
+            args.push(encode(c, at.is_some()).ok_or_else(|| Error::Batch {
+                reason: format!(
+                    "the window of {:?} is {:?}: not whole microseconds up to 2^32 µs, nor whole seconds up to 2^32 s",
+                    String::from_utf8_lossy(key),
+                    c.window.window()
+                ),
+            })?);
+        }
+        let mut sorted: Vec<&Vec<u8>> = keys.iter().collect();
+        sorted.sort();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::Batch {
+                reason: format!("the key {:?} is named twice in one batch", String::from_utf8_lossy(w[0])),
+            });
+        }
+        // One call per hash slot on a Cluster (a script's keys must share one); one in all on a
+        // single server.
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let slot = if inner.link.is_cluster() { slot(key) } else { 0 };
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        let calls = groups.iter().map(|(_, members)| {
+            let mut invocation = inner.script.prepare_invoke();
+            let mut arg = Vec::with_capacity(members.len() * CHECK_BYTES);
+            for &i in members {
+                invocation.key(keys[i].as_slice());
+                arg.extend_from_slice(&args[i]);
+            }
+            invocation.arg(arg).arg(at.unwrap_or(0));
+            async move { inner.link.call(inner.link.conn.invoke(&invocation)).await }
+        });
+        let replies = futures_util::future::join_all(calls).await;
+        let mut decisions = vec![Decision::untracked(); checks.len()];
+        for ((_, members), reply) in groups.iter().zip(replies) {
+            let reply = reply.map_err(corrupt_value)?;
+            let first = &keys[members[0]];
+            let corrupt =
+                |reason: String| Error::Corrupt { key: String::from_utf8_lossy(first).into_owned(), reason };
+            let want = 8 + 16 * members.len();
+            if reply.len() != want {
+                return Err(corrupt(format!(
+                    "the script replied {} bytes for {} windows, not {want}",
+                    reply.len(),
+                    members.len()
+                )));
+            }
+            let word = |at: usize| u64::from_be_bytes(reply[at..at + 8].try_into().expect("8 bytes"));
+            let now_us = word(0);
+            for (j, &i) in members.iter().enumerate() {
+                let (held, written) = (word(8 + 16 * j), word(16 + 16 * j));
+                let c = &checks[i];
+                let (next, decision) = c.window.decide(held, Nanos::new(now_us.saturating_mul(1000)), c.n);
+                if next.unwrap_or(0) != written {
+                    return Err(Error::Corrupt {
+                        key: String::from_utf8_lossy(&keys[i]).into_owned(),
+                        reason: format!(
+                            "the script wrote {written:#x} on {held:#x} at {now_us} µs, the engine {:#x}",
+                            next.unwrap_or(0)
+                        ),
+                    });
+                }
+                decisions[i] = decision;
+            }
+            Counters::bump(&inner.link.counters.redis);
+        }
+        Ok(decisions)
+    }
+}
+
+/// A check's 20 bytes: flags, limit, window, n (two limbs); `None` for a window the script
+/// cannot take.
+fn encode(c: &WindowCheck<'_>, replay: bool) -> Option<[u8; CHECK_BYTES]> {
+    let ns = u64::try_from(c.window.window().as_nanos()).ok()?;
+    let mut flags = u32::from(c.window.charges_refusals()) | if replay { 2 } else { 0 };
+    let micros = (ns % 1000 == 0).then_some(ns / 1000)?;
+    let length = match u32::try_from(micros) {
+        Ok(us) if us > 0 => us,
+        _ if ns % 1_000_000_000 == 0 => {
+            flags |= 4;
+            u32::try_from(ns / 1_000_000_000).ok()?
+        }
+        _ => return None,
+    };
+    let limit = u32::try_from(c.window.limit()).ok()?;
+    let mut out = [0u8; CHECK_BYTES];
+    for (chunk, w) in out.chunks_exact_mut(4).zip([flags, limit, length, (c.n >> 32) as u32, c.n as u32]) {
+        chunk.copy_from_slice(&w.to_be_bytes());
+    }
+    Some(out)
+}
+
+/// The Cluster hash slot of `key`: CRC16 (XMODEM) of its `{tag}` if it has a non-empty one,
+/// else of all of it, modulo 16,384.
+fn slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        rest.iter().position(|&b| b == b'}').filter(|&close| close > 0).map(|close| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % SLOTS
+}
+
+/// The script's refusal of a value that is not a window (`TOLLGATE_CORRUPT`) as
+/// [`Error::Corrupt`]; any other error as it is.
+fn corrupt_value(e: Error) -> Error {
+    match e {
+        Error::Redis(e) if e.code() == Some("TOLLGATE_CORRUPT") => {
+            let detail = e.detail().unwrap_or("a key is not a tollgate window").to_owned();
+            let key = detail.split(' ').next().unwrap_or_default().to_owned();
+            Error::Corrupt { key, reason: detail }
+        }
+        e => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot;
+
+    #[test]
+    fn slots_are_redis_clusters() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(slot(b"123456789"), 0x31C3);
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
+        // The first `{` with an empty tag: the whole key is hashed, not `bar`.
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"foo{}{bar}"), crc16::State::<crc16::XMODEM>::calculate(b"foo{}{bar}") % 16384);
+    }
+}

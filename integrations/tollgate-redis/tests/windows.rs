@@ -1,0 +1,184 @@
+//! Batches of fixed windows on a real `redis-server` (and a local Cluster): every decision
+//! equal to the engine's `FixedWindow` on the Unix epoch's clock, bit for bit (the client
+//! checks the word the script wrote against the engine's; this test checks the decisions
+//! against the engine run locally on its own words), one script call per batch, expiries at
+//! the window's end, and bad input refused.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::{Cluster, Server};
+use proptest::prelude::*;
+use tollgate::{FixedWindow, Nanos, Outcome, Policy};
+use tollgate_redis::{Error, RedisWindows, WindowCheck};
+
+/// Microseconds since the Unix epoch of a day in 2026, on a minute's edge.
+const T0: u64 = 1_780_000_020_000_000;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+async fn windows(url: String) -> RedisWindows {
+    RedisWindows::builder().url(url).timeout(Duration::from_secs(2)).connect().await.unwrap()
+}
+
+fn fw(limit: u64, window: Duration, charge: bool) -> FixedWindow {
+    let w = FixedWindow::new(limit, window).unwrap();
+    if charge {
+        w.charging_refusals()
+    } else {
+        w
+    }
+}
+
+#[test]
+fn upstreams_counting_window_and_tollgates_on_one_batch() {
+    let server = Server::start(&[]);
+    rt().block_on(async {
+        let w = windows(server.url()).await;
+        let minute = Duration::from_secs(60);
+        let (counted, plain) = (fw(3, minute, true), fw(3, minute, false));
+        let batch = |n: u64| {
+            [
+                WindowCheck { key: b"counted", window: counted, n },
+                WindowCheck { key: b"plain", window: plain, n },
+            ]
+        };
+        let at = |s: u64| T0 + s * 1_000_000;
+        let d = w.check_all_at_server_time(&batch(2), at(1)).await.unwrap();
+        assert!(d.iter().all(|d| d.is_allowed() && d.remaining() == 1));
+        assert_eq!(d[0].reset_after(), Duration::from_secs(59));
+        let d = w.check_all_at_server_time(&batch(2), at(2)).await.unwrap();
+        assert!(d.iter().all(|d| d.outcome() == Outcome::Denied));
+        // The counted window took the refused two; the other did not.
+        let d = w.check_all_at_server_time(&batch(1), at(3)).await.unwrap();
+        assert_eq!((d[0].is_allowed(), d[1].is_allowed()), (false, true));
+        // The next minute starts afresh.
+        let d = w.check_all_at_server_time(&batch(3), at(60)).await.unwrap();
+        assert!(d.iter().all(|d| d.is_allowed() && d.remaining() == 0));
+        assert_eq!(w.stats().redis, 4, "one call per batch");
+    });
+}
+
+#[test]
+fn live_keys_expire_when_their_window_ends() {
+    let server = Server::start(&[]);
+    rt().block_on(async {
+        let w = windows(server.url()).await;
+        let check = [WindowCheck { key: b"k", window: fw(5, Duration::from_secs(10), false), n: 1 }];
+        let d = w.check_all(&check).await.unwrap();
+        assert!(d[0].is_allowed());
+        let pttl: i64 = server.cli(&["PTTL", "tollgate:w:k"]).unwrap().trim().parse().unwrap();
+        let reset = i64::try_from(d[0].reset_after().as_millis()).unwrap();
+        assert!(pttl > 0 && (pttl - reset).abs() <= 2, "PTTL {pttl} ms, reset {reset} ms");
+        // A look (n = 0) writes nothing.
+        let look = [WindowCheck { key: b"other", window: fw(5, Duration::from_secs(10), false), n: 0 }];
+        assert!(w.check_all(&look).await.unwrap()[0].is_allowed());
+        assert_eq!(server.cli(&["EXISTS", "tollgate:w:other"]).unwrap().trim(), "0");
+    });
+}
+
+#[test]
+fn bad_batches_and_values_are_typed_errors() {
+    let server = Server::start(&[]);
+    rt().block_on(async {
+        let w = windows(server.url()).await;
+        let minute = fw(5, Duration::from_secs(60), false);
+        let twice = [
+            WindowCheck { key: b"a", window: minute, n: 1 },
+            WindowCheck { key: b"a", window: minute, n: 1 },
+        ];
+        let e = w.check_all(&twice).await.unwrap_err();
+        assert!(matches!(&e, Error::Batch { reason } if reason.contains("named twice")), "{e}");
+        let odd = [WindowCheck { key: b"b", window: fw(5, Duration::from_nanos(1_500), false), n: 1 }];
+        let e = w.check_all(&odd).await.unwrap_err();
+        assert!(matches!(&e, Error::Batch { reason } if reason.contains("not whole microseconds")), "{e}");
+        server.cli(&["SET", "tollgate:w:text", "abc"]).unwrap();
+        let e = w.check_all(&[WindowCheck { key: b"text", window: minute, n: 1 }]).await.unwrap_err();
+        assert!(
+            matches!(&e, Error::Corrupt { reason, .. } if reason.contains("not a tollgate window")),
+            "{e}"
+        );
+        assert!(!e.is_transient());
+        server.cli(&["RPUSH", "tollgate:w:list", "x"]).unwrap();
+        let e = w.check_all(&[WindowCheck { key: b"list", window: minute, n: 1 }]).await.unwrap_err();
+        assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+        // The server keeps answering.
+        assert_eq!(server.cli(&["PING"]).unwrap().trim(), "PONG");
+    });
+}
+
+#[test]
+fn a_batch_over_a_cluster_is_one_call_per_slot_and_decides_as_one_server() {
+    let cluster = Cluster::start();
+    let single = Server::start(&[]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = RedisWindows::builder()
+            .cluster(cluster.urls())
+            .timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .unwrap();
+        let s = windows(single.url()).await;
+        let window = fw(4, Duration::from_secs(1), true);
+        let names: Vec<String> = (0..12).map(|i| format!("key-{i}")).collect();
+        for step in 0..6u64 {
+            let checks: Vec<WindowCheck<'_>> =
+                names.iter().map(|k| WindowCheck { key: k.as_bytes(), window, n: 1 + step % 2 }).collect();
+            let at = T0 + step * 300_000;
+            let a = c.check_all_at_server_time(&checks, at).await.unwrap();
+            let b = s.check_all_at_server_time(&checks, at).await.unwrap();
+            assert_eq!(a, b, "step {step}");
+        }
+        // Twelve keys spread over the three masters' slots: more than one call per batch.
+        assert!(c.stats().redis > 6, "{:?}", c.stats());
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Random batches over four keys with their own windows, replayed at increasing instants:
+    /// every decision equals the engine's on a local copy of the words.
+    #[test]
+    fn every_decision_is_the_engines(
+        specs in prop::collection::vec((1u64..20, 0usize..5, any::<bool>()), 4),
+        steps in prop::collection::vec((0u64..3_000_000, prop::collection::vec(0u64..25, 4)), 1..30),
+    ) {
+        let server = Server::start(&[]);
+        let lengths = [
+            Duration::from_secs(1),
+            Duration::from_secs(10),
+            Duration::from_secs(60),
+            Duration::from_micros(2_500),
+            Duration::from_secs(3 * 3600),
+        ];
+        let windows_of: Vec<FixedWindow> =
+            specs.iter().map(|&(limit, len, charge)| fw(limit, lengths[len], charge)).collect();
+        let names = [b"a".as_slice(), b"b", b"c", b"d"];
+        rt().block_on(async {
+            let w = windows(server.url()).await;
+            let mut words: HashMap<usize, u64> = HashMap::new();
+            let mut now = T0;
+            for (gap, ns) in &steps {
+                now += gap;
+                let checks: Vec<WindowCheck<'_>> = (0..4)
+                    .map(|i| WindowCheck { key: names[i], window: windows_of[i], n: ns[i] })
+                    .collect();
+                let got = w.check_all_at_server_time(&checks, now).await.unwrap();
+                for i in 0..4 {
+                    let word = words.entry(i).or_insert(0);
+                    let (next, want) = windows_of[i].decide(*word, Nanos::new(now * 1000), ns[i]);
+                    if let Some(next) = next {
+                        *word = next;
+                    }
+                    assert_eq!(got[i], want, "key {i} at {now} µs");
+                }
+            }
+        });
+    }
+}
