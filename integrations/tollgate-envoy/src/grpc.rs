@@ -22,7 +22,7 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tokio::net::TcpListener;
 
 use crate::config::Unit;
-use crate::service::{Code, Limits, Request, RequestDescriptor, Response};
+use crate::service::{Code, Limits, Request, RequestDescriptor, RequestError, Response};
 
 /// The service: the live [`Limits`], replaceable at runtime ([`Service::replace`]).
 #[derive(Clone, Debug)]
@@ -76,8 +76,9 @@ impl RateLimitService for Service {
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
         let request = from_proto(request.into_inner());
         let limits = self.limits.load();
-        match limits.should_rate_limit(&request) {
+        match limits.should_rate_limit_async(&request).await {
             Ok(response) => Ok(tonic::Response::new(to_proto(&response))),
+            Err(e @ RequestError::Unavailable(_)) => Err(tonic::Status::unavailable(e.to_string())),
             Err(e) => Err(tonic::Status::unknown(e.to_string())),
         }
     }

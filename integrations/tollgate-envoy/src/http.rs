@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 
 use crate::config::Unit;
 use crate::grpc::{self, Service};
-use crate::service::{Code, Request, RequestDescriptor, Response};
+use crate::service::{Code, Request, RequestDescriptor, RequestError, Response};
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 
 /// The largest `/json` body read (upstream reads any): 4 MiB, gRPC's default message size.
@@ -153,8 +153,8 @@ pub(crate) fn to_json(r: &Response) -> Value {
     Value::Object(o)
 }
 
-fn text(status: StatusCode, body: &'static str) -> HttpResponse<Full<Bytes>> {
-    let mut r = HttpResponse::new(Full::new(Bytes::from_static(body.as_bytes())));
+fn text(status: StatusCode, body: impl Into<Bytes>) -> HttpResponse<Full<Bytes>> {
+    let mut r = HttpResponse::new(Full::new(body.into()));
     *r.status_mut() = status;
     r.headers_mut()
         .insert("content-type", hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"));
@@ -174,8 +174,12 @@ async fn handle(
                 Err(_) => return Ok(text(StatusCode::BAD_REQUEST, "Bad Request\n")),
             };
             let Ok(request) = parse(&body) else { return Ok(text(StatusCode::BAD_REQUEST, "Bad Request\n")) };
-            let Ok(response) = service.limits().should_rate_limit(&request) else {
-                return Ok(text(StatusCode::BAD_REQUEST, "Bad Request\n"));
+            let response = match service.limits().should_rate_limit_async(&request).await {
+                Ok(response) => response,
+                Err(e @ RequestError::Unavailable(_)) => {
+                    return Ok(text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")))
+                }
+                Err(_) => return Ok(text(StatusCode::BAD_REQUEST, "Bad Request\n")),
             };
             let status = match response.overall_code {
                 Code::Ok => StatusCode::OK,

@@ -39,6 +39,7 @@ mod config;
 mod grpc;
 mod http;
 mod matching;
+mod redis;
 mod service;
 mod yaml;
 
@@ -47,6 +48,7 @@ pub use config::{
 };
 pub use grpc::Service;
 pub use matching::{wildcard_match, Found, Matched};
+pub use redis::{OnRedisFailure, RedisBackend};
 pub use service::{
     Code, CurrentLimit, HeaderNames, Limits, Request, RequestDescriptor, RequestError, Response, RuleCounts,
     Settings, Status, WallClock,

@@ -19,14 +19,16 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tollgate::{
-    FixedWindow, Keyed, ManualClock, Nanos, Nginx, Outcome, Rate, SlidingWindow, TokenBucket, WhenFull,
+    Decision, FixedWindow, Keyed, ManualClock, Nanos, Nginx, Outcome, Rate, SlidingWindow, TokenBucket,
+    WhenFull,
 };
 
 use crate::config::{Algorithm, Config, ConfigError, Domain, RateLimit, Unit};
 use crate::matching::Found;
+use crate::redis::{Decided, RedisBackend};
 
 /// The largest count a window holds; rules must stay below it.
-const MAX_COUNT: u64 = FixedWindow::MAX_LIMIT;
+pub(crate) const MAX_COUNT: u64 = FixedWindow::MAX_LIMIT;
 
 /// A rule's table of per-value state.
 enum Table {
@@ -67,10 +69,10 @@ impl Table {
 /// What a rule's table is made of: what a reload must keep the same for the table (and its
 /// counts) to carry over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct Spec {
+pub(crate) struct Spec {
     algorithm: Algorithm,
     /// The window (or the bucket's period), whole seconds.
-    window: u64,
+    pub(crate) window: u64,
     /// The rule's quota and burst; both 0 for upstream's counted window, whose counts hold for
     /// any limit.
     quota: u32,
@@ -92,7 +94,7 @@ impl Spec {
         Spec { algorithm: r.algorithm, window, quota: r.requests_per_unit, burst }
     }
 
-    fn counted(self) -> bool {
+    pub(crate) fn counted(self) -> bool {
         self.quota == 0
     }
 
@@ -146,13 +148,21 @@ impl Spec {
 /// a domain's per-request limits of one unit (one table for all of them, so that clients
 /// cannot make tables).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum TableId {
+pub(crate) enum TableId {
     Rule(String, Spec),
     Override(String, Unit),
 }
 
 impl TableId {
-    fn spec(&self) -> Spec {
+    /// The rule's full key, or the domain's per-request limits.
+    pub(crate) fn name(&self) -> String {
+        match self {
+            TableId::Rule(full_key, _) => full_key.clone(),
+            TableId::Override(domain, _) => format!("{domain}|override"),
+        }
+    }
+
+    pub(crate) fn spec(&self) -> Spec {
         match self {
             TableId::Rule(_, spec) => *spec,
             TableId::Override(_, unit) => {
@@ -160,6 +170,32 @@ impl TableId {
             }
         }
     }
+}
+
+/// One descriptor's part of a request: an answer known without deciding, or a decision to
+/// make.
+pub(crate) enum Step<'r> {
+    Known(Status),
+    Decide(Pending<'r>),
+}
+
+impl<'r> Step<'r> {
+    pub(crate) fn pending(&self) -> Option<&Pending<'r>> {
+        match self {
+            Step::Decide(p) => Some(p),
+            Step::Known(_) => None,
+        }
+    }
+}
+
+/// A decision to make: `hits` of `key` in the table of `table_id`, under `limit`.
+pub(crate) struct Pending<'r> {
+    pub(crate) table_id: TableId,
+    pub(crate) key: String,
+    pub(crate) limit: CurrentLimit,
+    pub(crate) hits: u64,
+    pub(crate) stats_key: &'r str,
+    pub(crate) shadow: bool,
 }
 
 /// A request's answer code.
@@ -280,6 +316,8 @@ pub enum RequestError {
     NoDescriptors,
     /// A per-request limit whose unit is not one (upstream's process crashes on it).
     OverrideUnit { descriptor: usize },
+    /// The Redis backend could not decide, and its failure policy is to say so.
+    Unavailable(String),
 }
 
 impl fmt::Display for RequestError {
@@ -293,6 +331,7 @@ impl fmt::Display for RequestError {
                     "descriptor {descriptor}: the limit override has no unit (UNKNOWN): it limits nothing"
                 )
             }
+            RequestError::Unavailable(why) => write!(f, "the Redis backend could not decide: {why}"),
         }
     }
 }
@@ -328,6 +367,8 @@ pub struct Limits {
     settings: Settings,
     /// Requests answered OK overall by the global shadow mode.
     global_shadow: std::sync::atomic::AtomicU64,
+    /// Where the windows live when not in the process.
+    redis: Option<RedisBackend>,
 }
 
 impl fmt::Debug for Limits {
@@ -356,7 +397,22 @@ impl Limits {
             keys_per_rule: keys_per_rule.max(1),
             settings: Settings::default(),
             global_shadow: std::sync::atomic::AtomicU64::new(0),
+            redis: None,
         })
+    }
+
+    /// These limits deciding on Redis ([`should_rate_limit_async`](Limits::should_rate_limit_async)),
+    /// shared by every instance with the same backend and prefix. Refuses a rule whose
+    /// algorithm the backend cannot run, naming its file and line.
+    pub fn with_redis(mut self, backend: RedisBackend) -> Result<Limits, ConfigError> {
+        crate::redis::check_rules(&self.config)?;
+        self.redis = Some(backend);
+        Ok(self)
+    }
+
+    /// The Redis backend, if any.
+    pub fn redis(&self) -> Option<&RedisBackend> {
+        self.redis.as_ref()
     }
 
     /// These limits under `settings`.
@@ -380,8 +436,11 @@ impl Limits {
     /// `requests_per_unit` applies to the counts already made), the per-request limits'
     /// counters, and every statistics key's counts. What a reload makes.
     pub fn reloaded(&self, config: Config) -> Result<Limits, ConfigError> {
-        let next = Limits::with_clock(config, self.keys_per_rule, Arc::clone(&self.clock))?
+        let mut next = Limits::with_clock(config, self.keys_per_rule, Arc::clone(&self.clock))?
             .with_settings(self.settings.clone());
+        if let Some(redis) = &self.redis {
+            next = next.with_redis(redis.clone())?;
+        }
         next.global_shadow.store(self.global_shadow_mode(), std::sync::atomic::Ordering::Relaxed);
         // The tables the new configuration would make: every limited rule's, and the
         // per-request limits' of every domain it still has.
@@ -472,8 +531,38 @@ impl Limits {
         }
     }
 
-    /// Decides a request as upstream's `ShouldRateLimit` does.
+    /// Decides a request as upstream's `ShouldRateLimit` does, on the embedded tables (a
+    /// Redis backend is asked only by [`should_rate_limit_async`](Limits::should_rate_limit_async)).
     pub fn should_rate_limit(&self, request: &Request) -> Result<Response, RequestError> {
+        self.check_request(request)?;
+        let now_ns = (self.clock)();
+        let rules = self.rules(request);
+        let steps = self.steps(request, &rules);
+        let decisions: Vec<Option<Decision>> =
+            steps.iter().map(|s| s.pending().and_then(|p| self.decide_local(p, now_ns))).collect();
+        Ok(self.finish(&rules, steps, decisions, now_ns, None))
+    }
+
+    /// [`should_rate_limit`](Limits::should_rate_limit), on the Redis backend when the limits
+    /// have one ([`with_redis`](Limits::with_redis)): every descriptor's window in one script
+    /// call (one per hash slot on a Cluster), and the backend's failure policy when Redis
+    /// cannot answer in time.
+    pub async fn should_rate_limit_async(&self, request: &Request) -> Result<Response, RequestError> {
+        let Some(redis) = &self.redis else { return self.should_rate_limit(request) };
+        self.check_request(request)?;
+        let now_ns = (self.clock)();
+        let rules = self.rules(request);
+        let steps = self.steps(request, &rules);
+        Ok(match redis.decide(self, &steps, now_ns).await? {
+            Decided::Each(decisions) => self.finish(&rules, steps, decisions, now_ns, None),
+            Decided::Failed(code) => {
+                let none = vec![None; steps.len()];
+                self.finish(&rules, steps, none, now_ns, Some(code))
+            }
+        })
+    }
+
+    fn check_request(&self, request: &Request) -> Result<(), RequestError> {
         if request.domain.is_empty() {
             return Err(RequestError::EmptyDomain);
         }
@@ -485,66 +574,95 @@ impl Limits {
                 return Err(RequestError::OverrideUnit { descriptor: i });
             }
         }
-        let now_ns = (self.clock)();
+        Ok(())
+    }
+
+    /// The rule of each of the request's descriptors.
+    fn rules<'c>(&'c self, request: &Request) -> Vec<Rule<'c>> {
         let domain = self.config.domain(&request.domain);
-        let rules: Vec<Rule<'_>> = request
+        request
             .descriptors
             .iter()
             .map(|d| match domain {
                 Some(domain) => Rule::of(domain, d),
                 None => Rule::None,
             })
-            .collect();
+            .collect()
+    }
+
+    /// What each descriptor needs: an answer known without deciding, or a decision.
+    fn steps<'r>(&self, request: &Request, rules: &'r [Rule<'_>]) -> Vec<Step<'r>> {
         // Rules another applying rule replaces are neither counted nor reported.
         let replaced: Vec<&str> = rules
             .iter()
             .filter_map(Rule::found)
             .flat_map(|f| f.descriptor.rate_limit.iter().flat_map(|r| r.replaces.iter().map(String::as_str)))
             .collect();
+        let mut steps = Vec::with_capacity(rules.len());
+        for (d, rule) in request.descriptors.iter().zip(rules) {
+            let hits = d.hits_addend.unwrap_or_else(|| u64::from(request.hits_addend.max(1)));
+            steps.push(match rule {
+                Rule::None => Step::Known(Status::no_limit()),
+                Rule::Found(f) => {
+                    let r = f.descriptor.rate_limit.as_ref().expect("a found rule has a rate_limit");
+                    if r.unlimited {
+                        Step::Known(Status::unlimited())
+                    } else if !r.name.is_empty() && replaced.contains(&r.name.as_str()) {
+                        Step::Known(Status::no_limit())
+                    } else {
+                        let unit = r.unit.expect("a limited rule has a unit");
+                        Step::Decide(Pending {
+                            limit: CurrentLimit {
+                                requests_per_unit: r.requests_per_unit,
+                                unit,
+                                name: r.name.clone(),
+                            },
+                            table_id: TableId::Rule(f.descriptor.full_key.clone(), Spec::of(r)),
+                            key: cache_key(&d.entries, &f.shared),
+                            hits,
+                            stats_key: &f.stats_key,
+                            shadow: f.descriptor.shadow_mode,
+                        })
+                    }
+                }
+                Rule::Override(requests_per_unit, unit, stats_key) => Step::Decide(Pending {
+                    limit: CurrentLimit {
+                        requests_per_unit: *requests_per_unit,
+                        unit: *unit,
+                        name: String::new(),
+                    },
+                    table_id: TableId::Override(request.domain.clone(), *unit),
+                    key: cache_key(&d.entries, &[]),
+                    hits,
+                    stats_key,
+                    shadow: false,
+                }),
+            });
+        }
+        steps
+    }
+
+    /// The response, from each step and its decision (`None`: a limit of 0), or with every
+    /// limited descriptor answered `failed` (a failure policy's answer).
+    fn finish(
+        &self,
+        rules: &[Rule<'_>],
+        steps: Vec<Step<'_>>,
+        decisions: Vec<Option<Decision>>,
+        now_ns: u64,
+        failed: Option<Code>,
+    ) -> Response {
         let mut statuses = Vec::with_capacity(rules.len());
         // Per status: whether a limit decided it (not unlimited, not unmatched) and whether
         // its rule is in quota mode.
         let mut kinds = Vec::with_capacity(rules.len());
-        for (d, rule) in request.descriptors.iter().zip(&rules) {
-            let hits = d.hits_addend.unwrap_or_else(|| u64::from(request.hits_addend.max(1)));
-            let status = match rule {
-                Rule::None => Status::no_limit(),
-                Rule::Found(f) => {
-                    let r = f.descriptor.rate_limit.as_ref().expect("a found rule has a rate_limit");
-                    if r.unlimited {
-                        Status::unlimited()
-                    } else if !r.name.is_empty() && replaced.contains(&r.name.as_str()) {
-                        Status::no_limit()
-                    } else {
-                        let unit = r.unit.expect("a limited rule has a unit");
-                        let limit = CurrentLimit {
-                            requests_per_unit: r.requests_per_unit,
-                            unit,
-                            name: r.name.clone(),
-                        };
-                        let table_id = TableId::Rule(f.descriptor.full_key.clone(), Spec::of(r));
-                        let key = cache_key(&d.entries, &f.shared);
-                        self.decide(
-                            table_id,
-                            &key,
-                            limit,
-                            hits,
-                            now_ns,
-                            &f.stats_key,
-                            f.descriptor.shadow_mode,
-                        )
-                    }
-                }
-                Rule::Override(requests_per_unit, unit, stats_key) => {
-                    let limit = CurrentLimit {
-                        requests_per_unit: *requests_per_unit,
-                        unit: *unit,
-                        name: String::new(),
-                    };
-                    let table_id = TableId::Override(request.domain.clone(), *unit);
-                    let key = cache_key(&d.entries, &[]);
-                    self.decide(table_id, &key, limit, hits, now_ns, stats_key, false)
-                }
+        for ((step, rule), decision) in steps.into_iter().zip(rules).zip(decisions) {
+            let status = match step {
+                Step::Known(status) => status,
+                Step::Decide(p) => match failed {
+                    None => self.account(&p, decision, now_ns),
+                    Some(code) => self.failed(&p, code, now_ns),
+                },
             };
             let quota = self.settings.quota_mode || rule.found().is_some_and(|f| f.descriptor.quota_mode);
             kinds.push((status.current_limit.is_some(), quota));
@@ -579,52 +697,75 @@ impl Limits {
             Some(names) => headers(names, &statuses, &kinds),
             None => Vec::new(),
         };
-        Ok(Response { overall_code, statuses, headers })
+        Response { overall_code, statuses, headers }
     }
 
-    /// One descriptor's decision: `hits` decided in the table of `table_id` (upstream's: counted
-    /// in the window, then compared with the limit).
-    #[expect(clippy::too_many_arguments, reason = "one call site, each argument distinct")]
-    fn decide(
-        &self,
-        table_id: TableId,
-        key: &str,
-        limit: CurrentLimit,
-        hits: u64,
-        now_ns: u64,
-        stats_key: &str,
-        shadow: bool,
-    ) -> Status {
-        let spec = table_id.spec();
-        let over = u64::from(limit.requests_per_unit);
+    /// One descriptor's decision in the embedded table (`None` for a limit of 0: every hit
+    /// is over it, nothing is decided).
+    pub(crate) fn decide_local(&self, p: &Pending<'_>, now_ns: u64) -> Option<Decision> {
+        if p.limit.requests_per_unit == 0 {
+            return None;
+        }
+        let spec = p.table_id.spec();
+        let n = if spec.counted() { p.hits.min(MAX_COUNT) } else { p.hits };
+        Some(self.table(p.table_id.clone(), now_ns).check(&p.key, now_ns, n))
+    }
+
+    /// One descriptor's status when its decision could not be made: `code`, by the failure
+    /// policy, counted as within or over the limit.
+    fn failed(&self, p: &Pending<'_>, code: Code, now_ns: u64) -> Status {
+        let window = p.table_id.spec().window;
+        let mut counts = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let c = counts.entry(p.stats_key.to_owned()).or_default();
+        c.total_hits = c.total_hits.saturating_add(p.hits);
+        let remaining = if code == Code::Ok {
+            c.within_limit = c.within_limit.saturating_add(p.hits);
+            p.limit.requests_per_unit
+        } else {
+            c.over_limit = c.over_limit.saturating_add(p.hits);
+            0
+        };
+        Status {
+            code,
+            current_limit: Some(p.limit.clone()),
+            limit_remaining: remaining,
+            duration_until_reset: Some(Duration::from_secs(window - (now_ns / 1_000_000_000) % window)),
+        }
+    }
+
+    /// One descriptor's status from its decision (upstream's: the count after the hits,
+    /// compared with the limit), counted in its statistics.
+    fn account(&self, p: &Pending<'_>, decision: Option<Decision>, now_ns: u64) -> Status {
+        let (limit, hits, stats_key, shadow) = (p.limit.clone(), p.hits, p.stats_key, p.shadow);
+        let spec = p.table_id.spec();
         // Upstream's reset: the end of the (aligned) window.
         let window_reset = Duration::from_secs(spec.window - (now_ns / 1_000_000_000) % spec.window);
         // `after`: the count after the hits, as upstream's INCRBY returns it; `over`: the count
         // above which a decision is over the limit.
-        let (after, over, reset) = if over == 0 {
-            (hits, 0, window_reset)
-        } else if spec.counted() {
-            let d = self.table(table_id, now_ns).check(key, now_ns, hits.min(MAX_COUNT));
-            let after = match d.outcome() {
-                Outcome::Allowed => MAX_COUNT - d.remaining(),
-                // A full table, or a count past what a window holds: over the limit.
-                _ => MAX_COUNT,
-            };
-            (after, over, window_reset)
-        } else {
-            // tollgate's: the algorithm decides, and a refusal takes nothing. What the value
-            // holds after an admission is its capacity less what remains; a refusal reads as
-            // every hit over the limit.
-            let capacity = spec.capacity();
-            let d = self.table(table_id, now_ns).check(key, now_ns, hits);
-            let reset = match spec.algorithm {
-                Algorithm::FixedWindow | Algorithm::SlidingWindow => window_reset,
-                // Whole seconds until the bucket is full again, rounded up.
-                _ => Duration::from_secs(d.reset_after_nanos().as_u64().div_ceil(1_000_000_000)),
-            };
-            match d.outcome() {
-                Outcome::Allowed => (capacity.saturating_sub(d.remaining()), capacity, reset),
-                _ => (capacity.saturating_add(hits), capacity, reset),
+        let (after, over, reset) = match decision {
+            None => (hits, 0, window_reset),
+            Some(d) if spec.counted() => {
+                let after = match d.outcome() {
+                    Outcome::Allowed => MAX_COUNT.saturating_sub(d.remaining()),
+                    // A full table, or a count past what a window holds: over the limit.
+                    _ => MAX_COUNT,
+                };
+                (after, u64::from(limit.requests_per_unit), window_reset)
+            }
+            Some(d) => {
+                // tollgate's: the algorithm decided, and a refusal took nothing. What the value
+                // holds after an admission is its capacity less what remains; a refusal reads
+                // as every hit over the limit.
+                let capacity = spec.capacity();
+                let reset = match spec.algorithm {
+                    Algorithm::FixedWindow | Algorithm::SlidingWindow => window_reset,
+                    // Whole seconds until the bucket is full again, rounded up.
+                    _ => Duration::from_secs(d.reset_after_nanos().as_u64().div_ceil(1_000_000_000)),
+                };
+                match d.outcome() {
+                    Outcome::Allowed => (capacity.saturating_sub(d.remaining()), capacity, reset),
+                    _ => (capacity.saturating_add(hits), capacity, reset),
+                }
             }
         };
         let before = after.saturating_sub(hits);
@@ -762,7 +903,10 @@ fn cache_key(entries: &[(String, String)], shared: &[Option<String>]) -> String 
 }
 
 /// `f` on every descriptor below `node`, depth first.
-fn each_rule<'c>(node: &'c crate::config::Descriptor, f: &mut impl FnMut(&'c crate::config::Descriptor)) {
+pub(crate) fn each_rule<'c>(
+    node: &'c crate::config::Descriptor,
+    f: &mut impl FnMut(&'c crate::config::Descriptor),
+) {
     for child in node.children() {
         f(child);
         each_rule(child, f);

@@ -1,0 +1,189 @@
+//! The Redis backend: a fleet of service instances sharing every rule's windows through Redis
+//! (standalone or Cluster), with one script call per request whatever the number of
+//! descriptors (one per hash slot on a Cluster, sent at once), on the server's clock, each
+//! decision the engine's `FixedWindow` bit for bit (`tollgate_redis::RedisWindows`).
+//!
+//! Upstream's windows (every hit counted) and tollgate's fixed windows
+//! (`count_rejected_hits: false`, any `unit_multiplier`) run on Redis; the other algorithms
+//! are refused at load with this backend.
+
+use std::fmt;
+
+use tollgate::{Decision, FixedWindow};
+use tollgate_redis::{RedisWindows, WindowCheck};
+
+use crate::config::ConfigError;
+use crate::service::{Code, Limits, Pending, RequestError, Step, MAX_COUNT};
+
+/// What a request gets when Redis cannot answer in time (a timeout, a refused connection,
+/// the breaker open).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnRedisFailure {
+    /// The call fails (gRPC `UNAVAILABLE`, HTTP 503): Envoy's `failure_mode_deny` decides, as
+    /// with upstream when its Redis is down.
+    #[default]
+    Error,
+    /// Every limited descriptor is answered OK (fail open).
+    Allow,
+    /// Every limited descriptor is answered OVER_LIMIT (fail closed).
+    Deny,
+    /// The embedded tables decide, each instance alone (a fleet of N admits up to N times the
+    /// limit while Redis is away).
+    Local,
+}
+
+impl OnRedisFailure {
+    /// The policy of name `name` (`error`, `allow`, `deny`, `local`).
+    pub fn parse(name: &str) -> Option<OnRedisFailure> {
+        Some(match name {
+            "error" => OnRedisFailure::Error,
+            "allow" => OnRedisFailure::Allow,
+            "deny" => OnRedisFailure::Deny,
+            "local" => OnRedisFailure::Local,
+            _ => return None,
+        })
+    }
+}
+
+/// Redis, and what answers when it cannot.
+#[derive(Clone)]
+pub struct RedisBackend {
+    windows: RedisWindows,
+    on_failure: OnRedisFailure,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend").field("on_failure", &self.on_failure).finish_non_exhaustive()
+    }
+}
+
+/// How a request's limited descriptors were decided on the Redis backend.
+pub(crate) enum Decided {
+    /// Each one's decision (`None`: a limit of 0).
+    Each(Vec<Option<Decision>>),
+    /// Redis could not answer; every limited descriptor gets this code.
+    Failed(Code),
+}
+
+impl RedisBackend {
+    /// Decisions through `windows` (its prefix keeps the service's keys apart), and
+    /// `on_failure` when Redis cannot make them.
+    pub fn new(windows: RedisWindows, on_failure: OnRedisFailure) -> RedisBackend {
+        RedisBackend { windows, on_failure }
+    }
+
+    /// What the calls did so far.
+    pub fn stats(&self) -> tollgate_redis::Stats {
+        self.windows.stats()
+    }
+
+    /// The policy.
+    pub fn on_failure(&self) -> OnRedisFailure {
+        self.on_failure
+    }
+
+    /// A rule this backend cannot decide, and why.
+    pub(crate) fn refuses(r: &crate::RateLimit) -> Option<String> {
+        (r.algorithm != crate::Algorithm::FixedWindow).then(|| {
+            format!(
+                "algorithm {} is not available on the Redis backend (fixed_window is)",
+                r.algorithm.name()
+            )
+        })
+    }
+
+    /// Every step's decision, in as few batches as its keys allow (one, unless two
+    /// descriptors of the request share a counter), or the failure policy's.
+    pub(crate) async fn decide(
+        &self,
+        limits: &Limits,
+        steps: &[Step<'_>],
+        now_ns: u64,
+    ) -> Result<Decided, RequestError> {
+        let mut decisions: Vec<Option<Decision>> = vec![None; steps.len()];
+        // (step, Redis key, window, units), for the steps with a limit above 0.
+        let mut wanted = Vec::new();
+        for (i, step) in steps.iter().enumerate() {
+            let Some(p) = step.pending().filter(|p| p.limit.requests_per_unit > 0) else { continue };
+            let (window, n) = window_of(p);
+            wanted.push((i, redis_key(p), window, n));
+        }
+        // Rounds in which no key repeats: a key named twice is decided twice, in order.
+        let mut rounds: Vec<Vec<usize>> = Vec::new();
+        for (w, (_, key, ..)) in wanted.iter().enumerate() {
+            match rounds.iter_mut().find(|r| r.iter().all(|&o| wanted[o].1 != *key)) {
+                Some(round) => round.push(w),
+                None => rounds.push(vec![w]),
+            }
+        }
+        for round in rounds {
+            let checks: Vec<WindowCheck<'_>> = round
+                .iter()
+                .map(|&w| WindowCheck { key: wanted[w].1.as_bytes(), window: wanted[w].2, n: wanted[w].3 })
+                .collect();
+            match self.windows.check_all(&checks).await {
+                Ok(got) => {
+                    for (&w, d) in round.iter().zip(got) {
+                        decisions[wanted[w].0] = Some(d);
+                    }
+                }
+                Err(e) if e.is_transient() => {
+                    tracing::debug!(error = %e, policy = ?self.on_failure, "Redis did not decide a request");
+                    return match self.on_failure {
+                        OnRedisFailure::Error => Err(RequestError::Unavailable(e.to_string())),
+                        OnRedisFailure::Allow => Ok(Decided::Failed(Code::Ok)),
+                        OnRedisFailure::Deny => Ok(Decided::Failed(Code::OverLimit)),
+                        OnRedisFailure::Local => Ok(Decided::Each(
+                            steps
+                                .iter()
+                                .map(|s| s.pending().and_then(|p| limits.decide_local(p, now_ns)))
+                                .collect(),
+                        )),
+                    };
+                }
+                Err(e) => return Err(RequestError::Unavailable(e.to_string())),
+            }
+        }
+        Ok(Decided::Each(decisions))
+    }
+}
+
+/// The window a step is decided in on Redis, and its units: upstream's counts every hit up
+/// to the largest count; tollgate's has the rule's limit.
+fn window_of(p: &Pending<'_>) -> (FixedWindow, u64) {
+    let spec = p.table_id.spec();
+    let length = std::time::Duration::from_secs(spec.window);
+    let made = if spec.counted() {
+        FixedWindow::new(MAX_COUNT, length)
+    } else {
+        FixedWindow::new(u64::from(p.limit.requests_per_unit), length)
+    };
+    let window = made.expect("every rule's window was made once when the configuration was loaded");
+    (window, if spec.counted() { p.hits.min(MAX_COUNT) } else { p.hits })
+}
+
+/// A step's Redis key (after the backend's prefix): the table (rule or per-request limits),
+/// the window, whether it counts refusals, and upstream's cache key.
+fn redis_key(p: &Pending<'_>) -> String {
+    let spec = p.table_id.spec();
+    format!("{}|{}s|{}|{}", p.table_id.name(), spec.window, if spec.counted() { "c" } else { "u" }, p.key)
+}
+
+/// Every rule this backend cannot decide, refused with its file and line.
+pub(crate) fn check_rules(config: &crate::Config) -> Result<(), ConfigError> {
+    for domain in config.domains() {
+        let mut first = None;
+        crate::service::each_rule(&domain.root, &mut |rule| {
+            if let Some(why) =
+                rule.rate_limit.as_ref().filter(|r| !r.unlimited).and_then(RedisBackend::refuses)
+            {
+                first.get_or_insert((rule.line, format!("'{}': {why}", rule.full_key)));
+            }
+        });
+        if let Some((line, message)) = first {
+            return Err(ConfigError { file: domain.file.clone(), line, message });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,206 @@
+//! The Redis backend on a real `redis-server`: a fleet of three services sharing one limit
+//! admits no more than it, one script call per request whatever the number of descriptors,
+//! upstream's verdicts unchanged, and each failure policy honoured, within the timeout, while
+//! Redis is killed and restarted.
+
+#[path = "../../tollgate-redis/tests/common/mod.rs"]
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::Server;
+use tollgate_envoy::{
+    Code, Config, Limits, LoadOptions, OnRedisFailure, RedisBackend, Request, RequestDescriptor, RequestError,
+};
+use tollgate_redis::RedisWindows;
+
+const RULES: &str = "domain: fleet
+descriptors:
+  - key: client
+    rate_limit: {unit: day, requests_per_unit: 30}
+  - key: path
+    rate_limit: {unit: day, requests_per_unit: 1000000}
+  - key: method
+    rate_limit: {unit: day, requests_per_unit: 1000000, count_rejected_hits: false}
+  - key: login
+    rate_limit: {unit: second, requests_per_unit: 2, unit_multiplier: 3600, count_rejected_hits: false}
+";
+
+fn config(yaml: &str) -> Config {
+    Config::from_files([("fleet.yaml", yaml)], LoadOptions::default()).unwrap()
+}
+
+async fn service(server: &Server, on_failure: OnRedisFailure, timeout: Duration) -> Limits {
+    let windows = RedisWindows::builder()
+        .url(server.url())
+        .prefix("envoy-test:")
+        .timeout(timeout)
+        .breaker(2, Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    Limits::new(config(RULES), 1_000).unwrap().with_redis(RedisBackend::new(windows, on_failure)).unwrap()
+}
+
+fn request(entries: &[(&str, &str)]) -> Request {
+    Request {
+        domain: "fleet".into(),
+        descriptors: entries
+            .iter()
+            .map(|(k, v)| RequestDescriptor {
+                entries: vec![((*k).into(), (*v).into())],
+                ..RequestDescriptor::default()
+            })
+            .collect(),
+        hits_addend: 1,
+    }
+}
+
+/// Days since the epoch now: the test's day windows are this one, unless the run straddles
+/// midnight.
+fn day() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 86_400
+}
+
+#[test]
+fn a_fleet_of_three_shares_one_limit_in_one_call_per_request() {
+    let server = Server::start(&[]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let fleet: Vec<Arc<Limits>> = vec![
+            Arc::new(service(&server, OnRedisFailure::Error, Duration::from_secs(2)).await),
+            Arc::new(service(&server, OnRedisFailure::Error, Duration::from_secs(2)).await),
+            Arc::new(service(&server, OnRedisFailure::Error, Duration::from_secs(2)).await),
+        ];
+        let first_day = day();
+        // 3 instances × 20 callers × 5 requests of three descriptors each, on one client.
+        let mut tasks = Vec::new();
+        for i in 0..60 {
+            let limits = Arc::clone(&fleet[i % 3]);
+            tasks.push(tokio::spawn(async move {
+                let mut ok = 0u32;
+                for _ in 0..5 {
+                    let r = request(&[("client", "c1"), ("path", "/a"), ("method", "GET")]);
+                    let response = limits.should_rate_limit_async(&r).await.unwrap();
+                    assert_eq!(response.statuses.len(), 3);
+                    if response.overall_code == Code::Ok {
+                        ok += 1;
+                    }
+                }
+                ok
+            }));
+        }
+        let mut admitted = 0;
+        for t in tasks {
+            admitted += t.await.unwrap();
+        }
+        let windows = if day() == first_day { 1 } else { 2 };
+        assert!(admitted <= 30 * windows, "admitted {admitted} over {windows} window(s) of 30");
+        if windows == 1 {
+            assert_eq!(admitted, 30, "a refusal that should not happen");
+        }
+        // One script call per request, whatever its three descriptors.
+        let calls: u64 = fleet.iter().map(|l| l.redis().unwrap().stats().redis).sum();
+        assert_eq!(calls, 300);
+        let stats = server.cli(&["INFO", "commandstats"]).unwrap();
+        // Calls that ran: a first EVALSHA of the script answered NOSCRIPT (once per caller
+        // that raced to it) is followed by its EVAL, and counted as failed.
+        let field = |line: &str, name: &str| -> u64 {
+            line.split([':', ',']).find_map(|f| f.strip_prefix(name)).map_or(0, |v| v.parse().unwrap())
+        };
+        let evals: u64 = stats
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .map(|l| field(l, "calls=") - field(l, "failed_calls=") - field(l, "rejected_calls="))
+            .sum();
+        assert_eq!(evals, 300, "{stats}");
+        // Upstream's counting: the refused hits counted too, on every instance's view.
+        assert_eq!(
+            fleet[0].counts("fleet.client").total_hits
+                + fleet[1].counts("fleet.client").total_hits
+                + fleet[2].counts("fleet.client").total_hits,
+            300
+        );
+    });
+}
+
+#[test]
+fn a_request_naming_one_counter_twice_counts_it_twice() {
+    let server = Server::start(&[]);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let l = service(&server, OnRedisFailure::Error, Duration::from_secs(2)).await;
+        let r = l
+            .should_rate_limit_async(&request(&[("login", "u"), ("login", "u"), ("login", "u")]))
+            .await
+            .unwrap();
+        let codes: Vec<Code> = r.statuses.iter().map(|s| s.code).collect();
+        assert_eq!(codes, [Code::Ok, Code::Ok, Code::OverLimit]);
+        assert_eq!(r.statuses[1].limit_remaining, 0);
+    });
+}
+
+#[test]
+fn rules_the_backend_cannot_run_are_refused_at_load() {
+    let server = Server::start(&[]);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let windows = RedisWindows::builder().url(server.url()).connect().await.unwrap();
+        let yaml = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: token_bucket}\n";
+        let e = Limits::new(config(yaml), 10)
+            .unwrap()
+            .with_redis(RedisBackend::new(windows, OnRedisFailure::Error))
+            .unwrap_err();
+        assert_eq!((e.file.as_str(), e.line), ("fleet.yaml", Some(3)));
+        assert!(e.message.contains("algorithm token_bucket is not available on the Redis backend"), "{e}");
+    });
+}
+
+#[test]
+fn each_failure_policy_answers_within_the_timeout_while_redis_is_away() {
+    let mut server = Server::start(&[]);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let timeout = Duration::from_millis(200);
+        let error = service(&server, OnRedisFailure::Error, timeout).await;
+        let allow = service(&server, OnRedisFailure::Allow, timeout).await;
+        let deny = service(&server, OnRedisFailure::Deny, timeout).await;
+        let local = service(&server, OnRedisFailure::Local, timeout).await;
+        let login = request(&[("login", "away")]);
+        // Two of the two an hour go to Redis before it dies.
+        for l in [&error, &local] {
+            assert_eq!(l.should_rate_limit_async(&login).await.unwrap().overall_code, Code::Ok);
+        }
+        server.kill();
+        for round in 0..4 {
+            let started = Instant::now();
+            let e = error.should_rate_limit_async(&login).await.unwrap_err();
+            assert!(matches!(e, RequestError::Unavailable(_)), "{e}");
+            let a = allow.should_rate_limit_async(&login).await.unwrap();
+            assert_eq!((a.overall_code, a.statuses[0].limit_remaining), (Code::Ok, 2));
+            let d = deny.should_rate_limit_async(&login).await.unwrap();
+            assert_eq!(d.overall_code, Code::OverLimit);
+            // The embedded table decides alone: two an hour, from its own count.
+            let l = local.should_rate_limit_async(&login).await.unwrap();
+            assert_eq!(l.overall_code, if round < 2 { Code::Ok } else { Code::OverLimit }, "round {round}");
+            // Four calls, each bounded by the timeout (or the open breaker's fast failure).
+            assert!(started.elapsed() < 4 * timeout + Duration::from_millis(200), "{:?}", started.elapsed());
+        }
+        server.restart();
+        // Back to Redis once a probe succeeds: the count there is the one left before the kill
+        // (the restarted server kept nothing: it had no persistence), so two more pass.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match error.should_rate_limit_async(&login).await {
+                Ok(r) => {
+                    assert_eq!(r.overall_code, Code::Ok);
+                    break;
+                }
+                Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(e) => panic!("Redis did not come back: {e}"),
+            }
+        }
+        assert!(error.redis().unwrap().stats().breaker_trips >= 1);
+    });
+}
