@@ -53,3 +53,5 @@ pub use service::{
     Code, CurrentLimit, HeaderNames, Limits, Request, RequestDescriptor, RequestError, Response, RuleCounts,
     Settings, Status, WallClock,
 };
+/// The Redis client the backend is built on ([`RedisBackend::new`] takes its `RedisWindows`).
+pub use tollgate_redis;

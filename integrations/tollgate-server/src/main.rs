@@ -145,6 +145,24 @@ struct Args {
     /// Hits above this share of a limit count as near it (upstream's NEAR_LIMIT_RATIO).
     #[arg(long, env = "NEAR_LIMIT_RATIO", default_value_t = 0.8)]
     envoy_near_limit_ratio: f32,
+    /// Keeps the Envoy rules' windows in Redis, shared by every instance pointed at it (one
+    /// script call per request): `redis://host:port[/db]` or upstream's `host:port`;
+    /// several, comma-separated, with --envoy-redis-cluster (upstream's REDIS_URL, as a flag).
+    #[arg(long, value_name = "URL", requires = "envoy_config", value_delimiter = ',')]
+    envoy_redis: Vec<String>,
+    /// --envoy-redis names nodes of a Redis Cluster.
+    #[arg(long, requires = "envoy_redis")]
+    envoy_redis_cluster: bool,
+    /// Prepended to every Redis key of the Envoy rules.
+    #[arg(long, default_value = "tollgate:envoy:", requires = "envoy_redis")]
+    envoy_redis_prefix: String,
+    /// Milliseconds a request waits for Redis before the failure policy answers.
+    #[arg(long, default_value_t = 100, requires = "envoy_redis")]
+    envoy_redis_timeout_ms: u64,
+    /// What a request gets when Redis cannot answer in time: error (gRPC UNAVAILABLE, so that
+    /// Envoy's failure_mode_deny decides), allow, deny, or local (this instance's own tables).
+    #[arg(long, default_value = "error", value_parser = ["error", "allow", "deny", "local"], requires = "envoy_redis")]
+    envoy_redis_on_failure: String,
 }
 
 /// Envoy's rate limit service, as the flags set it.
@@ -156,6 +174,38 @@ struct Envoy {
     keys_per_rule: usize,
     grpc: SocketAddr,
     http: Option<SocketAddr>,
+    /// Where the windows live when in Redis.
+    redis: Option<EnvoyRedis>,
+    /// The connected backend (made once, kept across reloads).
+    backend: Option<tollgate_envoy::RedisBackend>,
+}
+
+/// The Redis backend, as the flags set it.
+#[derive(Clone, Debug)]
+struct EnvoyRedis {
+    urls: Vec<String>,
+    cluster: bool,
+    prefix: String,
+    timeout: Duration,
+    on_failure: tollgate_envoy::OnRedisFailure,
+}
+
+impl EnvoyRedis {
+    async fn connect(&self) -> Result<tollgate_envoy::RedisBackend, String> {
+        // Upstream's REDIS_URL is `host:port`.
+        let urls: Vec<String> = self
+            .urls
+            .iter()
+            .map(|u| if u.contains("://") { u.clone() } else { format!("redis://{u}") })
+            .collect();
+        let builder = tollgate_envoy::tollgate_redis::RedisWindows::builder()
+            .prefix(self.prefix.as_bytes())
+            .timeout(self.timeout);
+        let builder = if self.cluster { builder.cluster(urls) } else { builder.url(urls[0].clone()) };
+        let windows =
+            builder.connect().await.map_err(|e| format!("cannot reach Redis for the Envoy rules: {e}"))?;
+        Ok(tollgate_envoy::RedisBackend::new(windows, self.on_failure))
+    }
 }
 
 impl Envoy {
@@ -179,6 +229,15 @@ impl Envoy {
             keys_per_rule: args.envoy_keys_per_rule,
             grpc: args.envoy_grpc.unwrap_or_else(|| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8081)),
             http: args.envoy_http,
+            redis: (!args.envoy_redis.is_empty()).then(|| EnvoyRedis {
+                urls: args.envoy_redis.clone(),
+                cluster: args.envoy_redis_cluster,
+                prefix: args.envoy_redis_prefix.clone(),
+                timeout: Duration::from_millis(args.envoy_redis_timeout_ms.max(1)),
+                on_failure: tollgate_envoy::OnRedisFailure::parse(&args.envoy_redis_on_failure)
+                    .expect("clap checks the value"),
+            }),
+            backend: None,
         })
     }
 
@@ -193,8 +252,11 @@ impl Envoy {
     }
 
     fn limits(&self) -> Result<tollgate_envoy::Limits, String> {
-        let limits =
+        let mut limits =
             tollgate_envoy::Limits::new(self.config()?, self.keys_per_rule).map_err(|e| self.named(&e))?;
+        if let Some(backend) = &self.backend {
+            limits = limits.with_redis(backend.clone()).map_err(|e| self.named(&e))?;
+        }
         Ok(limits.with_settings(self.settings.clone()))
     }
 
@@ -222,7 +284,20 @@ fn main() {
         Some(path) => file::load(path).unwrap_or_else(|e| fail(&e.to_string())),
         None => from_flags(&args),
     };
-    let envoy = Envoy::from_args(&args);
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(t) = service.threads {
+        runtime.worker_threads(t.max(1));
+    }
+    let runtime = match runtime.enable_all().build() {
+        Ok(r) => r,
+        Err(e) => fail(&format!("cannot start the runtime: {e}")),
+    };
+    let mut envoy = Envoy::from_args(&args);
+    if let Some(e) = &mut envoy {
+        if let Some(redis) = &e.redis {
+            e.backend = Some(runtime.block_on(redis.connect()).unwrap_or_else(|err| fail(&err)));
+        }
+    }
     if args.check_config {
         if let Some(e) = &envoy {
             match e.limits() {
@@ -238,14 +313,6 @@ fn main() {
         Ok(limits) => (e, tollgate_envoy::Service::new(limits)),
         Err(err) => fail(&format!("invalid Envoy configuration: {err}")),
     });
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if let Some(t) = service.threads {
-        runtime.worker_threads(t.max(1));
-    }
-    let runtime = match runtime.enable_all().build() {
-        Ok(r) => r,
-        Err(e) => fail(&format!("cannot start the runtime: {e}")),
-    };
     let server = match Server::new(config) {
         Ok(s) => s,
         Err(e) => fail(&format!("invalid configuration: {e}")),

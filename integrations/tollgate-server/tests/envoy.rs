@@ -1,7 +1,11 @@
 //! tollgate-server as Envoy's rate limit service: the binary started on a directory of
 //! envoyproxy/ratelimit's YAML, asked over gRPC by tonic's client (as Envoy asks) and over
 //! `/json`, reloaded by SIGHUP (a bad file refused, the counts of unchanged rules kept), and
-//! stopped by SIGTERM.
+//! stopped by SIGTERM; and a fleet of three of them sharing their rules through one real
+//! `redis-server`, killed and restarted mid-run.
+
+#[path = "../../tollgate-redis/tests/common/mod.rs"]
+mod common;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -93,6 +97,10 @@ impl Drop for Running {
 }
 
 fn start(dir: &std::path::Path, log: PathBuf) -> Running {
+    start_with(dir, log, &[])
+}
+
+fn start_with(dir: &std::path::Path, log: PathBuf, extra: &[&str]) -> Running {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate-server"))
         .args([
             "--port",
@@ -106,6 +114,7 @@ fn start(dir: &std::path::Path, log: PathBuf) -> Running {
         ])
         .arg("--envoy-config")
         .arg(dir)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::from(File::create(&log).unwrap()))
         .spawn()
@@ -209,4 +218,91 @@ fn the_server_answers_envoy_and_reloads_its_rules() {
     }
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_file(&log);
+}
+
+#[test]
+fn a_fleet_of_three_servers_shares_its_limits_through_redis_and_survives_its_loss() {
+    let mut redis = common::Server::start(&[]);
+    let dir = std::env::temp_dir().join(format!("tollgate-envoy-fleet-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("edge.yaml"),
+        RULES.replace("unit: hour\n      requests_per_unit: 3", "unit: day\n      requests_per_unit: 40"),
+    )
+    .unwrap();
+    // upstream's form of the address: host:port.
+    let address = format!("127.0.0.1:{}", redis.port);
+    let fleet: Vec<Running> = (0..3)
+        .map(|i| {
+            start_with(
+                &dir.join("edge.yaml"),
+                dir.join(format!("{i}.log")),
+                &[
+                    "--envoy-redis",
+                    &address,
+                    "--envoy-redis-timeout-ms",
+                    "200",
+                    "--envoy-redis-on-failure",
+                    "deny",
+                ],
+            )
+        })
+        .collect();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let day =
+        || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 86_400;
+    let first_day = day();
+    let admitted: u32 = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for i in 0..30 {
+            let url = fleet[i % 3].grpc.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut client = RateLimitServiceClient::connect(url).await.unwrap();
+                let mut ok = 0;
+                for _ in 0..4 {
+                    let r =
+                        client.should_rate_limit(request(&[("remote_address", "10.9.9.9")])).await.unwrap();
+                    ok += u32::from(r.into_inner().overall_code == 1);
+                }
+                ok
+            }));
+        }
+        let mut admitted = 0;
+        for t in tasks {
+            admitted += t.await.unwrap();
+        }
+        admitted
+    });
+    if day() == first_day {
+        assert_eq!(admitted, 40, "120 asks of one limit of 40 across three servers");
+    } else {
+        assert!(admitted <= 80, "{admitted} over two windows of 40");
+    }
+    // Redis gone: every server answers within its timeout, by its policy (deny).
+    redis.kill();
+    rt.block_on(async {
+        for running in &fleet {
+            let mut client = RateLimitServiceClient::connect(running.grpc.clone()).await.unwrap();
+            let started = Instant::now();
+            let r = client.should_rate_limit(request(&[("remote_address", "10.1.1.1")])).await.unwrap();
+            assert_eq!(r.into_inner().overall_code, 2, "denied while Redis is away");
+            assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+        }
+    });
+    // Back: decisions return to Redis (the restarted server kept nothing: a fresh count).
+    redis.restart();
+    rt.block_on(async {
+        let mut client = RateLimitServiceClient::connect(fleet[0].grpc.clone()).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = client.should_rate_limit(request(&[("remote_address", "10.2.2.2")])).await.unwrap();
+            if r.into_inner().overall_code == 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "still denied 10 s after Redis came back");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let _ = std::fs::remove_dir_all(&dir);
 }
