@@ -203,3 +203,81 @@ async fn odd_requests_are_answered_and_the_service_keeps_serving() {
     tokio::time::sleep(Duration::from_millis(1)).await;
     let _ = stop.send(());
 }
+
+/// A codec that sends its bytes as they are: a client that can send what no protobuf encoder
+/// would.
+#[derive(Clone, Copy, Debug, Default)]
+struct Raw;
+
+impl tonic::codec::Codec for Raw {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = Raw;
+    type Decoder = Raw;
+
+    fn encoder(&mut self) -> Raw {
+        Raw
+    }
+
+    fn decoder(&mut self) -> Raw {
+        Raw
+    }
+}
+
+impl tonic::codec::Encoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: Vec<u8>, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        use bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use bytes::Buf;
+        let mut out = vec![0; src.remaining()];
+        src.copy_to_slice(&mut out);
+        Ok(Some(out))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_protobuf_and_empty_fields_get_a_status_and_the_service_keeps_serving() {
+    let (_service, mut client, url, stop) =
+        start(Limits::new(config(&["basic.yaml", "another.yaml"]), 100).unwrap()).await;
+    let channel = tonic::transport::Endpoint::from_shared(url).unwrap().connect().await.unwrap();
+    let mut raw = tonic::client::Grpc::new(channel);
+    let path =
+        http::uri::PathAndQuery::from_static("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit");
+    for (bytes, what) in [
+        (vec![0x0a, 0xff, 0xff], "a length past the message's end"),
+        (vec![0xff; 16], "a field of wire type 7"),
+        (vec![0x12, 0x02, 0x0a], "a descriptor cut short"),
+    ] {
+        raw.ready().await.unwrap();
+        let e = raw.unary(tonic::Request::new(bytes), path.clone(), Raw).await.unwrap_err();
+        // grpc-go (upstream) answers an undecodable request INTERNAL too.
+        assert_eq!(e.code(), tonic::Code::Internal, "{what}: {e:?}");
+        assert!(e.message().contains("decode"), "{what}: {}", e.message());
+    }
+    // Upstream's errors, with upstream's messages.
+    let e = client.should_rate_limit(request("", &[&[("key1", "foo")]])).await.unwrap_err();
+    assert_eq!((e.code(), e.message()), (tonic::Code::Unknown, "rate limit domain must not be empty"));
+    let e = client.should_rate_limit(request("basic", &[])).await.unwrap_err();
+    assert_eq!(
+        (e.code(), e.message()),
+        (tonic::Code::Unknown, "rate limit descriptor list must not be empty")
+    );
+    // An unknown domain is no error upstream: OK, without a limit.
+    let r = client.should_rate_limit(request("nowhere", &[&[("key1", "foo")]])).await.unwrap().into_inner();
+    assert_eq!(summary(&r), (OK, vec![(OK, 0, 0, 0)]));
+    let r = client.should_rate_limit(request("basic", &[&[("key1", "after")]])).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, OK);
+    let _ = stop.send(());
+}
