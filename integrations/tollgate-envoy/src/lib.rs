@@ -38,6 +38,7 @@
 mod config;
 mod grpc;
 mod http;
+mod latency;
 mod matching;
 mod redis;
 mod service;

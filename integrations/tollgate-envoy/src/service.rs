@@ -369,6 +369,8 @@ pub struct Limits {
     global_shadow: std::sync::atomic::AtomicU64,
     /// Where the windows live when not in the process.
     redis: Option<RedisBackend>,
+    /// Each decision's time (kept across reloads).
+    latency: Arc<crate::latency::Latency>,
 }
 
 impl fmt::Debug for Limits {
@@ -398,6 +400,7 @@ impl Limits {
             settings: Settings::default(),
             global_shadow: std::sync::atomic::AtomicU64::new(0),
             redis: None,
+            latency: Arc::default(),
         })
     }
 
@@ -441,6 +444,7 @@ impl Limits {
         if let Some(redis) = &self.redis {
             next = next.with_redis(redis.clone())?;
         }
+        next.latency = Arc::clone(&self.latency);
         next.global_shadow.store(self.global_shadow_mode(), std::sync::atomic::Ordering::Relaxed);
         // The tables the new configuration would make: every limited rule's, and the
         // per-request limits' of every domain it still has.
@@ -497,7 +501,12 @@ impl Limits {
     /// `domain`, `key1` and (from three levels) `key2` as upstream's mapper labels them
     /// (deeper levels add up into their `key2`), after upstream's sanitizing (`:` and `|` as
     /// `_`, the dots of an IPv4 address as `_`). Call it before rendering a scrape.
+    ///
+    /// Also `ratelimit_service_decision_seconds`, a histogram of the time each request took to
+    /// decide (Redis's round trip included) in [`should_rate_limit_async`](Limits::should_rate_limit_async),
+    /// the samples since the last call.
     pub fn report_metrics(&self) {
+        self.latency.report();
         metrics::counter!("ratelimit_service_global_shadow_mode").absolute(self.global_shadow_mode());
         let counts = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         let mut series: HashMap<(String, String, Option<String>), RuleCounts> = HashMap::new();
@@ -548,6 +557,13 @@ impl Limits {
     /// call (one per hash slot on a Cluster), and the backend's failure policy when Redis
     /// cannot answer in time.
     pub async fn should_rate_limit_async(&self, request: &Request) -> Result<Response, RequestError> {
+        let started = std::time::Instant::now();
+        let answer = self.decide_async(request).await;
+        self.latency.record(started.elapsed());
+        answer
+    }
+
+    async fn decide_async(&self, request: &Request) -> Result<Response, RequestError> {
         let Some(redis) = &self.redis else { return self.should_rate_limit(request) };
         self.check_request(request)?;
         let now_ns = (self.clock)();

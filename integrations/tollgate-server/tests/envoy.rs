@@ -177,6 +177,9 @@ fn the_server_answers_envoy_and_reloads_its_rules() {
     ] {
         assert!(page.lines().any(|l| l == series), "{series} in\n{page}");
     }
+    // Every decision's time, gRPC's and /json's.
+    assert!(page.lines().any(|l| l == "ratelimit_service_decision_seconds_count 5"), "{page}");
+    assert!(page.contains("# TYPE ratelimit_service_decision_seconds summary"), "{page}");
     // A bad file is refused on SIGHUP, with its file and line; the rules keep answering.
     std::fs::write(
         dir.join("config/edge.yaml"),
