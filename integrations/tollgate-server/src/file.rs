@@ -33,6 +33,25 @@
 //! [[user]]                    # any user: every connection must AUTH
 //! name = "default"
 //! password_env = "TOLLGATE_REQUIREPASS"   # or password = "..."
+//!
+//! [envoy]                     # Envoy's rate limit service, as the --envoy-* flags
+//! config = "ratelimit"        # envoyproxy/ratelimit's YAML: a file or a directory, relative
+//!                             # to this file; its rules reload on SIGHUP or when they change
+//! grpc = "127.0.0.1:8081"
+//! http = "127.0.0.1:8080"     # optional: /json and /healthcheck
+//! keys_per_rule = 65536
+//! merge_domains = false
+//! shadow_mode = false
+//! quota_mode = false
+//! response_headers = false    # limit_header, remaining_header, reset_header name them
+//! near_limit_ratio = 0.8
+//!
+//! [envoy.redis]               # optional: the rules' windows in Redis, shared by a fleet
+//! urls = ["redis://127.0.0.1:6379"]
+//! cluster = false
+//! prefix = "tollgate:envoy:"
+//! timeout_ms = 100
+//! on_failure = "error"        # error, allow, deny or local
 //! ```
 //!
 //! Every key is optional but `listener.bind`, `quota.*` (`capacity` aside) and `user.name`
@@ -51,7 +70,7 @@ use crate::resp::Limits;
 use crate::{Config, Quota, User};
 
 /// What the service runs with besides the server's [`Config`]: what only a restart changes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Service {
     /// The addresses to listen on.
     pub listeners: Vec<SocketAddr>,
@@ -61,6 +80,8 @@ pub struct Service {
     pub shutdown_timeout: Duration,
     /// Where `GET /metrics` is served (Prometheus text), if anywhere.
     pub metrics: Option<SocketAddr>,
+    /// Envoy's rate limit service, if served.
+    pub envoy: Option<Envoy>,
 }
 
 impl Default for Service {
@@ -70,9 +91,67 @@ impl Default for Service {
             threads: None,
             shutdown_timeout: Duration::from_secs(10),
             metrics: None,
+            envoy: None,
         }
     }
 }
+
+/// Envoy's rate limit service: the `[envoy]` section, or the `--envoy-*` flags.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Envoy {
+    /// envoyproxy/ratelimit's YAML: one file, or a directory of them.
+    pub config: PathBuf,
+    /// Where `ShouldRateLimit` is served over gRPC (upstream's GRPC_PORT: 8081).
+    pub grpc: SocketAddr,
+    /// Where `/json` and `/healthcheck` are served, if anywhere.
+    pub http: Option<SocketAddr>,
+    /// Distinct values each rule's embedded table holds.
+    pub keys_per_rule: usize,
+    /// Upstream's MERGE_DOMAIN_CONFIG.
+    pub merge_domains: bool,
+    /// Upstream's SHADOW_MODE.
+    pub shadow_mode: bool,
+    /// Upstream's QUOTA_MODE.
+    pub quota_mode: bool,
+    /// Upstream's LIMIT_RESPONSE_HEADERS_ENABLED, with the three headers' names.
+    pub response_headers: Option<[String; 3]>,
+    /// Upstream's NEAR_LIMIT_RATIO.
+    pub near_limit_ratio: f32,
+    /// The Redis backend, if the windows live there.
+    pub redis: Option<EnvoyRedis>,
+}
+
+impl Default for Envoy {
+    fn default() -> Envoy {
+        Envoy {
+            config: PathBuf::new(),
+            grpc: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            http: None,
+            keys_per_rule: 65_536,
+            merge_domains: false,
+            shadow_mode: false,
+            quota_mode: false,
+            response_headers: None,
+            near_limit_ratio: 0.8,
+            redis: None,
+        }
+    }
+}
+
+/// The Envoy rules' Redis backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvoyRedis {
+    /// `redis://` URLs, or upstream's `host:port`; a Cluster's nodes when `cluster`.
+    pub urls: Vec<String>,
+    pub cluster: bool,
+    pub prefix: String,
+    pub timeout: Duration,
+    /// `error`, `allow`, `deny` or `local`.
+    pub on_failure: String,
+}
+
+/// The failure policies `on_failure` may name.
+pub const ON_FAILURE: [&str; 4] = ["error", "allow", "deny", "local"];
 
 /// A configuration file that cannot be used: where, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,6 +197,35 @@ struct File {
     #[serde(default)]
     user: Vec<Spanned<UserSection>>,
     metrics: Option<MetricsSection>,
+    envoy: Option<Spanned<EnvoySection>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EnvoySection {
+    config: Spanned<String>,
+    grpc: Option<Spanned<String>>,
+    http: Option<Spanned<String>>,
+    keys_per_rule: Option<Spanned<u64>>,
+    merge_domains: Option<bool>,
+    shadow_mode: Option<bool>,
+    quota_mode: Option<bool>,
+    response_headers: Option<bool>,
+    limit_header: Option<String>,
+    remaining_header: Option<String>,
+    reset_header: Option<String>,
+    near_limit_ratio: Option<Spanned<f64>>,
+    redis: Option<Spanned<EnvoyRedisSection>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EnvoyRedisSection {
+    urls: Spanned<Vec<String>>,
+    cluster: Option<bool>,
+    prefix: Option<String>,
+    timeout_ms: Option<Spanned<u64>>,
+    on_failure: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -349,6 +457,90 @@ pub fn parse(path: &Path, text: &str) -> Result<(Config, Service), FileError> {
         }
         config.users.push(User { name: section.name.clone(), password });
     }
+
+    if let Some(spanned) = &file.envoy {
+        let e = spanned.get_ref();
+        let address = |value: &Spanned<String>, key: &str| -> Result<SocketAddr, FileError> {
+            value.get_ref().parse().map_err(|err| {
+                error(
+                    Some(value.span()),
+                    Some(key.to_owned()),
+                    format!("{:?} is not an address:port: {err}", value.get_ref()),
+                )
+            })
+        };
+        let defaults = Envoy::default();
+        // The rules' path is relative to this file.
+        let rules = Path::new(e.config.get_ref());
+        let mut envoy = Envoy {
+            config: path.parent().map_or_else(|| rules.to_owned(), |dir| dir.join(rules)),
+            grpc: e.grpc.as_ref().map(|g| address(g, "envoy.grpc")).transpose()?.unwrap_or(defaults.grpc),
+            http: e.http.as_ref().map(|h| address(h, "envoy.http")).transpose()?,
+            keys_per_rule: match &e.keys_per_rule {
+                Some(v) => within(v, "envoy.keys_per_rule", 1..=1 << 28)?,
+                None => defaults.keys_per_rule,
+            },
+            merge_domains: e.merge_domains.unwrap_or_default(),
+            shadow_mode: e.shadow_mode.unwrap_or_default(),
+            quota_mode: e.quota_mode.unwrap_or_default(),
+            response_headers: e.response_headers.unwrap_or_default().then(|| {
+                [
+                    e.limit_header.clone().unwrap_or_else(|| "RateLimit-Limit".into()),
+                    e.remaining_header.clone().unwrap_or_else(|| "RateLimit-Remaining".into()),
+                    e.reset_header.clone().unwrap_or_else(|| "RateLimit-Reset".into()),
+                ]
+            }),
+            near_limit_ratio: defaults.near_limit_ratio,
+            redis: None,
+        };
+        if e.config.get_ref().is_empty() {
+            return Err(error(Some(e.config.span()), Some("envoy.config".into()), "an empty path".into()));
+        }
+        if let Some(r) = &e.near_limit_ratio {
+            let v = *r.get_ref();
+            if !(v > 0.0 && v <= 1.0) {
+                return Err(error(
+                    Some(r.span()),
+                    Some("envoy.near_limit_ratio".into()),
+                    format!("{v} is out of range: above 0, at most 1"),
+                ));
+            }
+            envoy.near_limit_ratio = v as f32;
+        }
+        if let Some(spanned) = &e.redis {
+            let r = spanned.get_ref();
+            if r.urls.get_ref().is_empty() {
+                return Err(error(
+                    Some(r.urls.span()),
+                    Some("envoy.redis.urls".into()),
+                    "no URL: at least one".into(),
+                ));
+            }
+            let timeout = match &r.timeout_ms {
+                Some(v) => Duration::from_millis(within(v, "envoy.redis.timeout_ms", 1..=60_000)? as u64),
+                None => Duration::from_millis(100),
+            };
+            let on_failure = match &r.on_failure {
+                Some(p) if !ON_FAILURE.contains(&p.get_ref().as_str()) => {
+                    return Err(error(
+                        Some(p.span()),
+                        Some("envoy.redis.on_failure".into()),
+                        format!("{:?} is not one of {}", p.get_ref(), ON_FAILURE.join(", ")),
+                    ))
+                }
+                Some(p) => p.get_ref().clone(),
+                None => "error".into(),
+            };
+            envoy.redis = Some(EnvoyRedis {
+                urls: r.urls.get_ref().clone(),
+                cluster: r.cluster.unwrap_or_default(),
+                prefix: r.prefix.clone().unwrap_or_else(|| "tollgate:envoy:".into()),
+                timeout,
+                on_failure,
+            });
+        }
+        service.envoy = Some(envoy);
+    }
     Ok((config, service))
 }
 
@@ -461,5 +653,57 @@ bind = "127.0.0.1:9187"
         assert!(e.starts_with("tollgate.toml:2: ") && e.contains("invalid type"), "{e}");
         let e = load(Path::new("/nonexistent/tollgate.toml")).unwrap_err().to_string();
         assert!(e.starts_with("/nonexistent/tollgate.toml: cannot be read"), "{e}");
+    }
+
+    #[test]
+    fn the_envoy_section_reads_as_the_flags_and_refuses_bad_values() {
+        let (_, service) = parse(
+            Path::new("/etc/tollgate/tollgate.toml"),
+            r#"
+[envoy]
+config = "ratelimit"
+grpc = "127.0.0.1:9081"
+http = "127.0.0.1:9080"
+keys_per_rule = 1000
+shadow_mode = true
+response_headers = true
+reset_header = "X-Reset"
+near_limit_ratio = 0.5
+
+[envoy.redis]
+urls = ["10.0.0.5:6379"]
+timeout_ms = 50
+on_failure = "local"
+"#,
+        )
+        .unwrap();
+        let e = service.envoy.unwrap();
+        assert_eq!(e.config, Path::new("/etc/tollgate/ratelimit"));
+        assert_eq!((e.grpc.port(), e.http.map(|h| h.port()), e.keys_per_rule), (9081, Some(9080), 1000));
+        assert!(e.shadow_mode && !e.quota_mode && !e.merge_domains);
+        assert_eq!(e.response_headers.unwrap()[2], "X-Reset");
+        assert_eq!(e.near_limit_ratio, 0.5);
+        let r = e.redis.unwrap();
+        assert_eq!(
+            (r.urls, r.cluster, r.prefix.as_str()),
+            (vec!["10.0.0.5:6379".to_owned()], false, "tollgate:envoy:")
+        );
+        assert_eq!((r.timeout, r.on_failure.as_str()), (Duration::from_millis(50), "local"));
+
+        let e = err("[envoy]\nconfig = \"r\"\nredis_url = \"x\"\n");
+        assert!(e.starts_with("tollgate.toml:3: ") && e.contains("unknown field `redis_url`"), "{e}");
+        let e = err("[envoy]\nconfig = \"r\"\nnear_limit_ratio = 1.5\n");
+        assert_eq!(e, "tollgate.toml:3: envoy.near_limit_ratio: 1.5 is out of range: above 0, at most 1");
+        let e = err("[envoy]\nconfig = \"r\"\ngrpc = \"8081\"\n");
+        assert!(e.starts_with("tollgate.toml:3: envoy.grpc: \"8081\" is not an address:port"), "{e}");
+        let e = err("[envoy]\nconfig = \"r\"\n[envoy.redis]\nurls = [\"a:1\"]\non_failure = \"maybe\"\n");
+        assert_eq!(
+            e,
+            "tollgate.toml:5: envoy.redis.on_failure: \"maybe\" is not one of error, allow, deny, local"
+        );
+        let e = err("[envoy]\nconfig = \"r\"\n[envoy.redis]\nurls = []\n");
+        assert_eq!(e, "tollgate.toml:4: envoy.redis.urls: no URL: at least one");
+        let e = err("[envoy]\ngrpc = \"127.0.0.1:1\"\n");
+        assert!(e.contains("missing field `config`"), "{e}");
     }
 }

@@ -106,7 +106,8 @@ struct Args {
     threads: Option<usize>,
     /// Serves Envoy's global rate limit service (envoyproxy/ratelimit's API) from its YAML
     /// configuration: one file, or a directory of them read whole (one domain a file).
-    /// Reloaded on SIGHUP, keeping the counts of rules that did not change.
+    /// Reloaded on SIGHUP and when its files change, keeping the counts of rules that did not
+    /// change. Or the file's [envoy] section.
     #[arg(long, value_name = "PATH")]
     envoy_config: Option<PathBuf>,
     /// Where `ShouldRateLimit` is served over gRPC (with grpc.health.v1), with
@@ -165,106 +166,110 @@ struct Args {
     envoy_redis_on_failure: String,
 }
 
-/// Envoy's rate limit service, as the flags set it.
+/// Envoy's rate limit service, as the file or the flags set it, and its Redis backend once
+/// connected (made once, kept across reloads).
 #[derive(Clone, Debug)]
 struct Envoy {
-    path: PathBuf,
-    options: tollgate_envoy::LoadOptions,
-    settings: tollgate_envoy::Settings,
-    keys_per_rule: usize,
-    grpc: SocketAddr,
-    http: Option<SocketAddr>,
-    /// Where the windows live when in Redis.
-    redis: Option<EnvoyRedis>,
-    /// The connected backend (made once, kept across reloads).
+    settings: tollgate_server::file::Envoy,
     backend: Option<tollgate_envoy::RedisBackend>,
 }
 
-/// The Redis backend, as the flags set it.
-#[derive(Clone, Debug)]
-struct EnvoyRedis {
-    urls: Vec<String>,
-    cluster: bool,
-    prefix: String,
-    timeout: Duration,
-    on_failure: tollgate_envoy::OnRedisFailure,
+/// The `--envoy-*` flags as the file's `[envoy]` section.
+fn envoy_from_flags(args: &Args) -> Option<tollgate_server::file::Envoy> {
+    let defaults = tollgate_server::file::Envoy::default();
+    Some(tollgate_server::file::Envoy {
+        config: args.envoy_config.clone()?,
+        grpc: args.envoy_grpc.unwrap_or(defaults.grpc),
+        http: args.envoy_http,
+        keys_per_rule: args.envoy_keys_per_rule,
+        merge_domains: args.envoy_merge_domains,
+        shadow_mode: args.envoy_shadow_mode,
+        quota_mode: args.envoy_quota_mode,
+        response_headers: args.envoy_response_headers.then(|| {
+            [
+                args.envoy_limit_header.clone(),
+                args.envoy_remaining_header.clone(),
+                args.envoy_reset_header.clone(),
+            ]
+        }),
+        near_limit_ratio: args.envoy_near_limit_ratio,
+        redis: (!args.envoy_redis.is_empty()).then(|| tollgate_server::file::EnvoyRedis {
+            urls: args.envoy_redis.clone(),
+            cluster: args.envoy_redis_cluster,
+            prefix: args.envoy_redis_prefix.clone(),
+            timeout: Duration::from_millis(args.envoy_redis_timeout_ms.max(1)),
+            on_failure: args.envoy_redis_on_failure.clone(),
+        }),
+    })
 }
 
-impl EnvoyRedis {
-    async fn connect(&self) -> Result<tollgate_envoy::RedisBackend, String> {
-        // Upstream's REDIS_URL is `host:port`.
-        let urls: Vec<String> = self
-            .urls
-            .iter()
-            .map(|u| if u.contains("://") { u.clone() } else { format!("redis://{u}") })
-            .collect();
-        let builder = tollgate_envoy::tollgate_redis::RedisWindows::builder()
-            .prefix(self.prefix.as_bytes())
-            .timeout(self.timeout);
-        let builder = if self.cluster { builder.cluster(urls) } else { builder.url(urls[0].clone()) };
-        let windows =
-            builder.connect().await.map_err(|e| format!("cannot reach Redis for the Envoy rules: {e}"))?;
-        Ok(tollgate_envoy::RedisBackend::new(windows, self.on_failure))
-    }
+/// Connects the Envoy rules' Redis backend.
+async fn connect_redis(
+    r: &tollgate_server::file::EnvoyRedis,
+) -> Result<tollgate_envoy::RedisBackend, String> {
+    // Upstream's REDIS_URL is `host:port`.
+    let urls: Vec<String> =
+        r.urls.iter().map(|u| if u.contains("://") { u.clone() } else { format!("redis://{u}") }).collect();
+    let builder = tollgate_envoy::tollgate_redis::RedisWindows::builder()
+        .prefix(r.prefix.as_bytes())
+        .timeout(r.timeout);
+    let builder = if r.cluster { builder.cluster(urls) } else { builder.url(urls[0].clone()) };
+    let windows =
+        builder.connect().await.map_err(|e| format!("cannot reach Redis for the Envoy rules: {e}"))?;
+    let on_failure = tollgate_envoy::OnRedisFailure::parse(&r.on_failure)
+        .ok_or_else(|| format!("{:?} is not a failure policy", r.on_failure))?;
+    Ok(tollgate_envoy::RedisBackend::new(windows, on_failure))
 }
 
 impl Envoy {
-    fn from_args(args: &Args) -> Option<Envoy> {
-        Some(Envoy {
-            path: args.envoy_config.clone()?,
-            options: tollgate_envoy::LoadOptions {
-                merge_domains: args.envoy_merge_domains,
-                ..tollgate_envoy::LoadOptions::default()
-            },
-            settings: tollgate_envoy::Settings {
-                shadow_mode: args.envoy_shadow_mode,
-                quota_mode: args.envoy_quota_mode,
-                response_headers: args.envoy_response_headers.then(|| tollgate_envoy::HeaderNames {
-                    limit: args.envoy_limit_header.clone(),
-                    remaining: args.envoy_remaining_header.clone(),
-                    reset: args.envoy_reset_header.clone(),
-                }),
-                near_limit_ratio: args.envoy_near_limit_ratio,
-            },
-            keys_per_rule: args.envoy_keys_per_rule,
-            grpc: args.envoy_grpc.unwrap_or_else(|| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8081)),
-            http: args.envoy_http,
-            redis: (!args.envoy_redis.is_empty()).then(|| EnvoyRedis {
-                urls: args.envoy_redis.clone(),
-                cluster: args.envoy_redis_cluster,
-                prefix: args.envoy_redis_prefix.clone(),
-                timeout: Duration::from_millis(args.envoy_redis_timeout_ms.max(1)),
-                on_failure: tollgate_envoy::OnRedisFailure::parse(&args.envoy_redis_on_failure)
-                    .expect("clap checks the value"),
-            }),
-            backend: None,
-        })
+    fn new(settings: tollgate_server::file::Envoy) -> Envoy {
+        Envoy { settings, backend: None }
+    }
+
+    fn options(&self) -> tollgate_envoy::LoadOptions {
+        tollgate_envoy::LoadOptions {
+            merge_domains: self.settings.merge_domains,
+            ..tollgate_envoy::LoadOptions::default()
+        }
+    }
+
+    fn service_settings(&self) -> tollgate_envoy::Settings {
+        let s = &self.settings;
+        tollgate_envoy::Settings {
+            shadow_mode: s.shadow_mode,
+            quota_mode: s.quota_mode,
+            response_headers: s
+                .response_headers
+                .clone()
+                .map(|[limit, remaining, reset]| tollgate_envoy::HeaderNames { limit, remaining, reset }),
+            near_limit_ratio: s.near_limit_ratio,
+        }
     }
 
     /// The configuration at `path` (a file or a directory).
     fn config(&self) -> Result<tollgate_envoy::Config, String> {
-        let loaded = if self.path.is_dir() {
-            tollgate_envoy::Config::from_dir(&self.path, self.options)
+        let loaded = if self.settings.config.is_dir() {
+            tollgate_envoy::Config::from_dir(&self.settings.config, self.options())
         } else {
-            tollgate_envoy::Config::from_file(&self.path, self.options)
+            tollgate_envoy::Config::from_file(&self.settings.config, self.options())
         };
         loaded.map_err(|e| self.named(&e))
     }
 
     fn limits(&self) -> Result<tollgate_envoy::Limits, String> {
-        let mut limits =
-            tollgate_envoy::Limits::new(self.config()?, self.keys_per_rule).map_err(|e| self.named(&e))?;
+        let mut limits = tollgate_envoy::Limits::new(self.config()?, self.settings.keys_per_rule)
+            .map_err(|e| self.named(&e))?;
         if let Some(backend) = &self.backend {
             limits = limits.with_redis(backend.clone()).map_err(|e| self.named(&e))?;
         }
-        Ok(limits.with_settings(self.settings.clone()))
+        Ok(limits.with_settings(self.service_settings()))
     }
 
     /// An error of the configuration, under the directory's path when it came from one (a
     /// file's error already names it).
     fn named(&self, e: &tollgate_envoy::ConfigError) -> String {
-        if self.path.is_dir() {
-            format!("{}: {e}", self.path.display())
+        if self.settings.config.is_dir() {
+            format!("{}: {e}", self.settings.config.display())
         } else {
             e.to_string()
         }
@@ -292,17 +297,27 @@ fn main() {
         Ok(r) => r,
         Err(e) => fail(&format!("cannot start the runtime: {e}")),
     };
-    let mut envoy = Envoy::from_args(&args);
+    let envoy_settings = match (service.envoy.clone(), envoy_from_flags(&args)) {
+        (Some(_), Some(_)) => {
+            fail("Envoy's service is set both in the file ([envoy]) and by --envoy-config: give one")
+        }
+        (file, flags) => file.or(flags),
+    };
+    let mut envoy = envoy_settings.map(Envoy::new);
     if let Some(e) = &mut envoy {
-        if let Some(redis) = &e.redis {
-            e.backend = Some(runtime.block_on(redis.connect()).unwrap_or_else(|err| fail(&err)));
+        if let Some(redis) = &e.settings.redis {
+            e.backend = Some(runtime.block_on(connect_redis(redis)).unwrap_or_else(|err| fail(&err)));
         }
     }
     if args.check_config {
         if let Some(e) = &envoy {
             match e.limits() {
                 Ok(l) => {
-                    println!("{}: OK ({} Envoy domain(s))", e.path.display(), l.config().domains().count())
+                    println!(
+                        "{}: OK ({} Envoy domain(s))",
+                        e.settings.config.display(),
+                        l.config().domains().count()
+                    )
                 }
                 Err(e) => fail(&format!("invalid Envoy configuration: {e}")),
             }
@@ -363,14 +378,15 @@ async fn run(
         };
         let grpc = "serving Envoy's rate limit service (gRPC)";
         let listener =
-            bind(settings.grpc, " for Envoy's gRPC", "tollgate-server envoy grpc on ", "", grpc).await;
+            bind(settings.settings.grpc, " for Envoy's gRPC", "tollgate-server envoy grpc on ", "", grpc)
+                .await;
         let (rls_grpc, until) = (rls.clone(), stopped(envoy_stopped.clone()));
         envoy_tasks.push(tokio::spawn(async move {
             if let Err(e) = rls_grpc.serve(listener, until).await {
                 tracing::error!(error = %e, "Envoy's gRPC listener failed");
             }
         }));
-        if let Some(addr) = settings.http {
+        if let Some(addr) = settings.settings.http {
             let http = "serving Envoy's rate limit service (/json, /healthcheck)";
             let listener =
                 bind(addr, " for Envoy's HTTP", "tollgate-server envoy http on http://", "/json", http).await;
@@ -379,12 +395,28 @@ async fn run(
         }
     }
     let _ = std::io::stdout().flush();
+    // Envoy's rules also reload when their files change (upstream watches its runtime
+    // directory): their names, sizes and times, looked at once a second.
+    let mut watch = tokio::time::interval(Duration::from_secs(1));
+    watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut seen = envoy.as_ref().map(|(e, _)| fingerprint(&e.settings.config));
     loop {
         tokio::select! {
             _ = hangup.recv() => {
                 reload(&server, path.as_deref());
                 if let Some((settings, rls)) = &envoy {
+                    seen = Some(fingerprint(&settings.settings.config));
                     reload_envoy(settings, rls);
+                }
+            }
+            _ = watch.tick(), if envoy.is_some() => {
+                if let Some((settings, rls)) = &envoy {
+                    let now = fingerprint(&settings.settings.config);
+                    if seen.as_ref() != Some(&now) {
+                        seen = Some(now);
+                        tracing::info!(path = %settings.settings.config.display(), "Envoy configuration changed");
+                        reload_envoy(settings, rls);
+                    }
                 }
             }
             _ = terminate.recv() => break,
@@ -470,13 +502,33 @@ async fn bind(
 
 /// SIGHUP for Envoy's configuration: read again and applied (the counts of unchanged rules
 /// kept), or refused with the reason and the running configuration kept.
+/// What a change of the Envoy rules changes: every file's path, length and modification time
+/// under `path` (a file, or a directory read recursively), in order.
+fn fingerprint(path: &Path) -> Vec<(PathBuf, u64, Option<std::time::SystemTime>)> {
+    let mut out = Vec::new();
+    let mut pending = vec![path.to_owned()];
+    while let Some(p) = pending.pop() {
+        match std::fs::metadata(&p) {
+            Ok(m) if m.is_dir() => {
+                if let Ok(entries) = std::fs::read_dir(&p) {
+                    pending.extend(entries.flatten().map(|e| e.path()));
+                }
+            }
+            Ok(m) => out.push((p, m.len(), m.modified().ok())),
+            Err(_) => out.push((p, 0, None)),
+        }
+    }
+    out.sort();
+    out
+}
+
 fn reload_envoy(settings: &Envoy, rls: &tollgate_envoy::Service) {
     let next = settings.config().and_then(|c| rls.limits().reloaded(c).map_err(|e| settings.named(&e)));
     match next {
         Ok(limits) => {
             let domains = limits.config().domains().count();
             rls.replace(limits);
-            tracing::info!(path = %settings.path.display(), domains, "Envoy configuration reloaded");
+            tracing::info!(path = %settings.settings.config.display(), domains, "Envoy configuration reloaded");
         }
         Err(e) => tracing::error!(error = %e, "Envoy reload refused: the running configuration is kept"),
     }
@@ -519,6 +571,7 @@ fn from_flags(args: &Args) -> (Config, Service) {
         },
     };
     let service = Service {
+        envoy: None,
         listeners: vec![SocketAddr::new(args.bind, args.port)],
         threads: args.threads,
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout),

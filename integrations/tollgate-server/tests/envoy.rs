@@ -202,6 +202,20 @@ fn the_server_answers_envoy_and_reloads_its_rules() {
     running.signal("HUP");
     running.wait_log("Envoy configuration reloaded");
     assert_eq!(ask(&[("remote_address", "10.0.0.1")]), (ok, 1), "5 of 6");
+    // A changed file reloads without a signal.
+    let reloads = || std::fs::read_to_string(&log).unwrap().matches("Envoy configuration reloaded").count();
+    let before = reloads();
+    std::fs::write(
+        dir.join("config/edge.yaml"),
+        RULES.replace("requests_per_unit: 3", "requests_per_unit: 9"),
+    )
+    .unwrap();
+    let start = Instant::now();
+    while reloads() == before {
+        assert!(start.elapsed() < Duration::from_secs(10), "no reload 10 s after the file changed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(ask(&[("remote_address", "10.0.0.1")]), (ok, 3), "6 of 9");
     // Envoy closes its connection when the server says it is going away; this client, whose
     // runtime no longer runs, cannot: it is dropped first, with its runtime (which closes its
     // socket).
