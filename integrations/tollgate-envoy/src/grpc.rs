@@ -18,10 +18,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{Duration as PbDuration, ListValue, Struct, Value as PbValue};
 use tokio::net::TcpListener;
 
-use crate::config::Unit;
+use crate::config::{Metadata, Unit};
 use crate::service::{Code, Limits, Request, RequestDescriptor, RequestError, Response};
 
 /// The service: the live [`Limits`], replaceable at runtime ([`Service::replace`]).
@@ -165,6 +166,25 @@ pub(crate) fn to_proto(r: &Response) -> RateLimitResponse {
                 ..HeaderValue::default()
             })
             .collect(),
+        dynamic_metadata: r.dynamic_metadata.as_ref().and_then(|m| match pb_value(m).kind {
+            Some(Kind::StructValue(s)) => Some(s),
+            _ => None,
+        }),
         ..RateLimitResponse::default()
     }
+}
+
+/// A metadata value as `google.protobuf.Value`.
+fn pb_value(m: &Metadata) -> PbValue {
+    let kind = match m {
+        Metadata::Null => Kind::NullValue(0),
+        Metadata::Bool(b) => Kind::BoolValue(*b),
+        Metadata::Number(n) => Kind::NumberValue(*n),
+        Metadata::String(s) => Kind::StringValue(s.clone()),
+        Metadata::List(items) => Kind::ListValue(ListValue { values: items.iter().map(pb_value).collect() }),
+        Metadata::Struct(fields) => Kind::StructValue(Struct {
+            fields: fields.iter().map(|(k, v)| (k.clone(), pb_value(v))).collect(),
+        }),
+    };
+    PbValue { kind: Some(kind) }
 }

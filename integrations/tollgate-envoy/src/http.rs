@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::net::TcpListener;
 
-use crate::config::Unit;
+use crate::config::{Metadata, Unit};
 use crate::grpc::{self, Service};
 use crate::service::{Code, Request, RequestDescriptor, RequestError, Response};
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
@@ -150,7 +150,24 @@ pub(crate) fn to_json(r: &Response) -> Value {
         let headers = r.headers.iter().map(|(k, v)| json!({"key": k, "value": v})).collect();
         o.insert("responseHeadersToAdd".into(), Value::Array(headers));
     }
+    if let Some(m) = &r.dynamic_metadata {
+        o.insert("dynamicMetadata".into(), json_value(m));
+    }
     Value::Object(o)
+}
+
+/// A metadata value in proto3 JSON (a `google.protobuf.Value` is its plain JSON).
+fn json_value(m: &Metadata) -> Value {
+    match m {
+        Metadata::Null => Value::Null,
+        Metadata::Bool(b) => json!(b),
+        Metadata::Number(n) => json!(n),
+        Metadata::String(s) => json!(s),
+        Metadata::List(items) => Value::Array(items.iter().map(json_value).collect()),
+        Metadata::Struct(fields) => {
+            Value::Object(fields.iter().map(|(k, v)| (k.clone(), json_value(v))).collect())
+        }
+    }
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> HttpResponse<Full<Bytes>> {

@@ -23,7 +23,7 @@ use tollgate::{
     WhenFull,
 };
 
-use crate::config::{Algorithm, Config, ConfigError, Domain, RateLimit, Unit};
+use crate::config::{Algorithm, Config, ConfigError, Domain, Metadata, RateLimit, Unit};
 use crate::matching::Found;
 use crate::redis::{Decided, RedisBackend};
 
@@ -257,13 +257,16 @@ pub struct Request {
 }
 
 /// A `ShouldRateLimit` answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Response {
     pub overall_code: Code,
     /// One per request descriptor, in order.
     pub statuses: Vec<Status>,
     /// Headers for Envoy to add to the client's response ([`Settings::response_headers`]).
     pub headers: Vec<(String, String)>,
+    /// The request and the `metadata` of the rules it passed, for Envoy's dynamic metadata
+    /// ([`Settings::dynamic_metadata`]).
+    pub dynamic_metadata: Option<Metadata>,
 }
 
 /// The names of the headers that describe the limit to the client (upstream's
@@ -299,11 +302,22 @@ pub struct Settings {
     pub response_headers: Option<HeaderNames>,
     /// `NEAR_LIMIT_RATIO`: above this share of the limit, hits count as near it (default 0.8).
     pub near_limit_ratio: f32,
+    /// `RESPONSE_DYNAMIC_METADATA`: answers carry, as upstream's, a struct of the request
+    /// (`domain`, `descriptors` with their `entries` as `key=value`, `limit` and `hitsAddend`,
+    /// and the request's `hitsAddend`) and the `metadata` of every rule the request passed,
+    /// merged (the first value of a key wins; structs merge).
+    pub dynamic_metadata: bool,
 }
 
 impl Default for Settings {
     fn default() -> Settings {
-        Settings { shadow_mode: false, quota_mode: false, response_headers: None, near_limit_ratio: 0.8 }
+        Settings {
+            shadow_mode: false,
+            quota_mode: false,
+            response_headers: None,
+            near_limit_ratio: 0.8,
+            dynamic_metadata: false,
+        }
     }
 }
 
@@ -549,7 +563,7 @@ impl Limits {
         let steps = self.steps(request, &rules);
         let decisions: Vec<Option<Decision>> =
             steps.iter().map(|s| s.pending().and_then(|p| self.decide_local(p, now_ns))).collect();
-        Ok(self.finish(&rules, steps, decisions, now_ns, None))
+        Ok(self.finish(request, &rules, steps, decisions, now_ns, None))
     }
 
     /// [`should_rate_limit`](Limits::should_rate_limit), on the Redis backend when the limits
@@ -570,10 +584,10 @@ impl Limits {
         let rules = self.rules(request);
         let steps = self.steps(request, &rules);
         Ok(match redis.decide(self, &steps, now_ns).await? {
-            Decided::Each(decisions) => self.finish(&rules, steps, decisions, now_ns, None),
+            Decided::Each(decisions) => self.finish(request, &rules, steps, decisions, now_ns, None),
             Decided::Failed(code) => {
                 let none = vec![None; steps.len()];
-                self.finish(&rules, steps, none, now_ns, Some(code))
+                self.finish(request, &rules, steps, none, now_ns, Some(code))
             }
         })
     }
@@ -662,6 +676,7 @@ impl Limits {
     /// limited descriptor answered `failed` (a failure policy's answer).
     fn finish(
         &self,
+        request: &Request,
         rules: &[Rule<'_>],
         steps: Vec<Step<'_>>,
         decisions: Vec<Option<Decision>>,
@@ -713,7 +728,9 @@ impl Limits {
             Some(names) => headers(names, &statuses, &kinds),
             None => Vec::new(),
         };
-        Response { overall_code, statuses, headers }
+        let dynamic_metadata =
+            self.settings.dynamic_metadata.then(|| dynamic_metadata(request, rules, &statuses));
+        Response { overall_code, statuses, headers, dynamic_metadata }
     }
 
     /// One descriptor's decision in the embedded table (`None` for a limit of 0: every hit
@@ -869,6 +886,70 @@ fn headers(names: &HeaderNames, statuses: &[Status], kinds: &[(bool, bool)]) -> 
         (names.remaining.clone(), s.limit_remaining.to_string()),
         (names.reset.clone(), reset.to_string()),
     ]
+}
+
+/// Upstream's dynamic metadata: the request, and the merged `metadata` of the rules whose
+/// descriptors passed (limited or not, unlimited ones aside).
+fn dynamic_metadata(request: &Request, rules: &[Rule<'_>], statuses: &[Status]) -> Metadata {
+    let text = |s: &str| Metadata::String(s.to_owned());
+    let descriptors = request
+        .descriptors
+        .iter()
+        .map(|d| {
+            let mut fields = vec![(
+                "entries".to_owned(),
+                Metadata::List(d.entries.iter().map(|(k, v)| text(&format!("{k}={v}"))).collect()),
+            )];
+            if let Some((requests_per_unit, unit)) = d.limit {
+                let unit = unit.map_or("UNKNOWN".to_owned(), |u| u.name().to_uppercase());
+                fields.push((
+                    "limit".into(),
+                    text(&format!("requests_per_unit:{requests_per_unit} unit:{unit}")),
+                ));
+            }
+            if let Some(h) = d.hits_addend {
+                fields.push(("hitsAddend".into(), Metadata::Number(h as f64)));
+            }
+            Metadata::Struct(fields)
+        })
+        .collect();
+    let mut fields = vec![
+        ("domain".to_owned(), text(&request.domain)),
+        ("descriptors".into(), Metadata::List(descriptors)),
+    ];
+    if request.hits_addend != 0 {
+        fields.push(("hitsAddend".into(), Metadata::Number(f64::from(request.hits_addend))));
+    }
+    let mut passed = Vec::new();
+    for (rule, status) in rules.iter().zip(statuses) {
+        let Some(found) = rule.found() else { continue };
+        let limited = found.descriptor.rate_limit.as_ref().is_some_and(|r| !r.unlimited);
+        if limited && status.code == Code::Ok && status.current_limit.is_some() {
+            if let Some(Metadata::Struct(m)) = &found.descriptor.metadata {
+                merge(&mut passed, m);
+            }
+        }
+    }
+    if !passed.is_empty() {
+        fields.push(("metadata".into(), Metadata::Struct(passed)));
+    }
+    Metadata::Struct(fields)
+}
+
+/// Upstream's `mergeMetadata`: a key already in `into` keeps its value, unless both are
+/// structs, which merge.
+fn merge(into: &mut Vec<(String, Metadata)>, from: &[(String, Metadata)]) {
+    for (k, v) in from {
+        match into.iter_mut().find(|(key, _)| key == k) {
+            Some((_, Metadata::Struct(inner))) => {
+                if let Metadata::Struct(more) = v {
+                    merge(inner, more);
+                }
+            }
+            Some(_) => {}
+            None => into.push((k.clone(), v.clone())),
+        }
+    }
 }
 
 /// The rule of one request descriptor.

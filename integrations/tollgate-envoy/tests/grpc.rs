@@ -281,3 +281,19 @@ async fn malformed_protobuf_and_empty_fields_get_a_status_and_the_service_keeps_
     assert_eq!(r.overall_code, OK);
     let _ = stop.send(());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_metadata_arrives_as_a_protobuf_struct() {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    let settings = tollgate_envoy::Settings { dynamic_metadata: true, ..tollgate_envoy::Settings::default() };
+    let limits = Limits::new(config(&["basic.yaml"]), 100).unwrap().with_settings(settings);
+    let (_service, mut client, _url, stop) = start(limits).await;
+    let r = client.should_rate_limit(request("basic", &[&[("key1", "foo")]])).await.unwrap().into_inner();
+    let m = r.dynamic_metadata.expect("dynamic metadata");
+    assert_eq!(m.fields["domain"].kind, Some(Kind::StringValue("basic".into())));
+    let Some(Kind::ListValue(descriptors)) = &m.fields["descriptors"].kind else { panic!("{m:?}") };
+    let Some(Kind::StructValue(d)) = &descriptors.values[0].kind else { panic!("{m:?}") };
+    let Some(Kind::ListValue(entries)) = &d.fields["entries"].kind else { panic!("{m:?}") };
+    assert_eq!(entries.values[0].kind, Some(Kind::StringValue("key1=foo".into())));
+    let _ = stop.send(());
+}

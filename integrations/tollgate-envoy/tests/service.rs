@@ -383,3 +383,76 @@ fn a_rules_table_holds_its_values_in_at_most_64_bytes_each() {
     println!("{bytes} bytes for {keys} values: {per_value:.1} B a value");
     assert!(per_value <= 64.0, "{per_value} B a value");
 }
+
+/// Upstream's `TestMetadataReturnedForPassedDescriptors`, `...ForAllPassedDescriptors` and
+/// `TestOverlappingMetadataReturnsTheFirstValue`, under QUOTA_MODE and
+/// RESPONSE_DYNAMIC_METADATA.
+#[test]
+fn dynamic_metadata_carries_the_request_and_the_passed_rules_metadata() {
+    use tollgate_envoy::Metadata;
+    let yaml = |second: &str| {
+        format!(
+            "domain: quota-domain
+descriptors:
+  - key: regular
+    value: limit
+    rate_limit: {{unit: minute, requests_per_unit: 10}}
+    metadata: {{name: service_1, nested: {{a: 1}}}}
+  - key: quota
+    value: limit
+    rate_limit: {{unit: minute, requests_per_unit: 5}}
+    metadata: {{{second}: service_2, nested: {{a: 2, b: 3}}}}
+"
+        )
+    };
+    let settings = Settings { quota_mode: true, dynamic_metadata: true, ..Settings::default() };
+    let ask = |l: &Limits, quota_hits: u64| {
+        let mut r = request("quota-domain", &[&[("regular", "limit")], &[("quota", "limit")]]);
+        r.descriptors[1].hits_addend = Some(quota_hits);
+        l.should_rate_limit(&r).unwrap()
+    };
+    let field = |m: &Metadata, name: &str| match m {
+        Metadata::Struct(fields) => fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()),
+        _ => None,
+    };
+    let text = |s: &str| Some(Metadata::String(s.into()));
+
+    // The quota descriptor fails: only the first one's metadata.
+    let l = inline(&yaml("some_other_name"), 1_700_000_040, settings.clone());
+    let r = ask(&l, 6);
+    assert_eq!(r.overall_code, Code::Ok);
+    let m = r.dynamic_metadata.unwrap();
+    assert_eq!(field(&m, "domain"), text("quota-domain"));
+    let Some(Metadata::List(descriptors)) = field(&m, "descriptors") else { panic!("{m:?}") };
+    assert_eq!(
+        field(&descriptors[0], "entries"),
+        Some(Metadata::List(vec![Metadata::String("regular=limit".into())]))
+    );
+    assert_eq!(field(&descriptors[1], "hitsAddend"), Some(Metadata::Number(6.0)));
+    assert_eq!(field(&m, "hitsAddend"), Some(Metadata::Number(1.0)));
+    let passed = field(&m, "metadata").unwrap();
+    assert_eq!(field(&passed, "name"), text("service_1"));
+    assert_eq!(field(&passed, "some_other_name"), None);
+
+    // Both pass: both rules' keys, nested structs merged, the first value kept.
+    let l = inline(&yaml("some_other_name"), 1_700_000_040, settings.clone());
+    let passed = field(&ask(&l, 1).dynamic_metadata.unwrap(), "metadata").unwrap();
+    assert_eq!(
+        (field(&passed, "name"), field(&passed, "some_other_name")),
+        (text("service_1"), text("service_2"))
+    );
+    let nested = field(&passed, "nested").unwrap();
+    assert_eq!(
+        (field(&nested, "a"), field(&nested, "b")),
+        (Some(Metadata::Number(1.0)), Some(Metadata::Number(3.0)))
+    );
+
+    // Overlapping keys: the first value.
+    let l = inline(&yaml("name"), 1_700_000_040, settings.clone());
+    let passed = field(&ask(&l, 1).dynamic_metadata.unwrap(), "metadata").unwrap();
+    assert_eq!(field(&passed, "name"), text("service_1"));
+
+    // Off by default, as upstream's.
+    let l = inline(&yaml("name"), 1_700_000_040, Settings::default());
+    assert_eq!(ask(&l, 1).dynamic_metadata, None);
+}

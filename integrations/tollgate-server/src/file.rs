@@ -45,6 +45,7 @@
 //! quota_mode = false
 //! response_headers = false    # limit_header, remaining_header, reset_header name them
 //! near_limit_ratio = 0.8
+//! response_dynamic_metadata = false
 //!
 //! [envoy.redis]               # optional: the rules' windows in Redis, shared by a fleet
 //! urls = ["redis://127.0.0.1:6379"]
@@ -117,6 +118,8 @@ pub struct Envoy {
     pub response_headers: Option<[String; 3]>,
     /// Upstream's NEAR_LIMIT_RATIO.
     pub near_limit_ratio: f32,
+    /// Upstream's RESPONSE_DYNAMIC_METADATA.
+    pub dynamic_metadata: bool,
     /// The Redis backend, if the windows live there.
     pub redis: Option<EnvoyRedis>,
 }
@@ -133,6 +136,7 @@ impl Default for Envoy {
             quota_mode: false,
             response_headers: None,
             near_limit_ratio: 0.8,
+            dynamic_metadata: false,
             redis: None,
         }
     }
@@ -215,6 +219,7 @@ struct EnvoySection {
     remaining_header: Option<String>,
     reset_header: Option<String>,
     near_limit_ratio: Option<Spanned<f64>>,
+    response_dynamic_metadata: Option<bool>,
     redis: Option<Spanned<EnvoyRedisSection>>,
 }
 
@@ -491,6 +496,7 @@ pub fn parse(path: &Path, text: &str) -> Result<(Config, Service), FileError> {
                 ]
             }),
             near_limit_ratio: defaults.near_limit_ratio,
+            dynamic_metadata: e.response_dynamic_metadata.unwrap_or_default(),
             redis: None,
         };
         if e.config.get_ref().is_empty() {
@@ -666,6 +672,7 @@ grpc = "127.0.0.1:9081"
 http = "127.0.0.1:9080"
 keys_per_rule = 1000
 shadow_mode = true
+response_dynamic_metadata = true
 response_headers = true
 reset_header = "X-Reset"
 near_limit_ratio = 0.5
@@ -680,7 +687,7 @@ on_failure = "local"
         let e = service.envoy.unwrap();
         assert_eq!(e.config, Path::new("/etc/tollgate/ratelimit"));
         assert_eq!((e.grpc.port(), e.http.map(|h| h.port()), e.keys_per_rule), (9081, Some(9080), 1000));
-        assert!(e.shadow_mode && !e.quota_mode && !e.merge_domains);
+        assert!(e.shadow_mode && e.dynamic_metadata && !e.quota_mode && !e.merge_domains);
         assert_eq!(e.response_headers.unwrap()[2], "X-Reset");
         assert_eq!(e.near_limit_ratio, 0.5);
         let r = e.redis.unwrap();

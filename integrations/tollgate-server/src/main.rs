@@ -146,6 +146,10 @@ struct Args {
     /// Hits above this share of a limit count as near it (upstream's NEAR_LIMIT_RATIO).
     #[arg(long, env = "NEAR_LIMIT_RATIO", default_value_t = 0.8)]
     envoy_near_limit_ratio: f32,
+    /// Answers carry Envoy dynamic metadata: the request and the metadata of the rules it
+    /// passed (upstream's RESPONSE_DYNAMIC_METADATA).
+    #[arg(long, env = "RESPONSE_DYNAMIC_METADATA")]
+    envoy_response_dynamic_metadata: bool,
     /// Keeps the Envoy rules' windows in Redis, shared by every instance pointed at it (one
     /// script call per request): `redis://host:port[/db]` or upstream's `host:port`;
     /// several, comma-separated, with --envoy-redis-cluster (upstream's REDIS_URL, as a flag).
@@ -193,6 +197,7 @@ fn envoy_from_flags(args: &Args) -> Option<tollgate_server::file::Envoy> {
             ]
         }),
         near_limit_ratio: args.envoy_near_limit_ratio,
+        dynamic_metadata: args.envoy_response_dynamic_metadata,
         redis: (!args.envoy_redis.is_empty()).then(|| tollgate_server::file::EnvoyRedis {
             urls: args.envoy_redis.clone(),
             cluster: args.envoy_redis_cluster,
@@ -243,6 +248,7 @@ impl Envoy {
                 .clone()
                 .map(|[limit, remaining, reset]| tollgate_envoy::HeaderNames { limit, remaining, reset }),
             near_limit_ratio: s.near_limit_ratio,
+            dynamic_metadata: s.dynamic_metadata,
         }
     }
 
