@@ -13,6 +13,7 @@
 
 mod charts;
 mod driver;
+mod envoy;
 mod machine;
 mod pacing;
 mod redis;
@@ -311,7 +312,8 @@ fn main() {
         .collect();
     let pacing_selected = args.filter.is_empty() || args.filter.iter().any(|f| "pacing".contains(f.as_str()));
     let redis_wanted = args.filter.iter().any(|f| "redis".contains(f.as_str()));
-    if plan.is_empty() && !pacing_selected && !redis_wanted {
+    let envoy_selected = args.filter.is_empty() || args.filter.iter().any(|f| "envoy".contains(f.as_str()));
+    if plan.is_empty() && !pacing_selected && !redis_wanted && !envoy_selected {
         eprintln!("error: no cell matches the filter; see --list");
         std::process::exit(2);
     }
@@ -452,7 +454,23 @@ fn main() {
     } else {
         (Vec::new(), None)
     };
+    let (envoy_rows, envoy_skipped) = if envoy_selected {
+        eprintln!(
+            "envoy: ShouldRateLimit over gRPC, embedded and on Redis, its floor and upstream's pattern"
+        );
+        match envoy::run(args.quick) {
+            Ok(rows) => (rows, None),
+            Err(why) => {
+                eprintln!("envoy: skipped: {why}");
+                (Vec::new(), Some(why))
+            }
+        }
+    } else {
+        (Vec::new(), None)
+    };
     let mut report = Report::new(machine, cells, memory, reps, duration, threads, started.elapsed(), command);
+    report.envoy = envoy_rows;
+    report.envoy_skipped = envoy_skipped;
     report.pacing = pacing_rows;
     report.paired = paired_rows;
     report.redis = redis_rows;

@@ -45,14 +45,14 @@ pub struct RedisRow {
 /// The classic script (see the module docs).
 const CLASSIC: &str = include_str!("classic_bucket.lua");
 
-struct Server {
+pub(crate) struct Server {
     child: Child,
     port: u16,
     dir: std::path::PathBuf,
 }
 
 impl Server {
-    fn start() -> Result<Server, String> {
+    pub(crate) fn start() -> Result<Server, String> {
         let port =
             TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
         let dir = std::env::temp_dir().join(format!("tollgate-bench-redis-{}-{port}", std::process::id()));
@@ -78,7 +78,7 @@ impl Server {
         Ok(server)
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 }

@@ -195,6 +195,9 @@ pub struct Report {
     pub redis: Vec<crate::redis::RedisRow>,
     /// Why the redis workload did not run (no redis-server on this machine).
     pub redis_skipped: Option<String>,
+    pub envoy: Vec<crate::envoy::EnvoyRow>,
+    /// Why the envoy workload did not run.
+    pub envoy_skipped: Option<String>,
     pub targets: Vec<Target>,
 }
 
@@ -232,6 +235,8 @@ impl Report {
             paired: Vec::new(),
             redis: Vec::new(),
             redis_skipped: None,
+            envoy: Vec::new(),
+            envoy_skipped: None,
             targets: Vec::new(),
         }
     }
@@ -546,6 +551,46 @@ impl Report {
                 met: t.per_key() <= 32.0,
             });
         }
+        // Issue 36: the service embedded at ≥ 0.9× its gRPC floor; on Redis, one round trip
+        // (one script call) a request whatever its descriptors, Redis's CPU beside upstream's.
+        for f in self.envoy.iter().filter(|r| r.subject.starts_with("floor")) {
+            let same = |prefix: &str| {
+                self.envoy.iter().find(|r| {
+                    r.subject.starts_with(prefix) && r.descriptors == f.descriptors && r.values == f.values
+                })
+            };
+            let shape = format!("{} descriptor(s), {} values", f.descriptors, f.values);
+            if let Some(e) = same("tollgate embedded") {
+                out.push(Target {
+                    what: format!("Envoy service embedded, {shape}"),
+                    goal: "≥ 0.9× the gRPC floor's requests/s".into(),
+                    measured: format!(
+                        "{:.0}/s against {:.0}/s ({:.2}×); p99 {:.0} µs against {:.0}",
+                        e.per_sec,
+                        f.per_sec,
+                        e.per_sec / f.per_sec,
+                        e.p99_us,
+                        f.p99_us
+                    ),
+                    met: e.per_sec >= 0.9 * f.per_sec,
+                });
+            }
+            if let (Some(t), Some(u)) = (same("tollgate on Redis"), same("upstream")) {
+                let (tc, uc) = (t.redis_sent.unwrap_or(f64::NAN), u.redis_sent.unwrap_or(f64::NAN));
+                out.push(Target {
+                    what: format!("Envoy service on Redis, {shape}"),
+                    goal: "one script call a request; Redis CPU reported beside upstream's pattern".into(),
+                    measured: format!(
+                        "{tc:.2} calls/request ({:.1} µs Redis CPU), upstream's {uc:.2} commands ({:.1} µs); {:.0}/s against {:.0}/s",
+                        t.redis_cpu_us.unwrap_or(f64::NAN),
+                        u.redis_cpu_us.unwrap_or(f64::NAN),
+                        t.per_sec,
+                        u.per_sec
+                    ),
+                    met: (tc - 1.0).abs() < 0.05,
+                });
+            }
+        }
         out
     }
 
@@ -708,6 +753,61 @@ impl Report {
         })
     }
 
+    fn envoy_section(&self) -> Option<String> {
+        if let Some(why) = &self.envoy_skipped {
+            return Some(format!("skipped: {why}\n"));
+        }
+        if self.envoy.is_empty() {
+            return None;
+        }
+        let mut rows = vec![[
+            "subject",
+            "descriptors",
+            "values",
+            "requests/s",
+            "vs floor",
+            "p50 µs",
+            "p99 µs",
+            "sent/request",
+            "executed/request",
+            "Redis CPU µs/request",
+        ]
+        .map(str::to_owned)
+        .to_vec()];
+        for r in &self.envoy {
+            let floor = self
+                .envoy
+                .iter()
+                .find(|f| {
+                    f.subject.starts_with("floor") && f.descriptors == r.descriptors && f.values == r.values
+                })
+                .map(|f| f.per_sec);
+            rows.push(vec![
+                r.subject.clone(),
+                r.descriptors.to_string(),
+                r.values.to_string(),
+                format!("{:.0}", r.per_sec),
+                floor.map_or("—".into(), |f| format!("{:.2}×", r.per_sec / f)),
+                format!("{:.0}", r.p50_us),
+                format!("{:.0}", r.p99_us),
+                r.redis_sent.map_or("—".into(), |c| format!("{c:.2}")),
+                r.redis_commands.map_or("—".into(), |c| format!("{c:.2}")),
+                r.redis_cpu_us.map_or("—".into(), |c| format!("{c:.1}")),
+            ]);
+        }
+        Some(format!(
+            "`ShouldRateLimit` over gRPC on 127.0.0.1, {} requests in flight on one HTTP/2 connection \
+             (tonic's client), servers and client in one process on the machine's cores; every rule \
+             1,000,000 a second (nothing refused), values uniform over 1,000 or 2^20. Redis per \
+             request, from `INFO commandstats` and `INFO cpu` around each cell (warm-up included): \
+             the commands the service sent (each request is one round trip either way: one script \
+             call, or one pipeline of `INCRBY` and `EXPIRE` per descriptor), the commands Redis \
+             executed (a script's `TIME`, `GET` and `SET` included), and Redis's CPU.\n\n{}",
+            64,
+            markdown_table(&rows, 1)
+        ))
+    }
+
     fn targets_table(&self) -> String {
         let mut rows =
             vec![vec!["target".to_owned(), "goal".to_owned(), "measured".to_owned(), "met".to_owned()]];
@@ -742,6 +842,9 @@ impl Report {
         }
         if let Some(r) = self.redis_section() {
             let _ = write!(s, "\n### redis: one limit shared through Redis\n\n{r}");
+        }
+        if let Some(e) = self.envoy_section() {
+            let _ = write!(s, "\n### envoy: Envoy's rate limit service\n\n{e}");
         }
         if !self.targets.is_empty() {
             let _ = write!(s, "\n### targets\n\n{}", self.targets_table());
@@ -878,6 +981,9 @@ impl Report {
         }
         if let Some(r) = self.redis_section() {
             let _ = write!(s, "\n### Redis\n\n{r}");
+        }
+        if let Some(e) = self.envoy_section() {
+            let _ = write!(s, "\n### Envoy's rate limit service\n\n{e}");
         }
         let (begin, end) = ("<!-- results:begin -->", "<!-- results:end -->");
         let text = match std::fs::read_to_string(path) {
