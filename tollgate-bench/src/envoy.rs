@@ -164,7 +164,9 @@ async fn serve<S: RateLimitService>(service: S) -> String {
     tokio::spawn(async move {
         let _ = tonic::transport::Server::builder()
             .add_service(RateLimitServiceServer::new(service))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            )
             .await;
     });
     url
