@@ -225,6 +225,8 @@ impl Service {
                 },
                 () = &mut shutdown => return,
             };
+            // Answers go out at once, not after the client's delayed ACK.
+            let _ = stream.set_nodelay(true);
             let service = self.clone();
             tokio::spawn(async move {
                 let io = hyper_util::rt::TokioIo::new(stream);
