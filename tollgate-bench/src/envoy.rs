@@ -55,6 +55,34 @@ pub struct EnvoyRow {
     pub redis_cpu_us: Option<f64>,
 }
 
+/// Rounds in which the subjects take turns.
+const ROUNDS: usize = 5;
+
+/// One subject's rounds in one cell.
+struct Run {
+    rates: Vec<f64>,
+    requests: u64,
+    all: u64,
+    hist: Histogram<u64>,
+    sent: u64,
+    executed: u64,
+    cpu: f64,
+}
+
+impl Default for Run {
+    fn default() -> Run {
+        Run {
+            rates: Vec::new(),
+            requests: 0,
+            all: 0,
+            hist: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("bounds"),
+            sent: 0,
+            executed: 0,
+            cpu: 0.0,
+        }
+    }
+}
+
 /// Requests in flight at once.
 const IN_FLIGHT: usize = 64;
 /// Each rule's limit: far above what any value gets.
@@ -293,7 +321,7 @@ pub fn run(quick: bool) -> Result<Vec<EnvoyRow>, String> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    let seconds = if quick { 0.2 } else { 1.5 };
+    let seconds = if quick { 0.2 } else { 2.5 };
     let big: u64 = if quick { 1 << 14 } else { 1 << 20 };
     rt.block_on(async {
         let config = || tollgate_envoy::Config::from_files([("bench.yaml", RULES)], Default::default());
@@ -323,26 +351,43 @@ pub fn run(quick: bool) -> Result<Vec<EnvoyRow>, String> {
         ];
         let mut stats = conn;
         let mut rows = Vec::new();
+        // The subjects take turns, round after round, so that a drift of the shared machine
+        // touches all of them; requests per second is the median round's.
+        let rounds = if quick { 1 } else { ROUNDS };
         for descriptors in [1, 3] {
             for values in [1000, big] {
-                for (name, url, redis) in &subjects {
-                    eprintln!("envoy: {name}, {descriptors} descriptor(s), {values} values");
-                    let before = redis_counts(&mut stats).await;
-                    let (requests, secs, hist, all) = drive(url, descriptors, values, seconds).await;
-                    let after = redis_counts(&mut stats).await;
+                eprintln!("envoy: {descriptors} descriptor(s), {values} values, {rounds} rounds");
+                let mut runs: Vec<Run> = subjects.iter().map(|_| Run::default()).collect();
+                for _ in 0..rounds {
+                    for ((_, url, _), run) in subjects.iter().zip(&mut runs) {
+                        let before = redis_counts(&mut stats).await;
+                        let (requests, secs, hist, all) =
+                            drive(url, descriptors, values, seconds / rounds as f64).await;
+                        let after = redis_counts(&mut stats).await;
+                        run.rates.push(requests as f64 / secs);
+                        run.requests += requests;
+                        run.all += all;
+                        run.hist.add(&hist).expect("same bounds");
+                        run.sent += after.0.saturating_sub(before.0);
+                        run.executed += after.1.saturating_sub(before.1);
+                        run.cpu += after.2 - before.2;
+                    }
+                }
+                for ((name, _, redis), mut run) in subjects.iter().zip(runs) {
+                    run.rates.sort_by(f64::total_cmp);
                     // Per request answered, warm-up and drain included: Redis saw them all.
-                    let per = |d: f64| if *redis && all > 0 { Some(d / all as f64) } else { None };
+                    let per = |d: f64| if *redis && run.all > 0 { Some(d / run.all as f64) } else { None };
                     rows.push(EnvoyRow {
                         subject: (*name).to_owned(),
                         descriptors,
                         values,
-                        requests,
-                        per_sec: requests as f64 / secs,
-                        p50_us: hist.value_at_quantile(0.5) as f64 / 1e3,
-                        p99_us: hist.value_at_quantile(0.99) as f64 / 1e3,
-                        redis_sent: per(after.0.saturating_sub(before.0) as f64),
-                        redis_commands: per(after.1.saturating_sub(before.1) as f64),
-                        redis_cpu_us: per((after.2 - before.2) * 1e6),
+                        requests: run.requests,
+                        per_sec: run.rates[run.rates.len() / 2],
+                        p50_us: run.hist.value_at_quantile(0.5) as f64 / 1e3,
+                        p99_us: run.hist.value_at_quantile(0.99) as f64 / 1e3,
+                        redis_sent: per(run.sent as f64),
+                        redis_commands: per(run.executed as f64),
+                        redis_cpu_us: per(run.cpu * 1e6),
                     });
                 }
             }
