@@ -741,7 +741,7 @@ impl Limits {
         }
         let spec = p.table_id.spec();
         let n = if spec.counted() { p.hits.min(MAX_COUNT) } else { p.hits };
-        Some(self.table(p.table_id.clone(), now_ns).check(&p.key, now_ns, n))
+        Some(self.check(&p.table_id, &p.key, now_ns, n))
     }
 
     /// One descriptor's status when its decision could not be made: `code`, by the failure
@@ -844,11 +844,17 @@ impl Limits {
         }
     }
 
+    /// `n` hits of `key` in the table of `id`, made on first use (at `now_ns`). The read lock
+    /// is held over the decision, so that the table's `Arc` is not touched per decision.
+    fn check(&self, id: &TableId, key: &str, now_ns: u64, n: u64) -> Decision {
+        if let Some(t) = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(id) {
+            return t.check(key, now_ns, n);
+        }
+        self.table(id.clone(), now_ns).check(key, now_ns, n)
+    }
+
     /// The table of `id`, made on first use (at `now_ns`).
     fn table(&self, id: TableId, now_ns: u64) -> Arc<Table> {
-        if let Some(t) = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&id) {
-            return Arc::clone(t);
-        }
         let mut tables = self.tables.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         let spec = id.spec();
         let capacity = self.keys_per_rule;
