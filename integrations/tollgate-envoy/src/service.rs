@@ -94,6 +94,12 @@ impl Spec {
         Spec { algorithm: r.algorithm, window, quota: r.requests_per_unit, burst }
     }
 
+    /// Upstream's reset: whole seconds to the end of the window (aligned on the epoch) that
+    /// holds `now_ns`.
+    fn until_reset(self, now_ns: u64) -> Duration {
+        Duration::from_secs(self.window - (now_ns / 1_000_000_000) % self.window)
+    }
+
     pub(crate) fn counted(self) -> bool {
         self.quota == 0
     }
@@ -747,7 +753,6 @@ impl Limits {
     /// One descriptor's status when its decision could not be made: `code`, by the failure
     /// policy, counted as within or over the limit.
     fn failed(&self, p: &Pending<'_>, code: Code, now_ns: u64) -> Status {
-        let window = p.table_id.spec().window;
         let mut counts = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let c = counts.entry(p.stats_key.to_owned()).or_default();
         c.total_hits = c.total_hits.saturating_add(p.hits);
@@ -762,7 +767,7 @@ impl Limits {
             code,
             current_limit: Some(p.limit.clone()),
             limit_remaining: remaining,
-            duration_until_reset: Some(Duration::from_secs(window - (now_ns / 1_000_000_000) % window)),
+            duration_until_reset: Some(p.table_id.spec().until_reset(now_ns)),
         }
     }
 
@@ -772,7 +777,7 @@ impl Limits {
         let (limit, hits, stats_key, shadow) = (p.limit.clone(), p.hits, p.stats_key, p.shadow);
         let spec = p.table_id.spec();
         // Upstream's reset: the end of the (aligned) window.
-        let window_reset = Duration::from_secs(spec.window - (now_ns / 1_000_000_000) % spec.window);
+        let window_reset = spec.until_reset(now_ns);
         // `after`: the count after the hits, as upstream's INCRBY returns it; `over`: the count
         // above which a decision is over the limit.
         let (after, over, reset) = match decision {

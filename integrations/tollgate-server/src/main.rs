@@ -166,7 +166,7 @@ struct Args {
     envoy_redis_timeout_ms: u64,
     /// What a request gets when Redis cannot answer in time: error (gRPC UNAVAILABLE, so that
     /// Envoy's failure_mode_deny decides), allow, deny, or local (this instance's own tables).
-    #[arg(long, default_value = "error", value_parser = ["error", "allow", "deny", "local"], requires = "envoy_redis")]
+    #[arg(long, default_value = "error", value_parser = tollgate_server::file::ON_FAILURE, requires = "envoy_redis")]
     envoy_redis_on_failure: String,
 }
 
