@@ -17,7 +17,7 @@
 //! `config.basic.yaml`), in name order; two files of one domain are an error unless domains
 //! are merged ([`LoadOptions::merge_domains`], upstream's `MERGE_DOMAIN_CONFIG`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
@@ -266,7 +266,10 @@ pub struct Descriptor {
     pub metadata: Option<Metadata>,
     /// The line of its `key`.
     pub line: Option<usize>,
-    pub(crate) children: HashMap<String, Descriptor>,
+    pub(crate) children: Children,
+    /// Its place in its configuration, from 0 in a depth-first walk: where the service keeps
+    /// its table and counts (numbered when the configuration is complete).
+    pub(crate) index: usize,
     /// The children's composite keys that hold a `*`, in file order.
     pub(crate) wildcards: Vec<String>,
 }
@@ -296,11 +299,15 @@ impl Descriptor {
             share_threshold: false,
             metadata: None,
             line: None,
-            children: HashMap::new(),
+            children: Children::default(),
+            index: 0,
             wildcards: Vec::new(),
         }
     }
 }
+
+/// A descriptor's children by composite key, on ahash: every request walks them.
+pub(crate) type Children = std::collections::HashMap<String, Descriptor, ahash::RandomState>;
 
 /// A domain: its descriptors' tree.
 #[derive(Clone, Debug)]
@@ -334,6 +341,8 @@ pub struct LoadOptions {
 #[derive(Clone, Debug, Default)]
 pub struct Config {
     domains: BTreeMap<String, Domain>,
+    /// Descriptors, roots included.
+    descriptors: usize,
 }
 
 impl Config {
@@ -350,6 +359,7 @@ impl Config {
         for (name, contents) in files {
             config.add_file(name.as_ref(), contents.as_ref(), options)?;
         }
+        config.number();
         Ok(config)
     }
 
@@ -374,7 +384,30 @@ impl Config {
                 .map_err(|e| ConfigError::new(&name, None, format!("error loading config file: {e}")))?;
             config.add_file(&name, &contents, options)?;
         }
+        config.number();
         Ok(config)
+    }
+
+    /// Numbers every descriptor (roots included), from 0, depth first.
+    fn number(&mut self) {
+        fn walk(node: &mut Descriptor, next: &mut usize) {
+            node.index = *next;
+            *next += 1;
+            for child in node.children.values_mut() {
+                walk(child, next);
+            }
+        }
+        let mut next = 0;
+        for domain in self.domains.values_mut() {
+            walk(&mut domain.root, &mut next);
+        }
+        self.descriptors = next;
+    }
+
+    /// How many descriptors the configuration has, roots included (one more than the largest
+    /// `index`).
+    pub(crate) fn descriptor_count(&self) -> usize {
+        self.descriptors
     }
 
     /// The domain named `name`.
@@ -714,7 +747,8 @@ fn load_descriptors(
             share_threshold,
             metadata,
             line,
-            children: HashMap::new(),
+            children: Children::default(),
+            index: 0,
             wildcards: Vec::new(),
         };
         if let Some(children) = field(map, "descriptors") {

@@ -36,16 +36,14 @@ pub struct Found<'c> {
 
 /// `*` in `pattern` matching any run of characters (none included) in `text`.
 pub fn wildcard_match(pattern: &str, text: &str) -> bool {
-    let parts: Vec<&str> = pattern.split('*').collect();
-    let (first, last) = (parts[0], parts[parts.len() - 1]);
-    if parts.len() == 1 {
-        return pattern == text;
-    }
-    if !text.starts_with(first) || !text.ends_with(last) || text.len() < first.len() + last.len() {
+    let Some((first, rest)) = pattern.split_once('*') else { return pattern == text };
+    // The parts between the first `*` and the last, and the part after the last.
+    let (middle_parts, last) = rest.rsplit_once('*').unwrap_or(("", rest));
+    if text.len() < first.len() + last.len() || !text.starts_with(first) || !text.ends_with(last) {
         return false;
     }
     let mut middle = &text[first.len()..text.len() - last.len()];
-    for part in &parts[1..parts.len() - 1] {
+    for part in middle_parts.split('*') {
         match middle.find(part) {
             Some(i) => middle = &middle[i + part.len()..],
             None => return false,
@@ -54,7 +52,60 @@ pub fn wildcard_match(pattern: &str, text: &str) -> bool {
     true
 }
 
+/// A request descriptor's rule as the service needs it.
+pub(crate) enum Lookup<'c> {
+    /// The rule, whose statistics go by its own full key and whose counter by the request's
+    /// values: found without allocating.
+    Plain(&'c Descriptor),
+    /// The rule, with a statistics name or a shared counter that depends on the match.
+    Full(Found<'c>),
+}
+
 impl Domain {
+    /// [`find`](Domain::find) for the decision path: without an allocation unless the rule's
+    /// statistics name or counter depends on how it was matched (`detailed_metric`,
+    /// `value_to_metric`, `share_threshold` on the way), `composite` a buffer to reuse.
+    pub(crate) fn lookup<'c>(
+        &'c self,
+        entries: &[(String, String)],
+        composite: &mut String,
+    ) -> Option<Lookup<'c>> {
+        let mut parent = &self.root;
+        let mut found = None;
+        let mut plain = true;
+        for (i, (key, value)) in entries.iter().enumerate() {
+            composite.clear();
+            composite.push_str(key);
+            composite.push('_');
+            composite.push_str(value);
+            let node = if let Some(node) = parent.children.get(composite.as_str()) {
+                node
+            } else if let Some(pattern) = parent.wildcards.iter().find(|w| wildcard_match(w, composite)) {
+                let node = &parent.children[pattern];
+                plain &= !node.share_threshold;
+                node
+            } else if let Some(node) = parent.children.get(key.as_str()) {
+                node
+            } else {
+                break;
+            };
+            plain &= !node.value_to_metric;
+            if node.rate_limit.is_some() && i + 1 == entries.len() {
+                found = Some(node);
+            }
+            if node.children.is_empty() {
+                break;
+            }
+            parent = node;
+        }
+        let leaf = found?;
+        if plain && !leaf.detailed_metric {
+            return Some(Lookup::Plain(leaf));
+        }
+        let entries: Vec<(&str, &str)> = entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        self.find(&entries).map(Lookup::Full)
+    }
+
     /// The rule for a request descriptor's entries, if one applies.
     pub fn find<'c>(&'c self, entries: &[(&str, &str)]) -> Option<Found<'c>> {
         let mut parent = &self.root;

@@ -152,7 +152,7 @@ impl RedisBackend {
 /// The window a step is decided in on Redis, and its units: upstream's counts every hit up
 /// to the largest count; tollgate's has the rule's limit.
 fn window_of(p: &Pending<'_>) -> (FixedWindow, u64) {
-    let spec = p.table_id.spec();
+    let spec = p.table.spec();
     let length = std::time::Duration::from_secs(spec.window);
     let made = if spec.counted() {
         FixedWindow::new(MAX_COUNT, length)
@@ -166,8 +166,8 @@ fn window_of(p: &Pending<'_>) -> (FixedWindow, u64) {
 /// A step's Redis key (after the backend's prefix): the table (rule or per-request limits),
 /// the window, whether it counts refusals, and upstream's cache key.
 fn redis_key(p: &Pending<'_>) -> String {
-    let spec = p.table_id.spec();
-    format!("{}|{}s|{}|{}", p.table_id.name(), spec.window, if spec.counted() { "c" } else { "u" }, p.key)
+    let spec = p.table.spec();
+    format!("{}|{}s|{}|{}", p.table.name(), spec.window, if spec.counted() { "c" } else { "u" }, p.key)
 }
 
 /// Every rule this backend cannot decide, refused with its file and line.

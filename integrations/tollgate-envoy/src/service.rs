@@ -15,7 +15,8 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tollgate::{
@@ -23,8 +24,9 @@ use tollgate::{
     WhenFull,
 };
 
+use crate::config::Descriptor;
 use crate::config::{Algorithm, Config, ConfigError, Domain, Metadata, RateLimit, Unit};
-use crate::matching::Found;
+use crate::matching::{Found, Lookup};
 use crate::redis::{Decided, RedisBackend};
 
 /// The largest count a window holds; rules must stay below it.
@@ -150,30 +152,77 @@ impl Spec {
     }
 }
 
-/// Which table counts a decision: a rule's (its descriptor's full key, its table's spec), or
-/// a domain's per-request limits of one unit (one table for all of them, so that clients
-/// cannot make tables).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum TableId {
-    Rule(String, Spec),
-    Override(String, Unit),
+/// A limited rule's state in the service: its table, made on its first request, and its
+/// counts (under its full key).
+pub(crate) struct RuleSlot {
+    /// The rule's full key: its table's name (on Redis, its keys' prefix).
+    name: String,
+    spec: Spec,
+    table: OnceLock<Arc<Table>>,
+    counts: Arc<Counts>,
 }
 
-impl TableId {
+/// Which table counts a decision: a rule's, or a domain's per-request limits of one unit (one
+/// table for all of them, so that clients cannot make tables).
+#[derive(Clone, Copy)]
+pub(crate) enum TableRef<'r> {
+    Rule(&'r RuleSlot),
+    Override(&'r str, Unit),
+}
+
+impl<'r> TableRef<'r> {
     /// The rule's full key, or the domain's per-request limits.
-    pub(crate) fn name(&self) -> String {
+    pub(crate) fn name(self) -> std::borrow::Cow<'r, str> {
         match self {
-            TableId::Rule(full_key, _) => full_key.clone(),
-            TableId::Override(domain, _) => format!("{domain}|override"),
+            TableRef::Rule(slot) => std::borrow::Cow::Borrowed(&slot.name),
+            TableRef::Override(domain, _) => std::borrow::Cow::Owned(format!("{domain}|override")),
         }
     }
 
-    pub(crate) fn spec(&self) -> Spec {
+    pub(crate) fn spec(self) -> Spec {
         match self {
-            TableId::Rule(_, spec) => *spec,
-            TableId::Override(_, unit) => {
+            TableRef::Rule(slot) => slot.spec,
+            TableRef::Override(_, unit) => {
                 Spec { algorithm: Algorithm::FixedWindow, window: unit.seconds(), quota: 0, burst: 0 }
             }
+        }
+    }
+}
+
+/// Where a decision is counted: its rule's counts, or the counts of a statistics name that
+/// depends on the request.
+#[derive(Clone, Copy)]
+pub(crate) enum StatsRef<'r> {
+    Rule(&'r Counts),
+    Key(&'r str),
+}
+
+/// One statistics key's counts, each added to with a saturating atomic add.
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    total_hits: AtomicU64,
+    over_limit: AtomicU64,
+    near_limit: AtomicU64,
+    within_limit: AtomicU64,
+    shadow_mode: AtomicU64,
+}
+
+impl Counts {
+    /// `n` more in `field`, held at 2^64 − 1: a request's hits can be anything up to it.
+    fn add(field: &AtomicU64, n: u64) {
+        if n > 0 {
+            // Relaxed: a statistic, read on its own by a scrape; nothing is published with it.
+            let _ = field.fetch_update(Relaxed, Relaxed, |c| Some(c.saturating_add(n)));
+        }
+    }
+
+    fn snapshot(&self) -> RuleCounts {
+        RuleCounts {
+            total_hits: self.total_hits.load(Relaxed),
+            over_limit: self.over_limit.load(Relaxed),
+            near_limit: self.near_limit.load(Relaxed),
+            within_limit: self.within_limit.load(Relaxed),
+            shadow_mode: self.shadow_mode.load(Relaxed),
         }
     }
 }
@@ -194,13 +243,13 @@ impl<'r> Step<'r> {
     }
 }
 
-/// A decision to make: `hits` of `key` in the table of `table_id`, under `limit`.
+/// A decision to make: `hits` of `key` in `table`, under `limit`.
 pub(crate) struct Pending<'r> {
-    pub(crate) table_id: TableId,
+    pub(crate) table: TableRef<'r>,
     pub(crate) key: String,
     pub(crate) limit: CurrentLimit,
     pub(crate) hits: u64,
-    pub(crate) stats_key: &'r str,
+    pub(crate) stats: StatsRef<'r>,
     pub(crate) shadow: bool,
 }
 
@@ -377,11 +426,19 @@ fn system_time() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
+/// Per domain, the per-request limits' tables, one per unit.
+type Overrides = HashMap<String, Vec<(Unit, Arc<Table>)>, ahash::RandomState>;
+
 /// A configuration and its counters: what `ShouldRateLimit` decides with.
 pub struct Limits {
     config: Config,
-    tables: RwLock<HashMap<TableId, Arc<Table>>>,
-    counts: std::sync::Mutex<HashMap<String, RuleCounts>>,
+    /// Per descriptor of the configuration (by its `index`), its limited rule's state.
+    rules: Box<[Option<RuleSlot>]>,
+    /// Per domain, the per-request limits' tables, one per unit.
+    overrides: RwLock<Overrides>,
+    /// Every statistics key's counts (the rules' own included), shared with the limits a
+    /// reload makes.
+    counts: RwLock<HashMap<String, Arc<Counts>, ahash::RandomState>>,
     clock: WallClock,
     keys_per_rule: usize,
     settings: Settings,
@@ -408,13 +465,61 @@ impl Limits {
 
     /// [`new`](Limits::new) on a given wall clock (ns since the Unix epoch).
     pub fn with_clock(config: Config, keys_per_rule: usize, clock: WallClock) -> Result<Limits, ConfigError> {
+        Limits::build(config, keys_per_rule, clock, None)
+    }
+
+    /// The limits of `config`, with the tables and counts of `previous` where its rules stay.
+    fn build(
+        config: Config,
+        keys_per_rule: usize,
+        clock: WallClock,
+        previous: Option<&Limits>,
+    ) -> Result<Limits, ConfigError> {
         for domain in config.domains() {
             check_rules(domain)?;
         }
+        // Counts carry over by name (the same counters, so that a decision of the old limits
+        // still in flight is not lost); tables by rule and spec.
+        let mut counts: HashMap<String, Arc<Counts>, ahash::RandomState> = previous
+            .map_or_else(HashMap::default, |p| {
+                p.counts.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+            });
+        let old_tables: HashMap<(&str, Spec), &Arc<Table>> = previous
+            .iter()
+            .flat_map(|p| p.rules.iter().flatten())
+            .filter_map(|slot| Some(((slot.name.as_str(), slot.spec), slot.table.get()?)))
+            .collect();
+        let mut rules: Vec<Option<RuleSlot>> = (0..config.descriptor_count()).map(|_| None).collect();
+        for domain in config.domains() {
+            each_rule(&domain.root, &mut |rule| {
+                let Some(r) = rule.rate_limit.as_ref().filter(|r| !r.unlimited) else { return };
+                let spec = Spec::of(r);
+                let table = OnceLock::new();
+                if let Some(t) = old_tables.get(&(rule.full_key.as_str(), spec)) {
+                    let _ = table.set(Arc::clone(t));
+                }
+                rules[rule.index] = Some(RuleSlot {
+                    name: rule.full_key.clone(),
+                    spec,
+                    table,
+                    counts: Arc::clone(counts.entry(rule.full_key.clone()).or_default()),
+                });
+            });
+        }
+        let overrides = previous.map_or_else(HashMap::default, |p| {
+            p.overrides
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .filter(|(domain, _)| config.domain(domain).is_some())
+                .map(|(domain, tables)| (domain.clone(), tables.clone()))
+                .collect()
+        });
         Ok(Limits {
             config,
-            tables: RwLock::new(HashMap::new()),
-            counts: std::sync::Mutex::new(HashMap::new()),
+            rules: rules.into_boxed_slice(),
+            overrides: RwLock::new(overrides),
+            counts: RwLock::new(counts),
             clock,
             keys_per_rule: keys_per_rule.max(1),
             settings: Settings::default(),
@@ -451,7 +556,7 @@ impl Limits {
 
     /// Requests the global shadow mode answered OK although over a limit.
     pub fn global_shadow_mode(&self) -> u64 {
-        self.global_shadow.load(std::sync::atomic::Ordering::Relaxed)
+        self.global_shadow.load(Relaxed)
     }
 
     /// Limits under `config` that keep this one's counts where its rules stay: the window
@@ -459,45 +564,28 @@ impl Limits {
     /// `requests_per_unit` applies to the counts already made), the per-request limits'
     /// counters, and every statistics key's counts. What a reload makes.
     pub fn reloaded(&self, config: Config) -> Result<Limits, ConfigError> {
-        let mut next = Limits::with_clock(config, self.keys_per_rule, Arc::clone(&self.clock))?
+        let mut next = Limits::build(config, self.keys_per_rule, Arc::clone(&self.clock), Some(self))?
             .with_settings(self.settings.clone());
         if let Some(redis) = &self.redis {
             next = next.with_redis(redis.clone())?;
         }
         next.latency = Arc::clone(&self.latency);
-        next.global_shadow.store(self.global_shadow_mode(), std::sync::atomic::Ordering::Relaxed);
-        // The tables the new configuration would make: every limited rule's, and the
-        // per-request limits' of every domain it still has.
-        let mut wanted = std::collections::HashSet::new();
-        for domain in next.config.domains() {
-            each_rule(&domain.root, &mut |rule| {
-                if let Some(r) = rule.rate_limit.as_ref().filter(|r| !r.unlimited) {
-                    wanted.insert(TableId::Rule(rule.full_key.clone(), Spec::of(r)));
-                }
-            });
-        }
-        let kept = self
-            .tables
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .filter(|(id, _)| match id {
-                TableId::Rule(..) => wanted.contains(*id),
-                TableId::Override(domain, _) => next.config.domain(domain).is_some(),
-            })
-            .map(|(id, table)| (id.clone(), Arc::clone(table)))
-            .collect();
-        *next.tables.write().unwrap_or_else(std::sync::PoisonError::into_inner) = kept;
-        *next.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-            self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        next.global_shadow.store(self.global_shadow_mode(), Relaxed);
         Ok(next)
     }
 
     /// The memory the window tables made so far hold (allocated up front per table, for
     /// `keys_per_rule` values each), and how many tables there are.
     pub fn memory(&self) -> (usize, usize) {
-        let tables = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        (tables.values().map(|t| t.memory_bytes()).sum(), tables.len())
+        let overrides = self.overrides.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let tables: Vec<&Arc<Table>> = self
+            .rules
+            .iter()
+            .flatten()
+            .filter_map(|slot| slot.table.get())
+            .chain(overrides.values().flatten().map(|(_, t)| t))
+            .collect();
+        (tables.iter().map(|t| t.memory_bytes()).sum(), tables.len())
     }
 
     /// The configuration.
@@ -508,10 +596,10 @@ impl Limits {
     /// The counts kept under statistics key `key` (e.g. `domain.key1_value1`).
     pub fn counts(&self, key: &str) -> RuleCounts {
         self.counts
-            .lock()
+            .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(key)
-            .copied()
+            .map(|c| c.snapshot())
             .unwrap_or_default()
     }
 
@@ -528,7 +616,13 @@ impl Limits {
     pub fn report_metrics(&self) {
         self.latency.report();
         metrics::counter!("ratelimit_service_global_shadow_mode").absolute(self.global_shadow_mode());
-        let counts = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let counts: Vec<(String, RuleCounts)> = self
+            .counts
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(key, c)| (key.clone(), c.snapshot()))
+            .collect();
         let mut series: HashMap<(String, String, Option<String>), RuleCounts> = HashMap::new();
         for (key, c) in counts {
             let key = sanitize_stat(&key);
@@ -616,48 +710,54 @@ impl Limits {
     /// The rule of each of the request's descriptors.
     fn rules<'c>(&'c self, request: &Request) -> Vec<Rule<'c>> {
         let domain = self.config.domain(&request.domain);
+        let mut composite = String::new();
         request
             .descriptors
             .iter()
             .map(|d| match domain {
-                Some(domain) => Rule::of(domain, d),
+                Some(domain) => Rule::of(domain, d, &mut composite),
                 None => Rule::None,
             })
             .collect()
     }
 
     /// What each descriptor needs: an answer known without deciding, or a decision.
-    fn steps<'r>(&self, request: &Request, rules: &'r [Rule<'_>]) -> Vec<Step<'r>> {
+    fn steps<'r>(&'r self, request: &'r Request, rules: &'r [Rule<'_>]) -> Vec<Step<'r>> {
         // Rules another applying rule replaces are neither counted nor reported.
         let replaced: Vec<&str> = rules
             .iter()
-            .filter_map(Rule::found)
-            .flat_map(|f| f.descriptor.rate_limit.iter().flat_map(|r| r.replaces.iter().map(String::as_str)))
+            .filter_map(Rule::descriptor)
+            .flat_map(|d| d.rate_limit.iter().flat_map(|r| r.replaces.iter().map(String::as_str)))
             .collect();
         let mut steps = Vec::with_capacity(rules.len());
         for (d, rule) in request.descriptors.iter().zip(rules) {
             let hits = d.hits_addend.unwrap_or_else(|| u64::from(request.hits_addend.max(1)));
             steps.push(match rule {
                 Rule::None => Step::Known(Status::no_limit()),
-                Rule::Found(f) => {
-                    let r = f.descriptor.rate_limit.as_ref().expect("a found rule has a rate_limit");
+                Rule::Plain(descriptor) | Rule::Found(Found { descriptor, .. }) => {
+                    let r = descriptor.rate_limit.as_ref().expect("a found rule has a rate_limit");
                     if r.unlimited {
                         Step::Known(Status::unlimited())
                     } else if !r.name.is_empty() && replaced.contains(&r.name.as_str()) {
                         Step::Known(Status::no_limit())
                     } else {
-                        let unit = r.unit.expect("a limited rule has a unit");
+                        let slot =
+                            self.rules[descriptor.index].as_ref().expect("every limited rule has a slot");
+                        let (shared, stats) = match rule {
+                            Rule::Found(f) => (f.shared.as_slice(), StatsRef::Key(&f.stats_key)),
+                            _ => (&[][..], StatsRef::Rule(&slot.counts)),
+                        };
                         Step::Decide(Pending {
                             limit: CurrentLimit {
                                 requests_per_unit: r.requests_per_unit,
-                                unit,
+                                unit: r.unit.expect("a limited rule has a unit"),
                                 name: r.name.clone(),
                             },
-                            table_id: TableId::Rule(f.descriptor.full_key.clone(), Spec::of(r)),
-                            key: cache_key(&d.entries, &f.shared),
+                            table: TableRef::Rule(slot),
+                            key: cache_key(&d.entries, shared),
                             hits,
-                            stats_key: &f.stats_key,
-                            shadow: f.descriptor.shadow_mode,
+                            stats,
+                            shadow: descriptor.shadow_mode,
                         })
                     }
                 }
@@ -667,10 +767,10 @@ impl Limits {
                         unit: *unit,
                         name: String::new(),
                     },
-                    table_id: TableId::Override(request.domain.clone(), *unit),
+                    table: TableRef::Override(&request.domain, *unit),
                     key: cache_key(&d.entries, &[]),
                     hits,
-                    stats_key,
+                    stats: StatsRef::Key(stats_key),
                     shadow: false,
                 }),
             });
@@ -701,7 +801,7 @@ impl Limits {
                     Some(code) => self.failed(&p, code, now_ns),
                 },
             };
-            let quota = self.settings.quota_mode || rule.found().is_some_and(|f| f.descriptor.quota_mode);
+            let quota = self.settings.quota_mode || rule.descriptor().is_some_and(|d| d.quota_mode);
             kinds.push((status.current_limit.is_some(), quota));
             statuses.push(status);
         }
@@ -728,7 +828,7 @@ impl Limits {
         };
         if overall_code == Code::OverLimit && self.settings.shadow_mode {
             overall_code = Code::Ok;
-            self.global_shadow.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.global_shadow.fetch_add(1, Relaxed);
         }
         let headers = match &self.settings.response_headers {
             Some(names) => headers(names, &statuses, &kinds),
@@ -745,37 +845,36 @@ impl Limits {
         if p.limit.requests_per_unit == 0 {
             return None;
         }
-        let spec = p.table_id.spec();
-        let n = if spec.counted() { p.hits.min(MAX_COUNT) } else { p.hits };
-        Some(self.check(&p.table_id, &p.key, now_ns, n))
+        let n = if p.table.spec().counted() { p.hits.min(MAX_COUNT) } else { p.hits };
+        Some(self.check(p.table, &p.key, now_ns, n))
     }
 
     /// One descriptor's status when its decision could not be made: `code`, by the failure
     /// policy, counted as within or over the limit.
     fn failed(&self, p: &Pending<'_>, code: Code, now_ns: u64) -> Status {
-        let mut counts = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let c = counts.entry(p.stats_key.to_owned()).or_default();
-        c.total_hits = c.total_hits.saturating_add(p.hits);
-        let remaining = if code == Code::Ok {
-            c.within_limit = c.within_limit.saturating_add(p.hits);
-            p.limit.requests_per_unit
-        } else {
-            c.over_limit = c.over_limit.saturating_add(p.hits);
-            0
-        };
+        let remaining = self.count(p.stats, |c| {
+            Counts::add(&c.total_hits, p.hits);
+            if code == Code::Ok {
+                Counts::add(&c.within_limit, p.hits);
+                p.limit.requests_per_unit
+            } else {
+                Counts::add(&c.over_limit, p.hits);
+                0
+            }
+        });
         Status {
             code,
             current_limit: Some(p.limit.clone()),
             limit_remaining: remaining,
-            duration_until_reset: Some(p.table_id.spec().until_reset(now_ns)),
+            duration_until_reset: Some(p.table.spec().until_reset(now_ns)),
         }
     }
 
     /// One descriptor's status from its decision (upstream's: the count after the hits,
     /// compared with the limit), counted in its statistics.
     fn account(&self, p: &Pending<'_>, decision: Option<Decision>, now_ns: u64) -> Status {
-        let (limit, hits, stats_key, shadow) = (p.limit.clone(), p.hits, p.stats_key, p.shadow);
-        let spec = p.table_id.spec();
+        let (limit, hits, shadow) = (p.limit.clone(), p.hits, p.shadow);
+        let spec = p.table.spec();
         // Upstream's reset: the end of the (aligned) window.
         let window_reset = spec.until_reset(now_ns);
         // `after`: the count after the hits, as upstream's INCRBY returns it; `over`: the count
@@ -808,39 +907,30 @@ impl Limits {
         };
         let before = after.saturating_sub(hits);
         let near = (over as f32 * self.settings.near_limit_ratio).floor() as u64;
-        // Counts saturate: a request's hits can be anything up to 2^64 − 1.
-        let mut counts = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // The key is copied only the first time it is counted.
-        if !counts.contains_key(stats_key) {
-            counts.insert(stats_key.to_owned(), RuleCounts::default());
-        }
-        let c = counts.get_mut(stats_key).expect("inserted above");
-        c.total_hits = c.total_hits.saturating_add(hits);
-        let remaining;
-        let code;
-        if after > over {
-            code = Code::OverLimit;
-            remaining = 0;
-            if before >= over {
-                c.over_limit = c.over_limit.saturating_add(hits);
+        let (code, remaining) = self.count(p.stats, |c| {
+            Counts::add(&c.total_hits, hits);
+            let (code, remaining) = if after > over {
+                if before >= over {
+                    Counts::add(&c.over_limit, hits);
+                } else {
+                    Counts::add(&c.over_limit, after - over);
+                    Counts::add(&c.near_limit, over - near.max(before));
+                }
+                (Code::OverLimit, 0)
             } else {
-                c.over_limit = c.over_limit.saturating_add(after - over);
-                c.near_limit = c.near_limit.saturating_add(over - near.max(before));
+                if after > near {
+                    Counts::add(&c.near_limit, if before >= near { hits } else { after - near });
+                }
+                Counts::add(&c.within_limit, hits);
+                (Code::Ok, u32::try_from(over - after).unwrap_or(u32::MAX))
+            };
+            if code == Code::OverLimit && shadow {
+                Counts::add(&c.shadow_mode, if before >= over { hits } else { after - over });
+                (Code::Ok, remaining)
+            } else {
+                (code, remaining)
             }
-        } else {
-            code = Code::Ok;
-            remaining = u32::try_from(over - after).unwrap_or(u32::MAX);
-            if after > near {
-                c.near_limit = c.near_limit.saturating_add(if before >= near { hits } else { after - near });
-            }
-            c.within_limit = c.within_limit.saturating_add(hits);
-        }
-        let code = if code == Code::OverLimit && shadow {
-            c.shadow_mode = c.shadow_mode.saturating_add(if before >= over { hits } else { after - over });
-            Code::Ok
-        } else {
-            code
-        };
+        });
         Status {
             code,
             current_limit: Some(limit),
@@ -849,26 +939,55 @@ impl Limits {
         }
     }
 
-    /// `n` hits of `key` in the table of `id`, made on first use (at `now_ns`). The read lock
-    /// is held over the decision, so that the table's `Arc` is not touched per decision.
-    fn check(&self, id: &TableId, key: &str, now_ns: u64, n: u64) -> Decision {
-        if let Some(t) = self.tables.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(id) {
-            return t.check(key, now_ns, n);
+    /// `f` on the counts of `stats` (those of a name first counted now made for it).
+    fn count<T>(&self, stats: StatsRef<'_>, f: impl FnOnce(&Counts) -> T) -> T {
+        let key = match stats {
+            StatsRef::Rule(counts) => return f(counts),
+            StatsRef::Key(key) => key,
+        };
+        if let Some(c) = self.counts.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(key) {
+            return f(c);
         }
-        self.table(id.clone(), now_ns).check(key, now_ns, n)
+        let c = Arc::clone(
+            self.counts
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .entry(key.to_owned())
+                .or_default(),
+        );
+        f(&c)
     }
 
-    /// The table of `id`, made on first use (at `now_ns`).
-    fn table(&self, id: TableId, now_ns: u64) -> Arc<Table> {
-        let mut tables = self.tables.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let spec = id.spec();
-        let capacity = self.keys_per_rule;
-        Arc::clone(tables.entry(id).or_insert_with(|| {
+    /// `n` hits of `key` in `table`, the table made on first use (at `now_ns`).
+    fn check(&self, table: TableRef<'_>, key: &str, now_ns: u64, n: u64) -> Decision {
+        let make = |spec: Spec| {
             Arc::new(
-                spec.table(capacity, now_ns)
+                spec.table(self.keys_per_rule, now_ns)
                     .expect("every rule's table was made once when the configuration was loaded"),
             )
-        }))
+        };
+        let (domain, unit) = match table {
+            TableRef::Rule(slot) => return slot.table.get_or_init(|| make(slot.spec)).check(key, now_ns, n),
+            TableRef::Override(domain, unit) => (domain, unit),
+        };
+        // The read lock is held over the decision, so that the table's `Arc` is not touched.
+        let overrides = self.overrides.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, t)) = overrides.get(domain).and_then(|ts| ts.iter().find(|(u, _)| *u == unit)) {
+            return t.check(key, now_ns, n);
+        }
+        drop(overrides);
+        let mut overrides = self.overrides.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let tables = overrides.entry(domain.to_owned()).or_default();
+        let t = match tables.iter().find(|(u, _)| *u == unit) {
+            Some((_, t)) => Arc::clone(t),
+            None => {
+                let t = make(table.spec());
+                tables.push((unit, Arc::clone(&t)));
+                t
+            }
+        };
+        drop(overrides);
+        t.check(key, now_ns, n)
     }
 }
 
@@ -933,10 +1052,10 @@ fn dynamic_metadata(request: &Request, rules: &[Rule<'_>], statuses: &[Status]) 
     }
     let mut passed = Vec::new();
     for (rule, status) in rules.iter().zip(statuses) {
-        let Some(found) = rule.found() else { continue };
-        let limited = found.descriptor.rate_limit.as_ref().is_some_and(|r| !r.unlimited);
+        let Some(descriptor) = rule.descriptor() else { continue };
+        let limited = descriptor.rate_limit.as_ref().is_some_and(|r| !r.unlimited);
         if limited && status.code == Code::Ok && status.current_limit.is_some() {
-            if let Some(Metadata::Struct(m)) = &found.descriptor.metadata {
+            if let Some(Metadata::Struct(m)) = &descriptor.metadata {
                 merge(&mut passed, m);
             }
         }
@@ -966,13 +1085,16 @@ fn merge(into: &mut Vec<(String, Metadata)>, from: &[(String, Metadata)]) {
 /// The rule of one request descriptor.
 enum Rule<'c> {
     None,
+    /// A rule counted under its own full key.
+    Plain(&'c Descriptor),
+    /// A rule whose statistics name or counter depends on the match.
     Found(Found<'c>),
     /// A per-request limit: requests per unit, unit, statistics key.
     Override(u32, Unit, String),
 }
 
 impl<'c> Rule<'c> {
-    fn of(domain: &'c Domain, d: &RequestDescriptor) -> Rule<'c> {
+    fn of(domain: &'c Domain, d: &RequestDescriptor, composite: &mut String) -> Rule<'c> {
         if let Some((requests_per_unit, Some(unit))) = d.limit {
             let mut key = domain.name.clone();
             for (k, v) in &d.entries {
@@ -985,13 +1107,31 @@ impl<'c> Rule<'c> {
             }
             return Rule::Override(requests_per_unit, unit, key);
         }
-        let entries: Vec<(&str, &str)> = d.entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        domain.find(&entries).map_or(Rule::None, Rule::Found)
+        match domain.lookup(&d.entries, composite) {
+            None => Rule::None,
+            Some(Lookup::Plain(descriptor)) => {
+                // The fast walk's claim: the full one names the statistics as the rule.
+                #[cfg(debug_assertions)]
+                {
+                    let entries: Vec<(&str, &str)> =
+                        d.entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                    let found =
+                        domain.find(&entries).expect("the full walk finds the rule the fast one found");
+                    debug_assert!(std::ptr::eq(found.descriptor, descriptor));
+                    debug_assert_eq!(found.stats_key, descriptor.full_key);
+                    debug_assert!(found.shared.iter().all(Option::is_none));
+                }
+                Rule::Plain(descriptor)
+            }
+            Some(Lookup::Full(found)) => Rule::Found(found),
+        }
     }
 
-    fn found(&self) -> Option<&Found<'c>> {
+    /// The configuration's descriptor that applies, if one does.
+    fn descriptor(&self) -> Option<&'c Descriptor> {
         match self {
-            Rule::Found(f) => Some(f),
+            Rule::Plain(d) => Some(d),
+            Rule::Found(f) => Some(f.descriptor),
             _ => None,
         }
     }
@@ -1000,7 +1140,9 @@ impl<'c> Rule<'c> {
 /// Upstream's cache key without its domain prefix and window: `key_value_` per entry, the
 /// shared pattern in place of the value where the threshold is shared.
 fn cache_key(entries: &[(String, String)], shared: &[Option<String>]) -> String {
-    let mut key = String::new();
+    let value = |i: usize, v: &'_ String| shared.get(i).and_then(Option::as_deref).unwrap_or(v).len();
+    let mut key =
+        String::with_capacity(entries.iter().enumerate().map(|(i, (k, v))| k.len() + value(i, v) + 2).sum());
     for (i, (k, v)) in entries.iter().enumerate() {
         key.push_str(k);
         key.push('_');
