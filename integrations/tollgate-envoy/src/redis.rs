@@ -120,7 +120,12 @@ impl RedisBackend {
         for round in rounds {
             let checks: Vec<WindowCheck<'_>> = round
                 .iter()
-                .map(|&w| WindowCheck { key: wanted[w].1.as_bytes(), window: wanted[w].2, n: wanted[w].3 })
+                .map(|&w| WindowCheck {
+                    key: wanted[w].1.as_bytes(),
+                    window: wanted[w].2,
+                    n: wanted[w].3,
+                    up_to: 0,
+                })
                 .collect();
             match self.windows.check_all(&checks).await {
                 Ok(got) => {

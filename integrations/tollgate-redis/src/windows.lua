@@ -14,7 +14,7 @@
 -- have written what the script wrote: every decision is the engine's, bit for bit.
 --
 -- KEYS[i]   the window of check i
--- ARGV[1]   20 bytes per check, five big-endian 32-bit words each (one argument):
+-- ARGV[1]   28 bytes per check, seven big-endian 32-bit words each (one argument):
 --             flags     bit 0: refused hits count (`FixedWindow::charging_refusals`);
 --                       bit 1: decide at ARGV[2] (a replay) instead of the server's TIME (the
 --                       first check's flags decide for the batch); bit 2: `window` is in
@@ -22,6 +22,8 @@
 --             limit     the window's limit, at most 2^24 − 1
 --             window    the window's length, in µs or seconds (see bit 2), at least 1
 --             n (hi, lo)
+--             up_to (hi, lo)  a lease: when the window has at least n left, take up to this
+--                       many (all there is, if fewer); at most n: exactly n
 -- ARGV[2]   the replayed instant, µs since the Unix epoch, as decimal text (at most 2^53)
 --
 -- Returns 8 + 16·#KEYS bytes: the instant decided at (µs, two limbs), then per check the word
@@ -32,8 +34,8 @@ local C = 16777216 -- 2^24
 local MASK = C - 1
 local MAX_INDEX = 1099511627775 -- 2^40 − 1
 local args = ARGV[1]
-if #args ~= 20 * #KEYS then
-  return redis.error_reply('TOLLGATE_ARGS the checks are ' .. #args .. ' bytes for ' .. #KEYS .. ' keys, not 20 each')
+if #args ~= 28 * #KEYS then
+  return redis.error_reply('TOLLGATE_ARGS the checks are ' .. #args .. ' bytes for ' .. #KEYS .. ' keys, not 28 each')
 end
 
 local now_us
@@ -51,11 +53,12 @@ local out = { struct.pack('>I4I4', math.floor(now_us / P), now_us % P) }
 -- what it held before the batch, twice, as two concurrent decisions would be; the client
 -- refuses such batches.
 for i, key in ipairs(KEYS) do
-  local flags, limit, window, nh, nl = struct.unpack('>I4I4I4I4I4', args, 20 * (i - 1) + 1)
+  local flags, limit, window, nh, nl, uh, ul = struct.unpack('>I4I4I4I4I4I4I4', args, 28 * (i - 1) + 1)
   local charge = flags % 2 == 1
   local w_us = window
   if math.floor(flags / 4) % 2 == 1 then w_us = window * 1000000 end
   local n = nh * P + nl
+  local up_to = uh * P + ul
   local hi, lo = 0, 0
   local raw = redis.call('GET', key)
   if raw then
@@ -78,6 +81,10 @@ for i, key in ipairs(KEYS) do
     next_count = nil
   elseif n <= limit and count + n <= limit then
     next_count = count + n
+    if up_to > n then
+      -- A lease: all the window has left, up to `up_to`.
+      next_count = math.min(count + up_to, limit)
+    end
   elseif charge and n <= MASK then
     -- Refused and counted, held at the count's largest value.
     local c = count + n

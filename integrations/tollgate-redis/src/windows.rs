@@ -15,7 +15,7 @@ use crate::limiter::{Link, Target, MAX_MICROS};
 const WINDOWS_LUA: &str = include_str!("windows.lua");
 
 /// The bytes of one check in the script's argument.
-const CHECK_BYTES: usize = 20;
+const CHECK_BYTES: usize = 28;
 /// Hash slots of a Redis Cluster.
 const SLOTS: u16 = 16384;
 
@@ -56,6 +56,21 @@ pub struct WindowCheck<'a> {
     pub window: FixedWindow,
     /// The units asked for (0: a look that changes nothing).
     pub n: u64,
+    /// A lease: when the window has `n` units left, take up to `up_to` of them (all it has,
+    /// if fewer); at most `n` (0, say): exactly `n`. [`RedisWindows::take_all`] says how
+    /// many were taken.
+    pub up_to: u64,
+}
+
+/// What a check of [`RedisWindows::take_all`] did.
+#[derive(Clone, Copy, Debug)]
+pub struct Taken {
+    /// The decision on the units taken (`n` or, for a lease, more): its `remaining` is what
+    /// the window has left after them, its reset when the window ends. A refusal took nothing
+    /// (unless the window counts refused units).
+    pub decision: Decision,
+    /// The units taken: 0 when refused, else `n` or, for a lease, up to `up_to`.
+    pub units: u64,
 }
 
 /// Builds a [`RedisWindows`].
@@ -139,6 +154,14 @@ impl RedisWindows {
     /// naming one key twice, or a window that is not whole microseconds (or whole seconds
     /// beyond 2^32 µs), is refused before anything is sent.
     pub async fn check_all(&self, checks: &[WindowCheck<'_>]) -> Result<Vec<Decision>, Error> {
+        Ok(self.decide(checks, None).await?.into_iter().map(|t| t.decision).collect())
+    }
+
+    /// [`check_all`](RedisWindows::check_all), with what each check took: a lease
+    /// ([`WindowCheck::up_to`]) takes all the window has up to `up_to` when it has the `n`
+    /// asked for. Each lease is the engine's decision on the units it took, and the most the
+    /// window could give: the client checks both.
+    pub async fn take_all(&self, checks: &[WindowCheck<'_>]) -> Result<Vec<Taken>, Error> {
         self.decide(checks, None).await
     }
 
@@ -151,13 +174,23 @@ impl RedisWindows {
         checks: &[WindowCheck<'_>],
         micros: u64,
     ) -> Result<Vec<Decision>, Error> {
+        Ok(self.take_all_at_server_time(checks, micros).await?.into_iter().map(|t| t.decision).collect())
+    }
+
+    /// [`take_all`](RedisWindows::take_all) as if the server's clock read `micros`.
+    #[doc(hidden)]
+    pub async fn take_all_at_server_time(
+        &self,
+        checks: &[WindowCheck<'_>],
+        micros: u64,
+    ) -> Result<Vec<Taken>, Error> {
         if micros > MAX_MICROS {
             return Err(Error::TimeOutOfRange { micros });
         }
         self.decide(checks, Some(micros)).await
     }
 
-    async fn decide(&self, checks: &[WindowCheck<'_>], at: Option<u64>) -> Result<Vec<Decision>, Error> {
+    async fn decide(&self, checks: &[WindowCheck<'_>], at: Option<u64>) -> Result<Vec<Taken>, Error> {
         let inner = &*self.inner;
         let keys: Vec<Vec<u8>> = checks.iter().map(|c| [inner.prefix.as_slice(), c.key].concat()).collect();
         let mut args = Vec::with_capacity(checks.len());
@@ -198,7 +231,7 @@ impl RedisWindows {
             async move { inner.link.call(inner.link.conn.invoke(&invocation)).await }
         });
         let replies = futures_util::future::join_all(calls).await;
-        let mut decisions = vec![Decision::untracked(); checks.len()];
+        let mut decisions = vec![Taken { decision: Decision::untracked(), units: 0 }; checks.len()];
         for ((_, members), reply) in groups.iter().zip(replies) {
             let reply = reply.map_err(corrupt_value)?;
             let first = &keys[members[0]];
@@ -217,8 +250,21 @@ impl RedisWindows {
             for (j, &i) in members.iter().enumerate() {
                 let (held, written) = (word(8 + 16 * j), word(16 + 16 * j));
                 let c = &checks[i];
-                let (next, decision) = c.window.decide(held, Nanos::new(now_us.saturating_mul(1000)), c.n);
-                if next.unwrap_or(0) != written {
+                let now = Nanos::new(now_us.saturating_mul(1000));
+                let (mut next, mut decision) = c.window.decide(held, now, c.n);
+                let mut units = if decision.is_allowed() { c.n } else { 0 };
+                let mut lease_ok = true;
+                if c.up_to > c.n && decision.is_allowed() && c.n > 0 && written != 0 {
+                    // A lease: the engine's decision on the units the script took (what it
+                    // wrote past the engine's word for `n`), which must be all the window
+                    // had, up to `up_to`.
+                    let took = written.wrapping_sub(next.unwrap_or(0)).wrapping_add(c.n);
+                    (next, decision) = c.window.decide(held, now, took);
+                    let most = took == c.up_to || decision.remaining() == 0;
+                    lease_ok = took >= c.n && took <= c.up_to && decision.is_allowed() && most;
+                    units = took;
+                }
+                if next.unwrap_or(0) != written || !lease_ok {
                     return Err(Error::Corrupt {
                         key: String::from_utf8_lossy(&keys[i]).into_owned(),
                         reason: format!(
@@ -227,7 +273,7 @@ impl RedisWindows {
                         ),
                     });
                 }
-                decisions[i] = decision;
+                decisions[i] = Taken { decision, units };
             }
             Counters::bump(&inner.link.counters.redis);
         }
@@ -235,8 +281,8 @@ impl RedisWindows {
     }
 }
 
-/// A check's 20 bytes: flags, limit, window, n (two limbs); `None` for a window the script
-/// cannot take.
+/// A check's 28 bytes: flags, limit, window, n and up_to (two limbs each); `None` for a
+/// window the script cannot take.
 fn encode(c: &WindowCheck<'_>, replay: bool) -> Option<[u8; CHECK_BYTES]> {
     let ns = u64::try_from(c.window.window().as_nanos()).ok()?;
     let mut flags = u32::from(c.window.charges_refusals()) | if replay { 2 } else { 0 };
@@ -250,8 +296,10 @@ fn encode(c: &WindowCheck<'_>, replay: bool) -> Option<[u8; CHECK_BYTES]> {
         _ => return None,
     };
     let limit = u32::try_from(c.window.limit()).ok()?;
+    let up_to = c.up_to.max(c.n);
     let mut out = [0u8; CHECK_BYTES];
-    for (chunk, w) in out.chunks_exact_mut(4).zip([flags, limit, length, (c.n >> 32) as u32, c.n as u32]) {
+    let words = [flags, limit, length, (c.n >> 32) as u32, c.n as u32, (up_to >> 32) as u32, up_to as u32];
+    for (chunk, w) in out.chunks_exact_mut(4).zip(words) {
         chunk.copy_from_slice(&w.to_be_bytes());
     }
     Some(out)

@@ -43,8 +43,8 @@ fn upstreams_counting_window_and_tollgates_on_one_batch() {
         let (counted, plain) = (fw(3, minute, true), fw(3, minute, false));
         let batch = |n: u64| {
             [
-                WindowCheck { key: b"counted", window: counted, n },
-                WindowCheck { key: b"plain", window: plain, n },
+                WindowCheck { key: b"counted", window: counted, n, up_to: 0 },
+                WindowCheck { key: b"plain", window: plain, n, up_to: 0 },
             ]
         };
         let at = |s: u64| T0 + s * 1_000_000;
@@ -68,7 +68,8 @@ fn live_keys_expire_when_their_window_ends() {
     let server = Server::start(&[]);
     rt().block_on(async {
         let w = windows(server.url()).await;
-        let check = [WindowCheck { key: b"k", window: fw(5, Duration::from_secs(10), false), n: 1 }];
+        let check =
+            [WindowCheck { key: b"k", window: fw(5, Duration::from_secs(10), false), n: 1, up_to: 0 }];
         let decided = std::time::Instant::now();
         let d = w.check_all(&check).await.unwrap();
         assert!(d[0].is_allowed());
@@ -83,7 +84,8 @@ fn live_keys_expire_when_their_window_ends() {
             "PTTL {pttl} ms, reset {reset} ms, {since} ms since"
         );
         // A look (n = 0) writes nothing.
-        let look = [WindowCheck { key: b"other", window: fw(5, Duration::from_secs(10), false), n: 0 }];
+        let look =
+            [WindowCheck { key: b"other", window: fw(5, Duration::from_secs(10), false), n: 0, up_to: 0 }];
         assert!(w.check_all(&look).await.unwrap()[0].is_allowed());
         assert_eq!(server.cli(&["EXISTS", "tollgate:w:other"]).unwrap().trim(), "0");
     });
@@ -96,23 +98,26 @@ fn bad_batches_and_values_are_typed_errors() {
         let w = windows(server.url()).await;
         let minute = fw(5, Duration::from_secs(60), false);
         let twice = [
-            WindowCheck { key: b"a", window: minute, n: 1 },
-            WindowCheck { key: b"a", window: minute, n: 1 },
+            WindowCheck { key: b"a", window: minute, n: 1, up_to: 0 },
+            WindowCheck { key: b"a", window: minute, n: 1, up_to: 0 },
         ];
         let e = w.check_all(&twice).await.unwrap_err();
         assert!(matches!(&e, Error::Batch { reason } if reason.contains("named twice")), "{e}");
-        let odd = [WindowCheck { key: b"b", window: fw(5, Duration::from_nanos(1_500), false), n: 1 }];
+        let odd =
+            [WindowCheck { key: b"b", window: fw(5, Duration::from_nanos(1_500), false), n: 1, up_to: 0 }];
         let e = w.check_all(&odd).await.unwrap_err();
         assert!(matches!(&e, Error::Batch { reason } if reason.contains("not whole microseconds")), "{e}");
         server.cli(&["SET", "tollgate:w:text", "abc"]).unwrap();
-        let e = w.check_all(&[WindowCheck { key: b"text", window: minute, n: 1 }]).await.unwrap_err();
+        let e =
+            w.check_all(&[WindowCheck { key: b"text", window: minute, n: 1, up_to: 0 }]).await.unwrap_err();
         assert!(
             matches!(&e, Error::Corrupt { reason, .. } if reason.contains("not a tollgate window")),
             "{e}"
         );
         assert!(!e.is_transient());
         server.cli(&["RPUSH", "tollgate:w:list", "x"]).unwrap();
-        let e = w.check_all(&[WindowCheck { key: b"list", window: minute, n: 1 }]).await.unwrap_err();
+        let e =
+            w.check_all(&[WindowCheck { key: b"list", window: minute, n: 1, up_to: 0 }]).await.unwrap_err();
         assert!(e.to_string().contains("WRONGTYPE"), "{e}");
         // The server keeps answering.
         assert_eq!(server.cli(&["PING"]).unwrap().trim(), "PONG");
@@ -135,8 +140,10 @@ fn a_batch_over_a_cluster_is_one_call_per_slot_and_decides_as_one_server() {
         let window = fw(4, Duration::from_secs(1), true);
         let names: Vec<String> = (0..12).map(|i| format!("key-{i}")).collect();
         for step in 0..6u64 {
-            let checks: Vec<WindowCheck<'_>> =
-                names.iter().map(|k| WindowCheck { key: k.as_bytes(), window, n: 1 + step % 2 }).collect();
+            let checks: Vec<WindowCheck<'_>> = names
+                .iter()
+                .map(|k| WindowCheck { key: k.as_bytes(), window, n: 1 + step % 2, up_to: 0 })
+                .collect();
             let at = T0 + step * 300_000;
             let a = c.check_all_at_server_time(&checks, at).await.unwrap();
             let b = s.check_all_at_server_time(&checks, at).await.unwrap();
@@ -150,12 +157,13 @@ fn a_batch_over_a_cluster_is_one_call_per_slot_and_decides_as_one_server() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
-    /// Random batches over four keys with their own windows, replayed at increasing instants:
-    /// every decision equals the engine's on a local copy of the words.
+    /// Random batches over four keys with their own windows, replayed at increasing instants,
+    /// some checks leases: every decision equals the engine's on a local copy of the words, and
+    /// every lease takes the most the engine would admit, up to what it asked.
     #[test]
     fn every_decision_is_the_engines(
         specs in prop::collection::vec((1u64..20, 0usize..5, any::<bool>()), 4),
-        steps in prop::collection::vec((0u64..3_000_000, prop::collection::vec(0u64..25, 4)), 1..30),
+        steps in prop::collection::vec((0u64..3_000_000, prop::collection::vec((0u64..25, 0u64..40), 4)), 1..30),
     ) {
         let server = Server::start(&[]);
         let lengths = [
@@ -172,19 +180,33 @@ proptest! {
             let w = windows(server.url()).await;
             let mut words: HashMap<usize, u64> = HashMap::new();
             let mut now = T0;
-            for (gap, ns) in &steps {
+            for (gap, asks) in &steps {
                 now += gap;
                 let checks: Vec<WindowCheck<'_>> = (0..4)
-                    .map(|i| WindowCheck { key: names[i], window: windows_of[i], n: ns[i] })
+                    .map(|i| WindowCheck { key: names[i], window: windows_of[i], n: asks[i].0, up_to: asks[i].1 })
                     .collect();
-                let got = w.check_all_at_server_time(&checks, now).await.unwrap();
+                let got = w.take_all_at_server_time(&checks, now).await.unwrap();
                 for i in 0..4 {
+                    let (n, up_to) = asks[i];
                     let word = words.entry(i).or_insert(0);
-                    let (next, want) = windows_of[i].decide(*word, Nanos::new(now * 1000), ns[i]);
+                    let at = Nanos::new(now * 1000);
+                    let (mut next, mut want) = windows_of[i].decide(*word, at, n);
+                    let mut units = if want.is_allowed() { n } else { 0 };
+                    if want.is_allowed() && n > 0 {
+                        // The model of a lease: the most units up to `up_to` the engine admits.
+                        for t in n + 1..=up_to {
+                            let (t_next, t_want) = windows_of[i].decide(*word, at, t);
+                            if !t_want.is_allowed() {
+                                break;
+                            }
+                            (next, want, units) = (t_next, t_want, t);
+                        }
+                    }
                     if let Some(next) = next {
                         *word = next;
                     }
-                    assert_eq!(got[i], want, "key {i} at {now} µs");
+                    assert_eq!(got[i].units, units, "key {i} at {now} µs");
+                    assert_eq!(got[i].decision, want, "key {i} at {now} µs");
                 }
             }
         });
