@@ -43,6 +43,7 @@ mod error;
 mod failure;
 mod lease_word;
 mod leased;
+mod leased_windows;
 mod limiter;
 pub mod value;
 mod windows;
@@ -50,6 +51,7 @@ mod windows;
 pub use error::Error;
 pub use failure::{share, OnFailure, Stats};
 pub use leased::{LeaseStats, LeasedLimiter};
+pub use leased_windows::LeasedWindows;
 pub use limiter::{Builder, RedisLimiter};
 /// The client this crate is built on, for matching on [`Error::Redis`]'s kinds and codes.
 pub use redis;
