@@ -49,10 +49,11 @@ const KEYS: &[&str] = &[
     "burst",
     "unit_multiplier",
     "count_rejected_hits",
+    "lease",
 ];
 
 /// The keys tollgate adds to upstream's, valid under `rate_limit` only.
-const RATE_LIMIT_KEYS: &[&str] = &["algorithm", "burst", "unit_multiplier", "count_rejected_hits"];
+const RATE_LIMIT_KEYS: &[&str] = &["algorithm", "burst", "unit_multiplier", "count_rejected_hits", "lease"];
 
 /// A configuration that upstream would refuse, or a file that could not be read: the file's
 /// name (as upstream names it), the line where known, and upstream's message.
@@ -212,6 +213,11 @@ pub struct RateLimit {
     /// upstream's `INCRBY` counts them. True for the fixed window when absent (upstream's
     /// verdicts); only the fixed window can count them.
     pub count_rejected_hits: bool,
+    /// `lease` (tollgate's): on the Redis backend, each instance takes a hot value's units in
+    /// batches of up to a tenth of the limit and spends them locally ([`RateLimit::max_lease`]);
+    /// never more than the limit per window, fleet-wide. A leased window does not count
+    /// rejected hits. No effect on the embedded backend.
+    pub lease: bool,
 }
 
 impl RateLimit {
@@ -220,6 +226,16 @@ impl RateLimit {
     pub fn window(&self) -> Option<std::time::Duration> {
         let unit = self.unit?;
         Some(std::time::Duration::from_secs(unit.seconds().saturating_mul(u64::from(self.unit_multiplier))))
+    }
+
+    /// The largest lease, in hits: a tenth of `requests_per_unit` (at least 1) when the rule
+    /// leases, else 0.
+    pub fn max_lease(&self) -> u64 {
+        if self.lease {
+            u64::from(self.requests_per_unit / 10).max(1)
+        } else {
+            0
+        }
     }
 
     /// Whether the rule decides as upstream's does: a fixed window that counts rejected hits.
@@ -850,6 +866,21 @@ fn rate_limit(file: &str, node: &Node) -> Result<Option<RateLimit>, ConfigError>
             format!("count_rejected_hits applies to fixed_window only, not {}", algorithm.name()),
         ));
     }
+    let lease = field(map, "lease").map(|n| bool_field(file, n)).transpose()?.unwrap_or(false);
+    if lease && algorithm != Algorithm::FixedWindow {
+        return Err(ConfigError::new(
+            file,
+            line_of("lease"),
+            format!("lease applies to fixed_window only, not {}", algorithm.name()),
+        ));
+    }
+    if lease && count_rejected_hits == Some(true) {
+        return Err(ConfigError::new(
+            file,
+            line_of("lease"),
+            "a leased window cannot count rejected hits (a refusal is decided from the lease, without Redis): set count_rejected_hits: false or drop it",
+        ));
+    }
     if algorithm == Algorithm::Nginx
         && (unit_multiplier != 1 || !matches!(unit, Some(Unit::Second | Unit::Minute)))
     {
@@ -868,7 +899,8 @@ fn rate_limit(file: &str, node: &Node) -> Result<Option<RateLimit>, ConfigError>
         algorithm,
         burst,
         unit_multiplier,
-        count_rejected_hits: count_rejected_hits.unwrap_or(algorithm == Algorithm::FixedWindow),
+        count_rejected_hits: count_rejected_hits.unwrap_or(algorithm == Algorithm::FixedWindow && !lease),
+        lease,
     }))
 }
 

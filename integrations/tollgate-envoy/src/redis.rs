@@ -4,13 +4,15 @@
 //! decision the engine's `FixedWindow` bit for bit (`tollgate_redis::RedisWindows`).
 //!
 //! Upstream's windows (every hit counted) and tollgate's fixed windows
-//! (`count_rejected_hits: false`, any `unit_multiplier`) run on Redis; the other algorithms
-//! are refused at load with this backend.
+//! (`count_rejected_hits: false`, any `unit_multiplier`) run on Redis, the latter leased by
+//! rules with `lease: true` (`tollgate_redis::LeasedWindows`: a hot value's hits taken in
+//! batches and spent in the process, never past the window's limit fleet-wide); the other
+//! algorithms are refused at load with this backend.
 
 use std::fmt;
 
 use tollgate::{Decision, FixedWindow};
-use tollgate_redis::{RedisWindows, WindowCheck};
+use tollgate_redis::{LeasedWindows, RedisWindows, WindowCheck};
 
 use crate::config::ConfigError;
 use crate::service::{Code, Limits, Pending, RequestError, Step, MAX_COUNT};
@@ -48,7 +50,7 @@ impl OnRedisFailure {
 /// Redis, and what answers when it cannot.
 #[derive(Clone)]
 pub struct RedisBackend {
-    windows: RedisWindows,
+    windows: std::sync::Arc<LeasedWindows>,
     on_failure: OnRedisFailure,
 }
 
@@ -69,12 +71,25 @@ pub(crate) enum Decided {
 impl RedisBackend {
     /// Decisions through `windows` (its prefix keeps the service's keys apart), and
     /// `on_failure` when Redis cannot make them.
+    /// Rules with `lease: true` lease their hot values' hits (leases live at most 50 ms, and
+    /// never past their window).
     pub fn new(windows: RedisWindows, on_failure: OnRedisFailure) -> RedisBackend {
-        RedisBackend { windows, on_failure }
+        RedisBackend::with_leases(LeasedWindows::new(windows), on_failure)
     }
 
-    /// What the calls did so far.
+    /// [`new`](RedisBackend::new) with leases of the caller's making (their TTL, their
+    /// number).
+    pub fn with_leases(windows: LeasedWindows, on_failure: OnRedisFailure) -> RedisBackend {
+        RedisBackend { windows: std::sync::Arc::new(windows), on_failure }
+    }
+
+    /// What the calls did so far (`redis`: script calls).
     pub fn stats(&self) -> tollgate_redis::Stats {
+        self.windows.windows().stats()
+    }
+
+    /// What the leases did so far.
+    pub fn lease_stats(&self) -> tollgate_redis::LeaseStats {
         self.windows.stats()
     }
 
@@ -102,12 +117,12 @@ impl RedisBackend {
         now_ns: u64,
     ) -> Result<Decided, RequestError> {
         let mut decisions: Vec<Option<Decision>> = vec![None; steps.len()];
-        // (step, Redis key, window, units), for the steps with a limit above 0.
+        // (step, Redis key, window, units, largest lease), for the steps with a limit above 0.
         let mut wanted = Vec::new();
         for (i, step) in steps.iter().enumerate() {
             let Some(p) = step.pending().filter(|p| p.limit.requests_per_unit > 0) else { continue };
             let (window, n) = window_of(p);
-            wanted.push((i, redis_key(p), window, n));
+            wanted.push((i, redis_key(p), window, n, p.table.max_lease()));
         }
         // Rounds in which no key repeats: a key named twice is decided twice, in order.
         let mut rounds: Vec<Vec<usize>> = Vec::new();
@@ -124,7 +139,7 @@ impl RedisBackend {
                     key: wanted[w].1.as_bytes(),
                     window: wanted[w].2,
                     n: wanted[w].3,
-                    up_to: 0,
+                    up_to: wanted[w].4,
                 })
                 .collect();
             match self.windows.check_all(&checks).await {

@@ -158,6 +158,8 @@ pub(crate) struct RuleSlot {
     /// The rule's full key: its table's name (on Redis, its keys' prefix).
     name: String,
     spec: Spec,
+    /// The largest lease on the Redis backend (0: none).
+    max_lease: u64,
     table: OnceLock<Arc<Table>>,
     counts: Arc<Counts>,
 }
@@ -176,6 +178,14 @@ impl<'r> TableRef<'r> {
         match self {
             TableRef::Rule(slot) => std::borrow::Cow::Borrowed(&slot.name),
             TableRef::Override(domain, _) => std::borrow::Cow::Owned(format!("{domain}|override")),
+        }
+    }
+
+    /// The largest lease of the rule on the Redis backend (0: none).
+    pub(crate) fn max_lease(self) -> u64 {
+        match self {
+            TableRef::Rule(slot) => slot.max_lease,
+            TableRef::Override(..) => 0,
         }
     }
 
@@ -501,6 +511,7 @@ impl Limits {
                 rules[rule.index] = Some(RuleSlot {
                     name: rule.full_key.clone(),
                     spec,
+                    max_lease: r.max_lease(),
                     table,
                     counts: Arc::clone(counts.entry(rule.full_key.clone()).or_default()),
                 });

@@ -158,6 +158,16 @@ fn bad_options_are_refused_with_what_and_where() {
         ),
         ("unit: hour, requests_per_unit: 1, algorithm: nginx", "nginx's rate is per second or per minute"),
         ("unlimited: true, algorithm: token_bucket", "should not specify algorithm when unlimited"),
+        ("unlimited: true, lease: true", "should not specify lease when unlimited"),
+        (
+            "unit: second, requests_per_unit: 9, algorithm: token_bucket, lease: true",
+            "lease applies to fixed_window only, not token_bucket",
+        ),
+        (
+            "unit: second, requests_per_unit: 9, lease: true, count_rejected_hits: true",
+            "a leased window cannot count rejected hits",
+        ),
+        ("unit: second, requests_per_unit: 9, lease: 3", "cannot unmarshal"),
         (
             "unit: second, requests_per_unit: 1, unit_multiplier: -1",
             "cannot unmarshal !!int `-1` into uint32",

@@ -53,6 +53,7 @@
 //! prefix = "tollgate:envoy:"
 //! timeout_ms = 100
 //! on_failure = "error"        # error, allow, deny or local
+//! lease_ttl_ms = 50           # how long a leased rule's lease lives at most
 //! ```
 //!
 //! Every key is optional but `listener.bind`, `quota.*` (`capacity` aside) and `user.name`
@@ -152,6 +153,8 @@ pub struct EnvoyRedis {
     pub timeout: Duration,
     /// `error`, `allow`, `deny` or `local`.
     pub on_failure: String,
+    /// How long a lease of a rule with `lease: true` lives at most (never past its window).
+    pub lease_ttl: Duration,
 }
 
 /// The failure policies `on_failure` may name.
@@ -231,6 +234,7 @@ struct EnvoyRedisSection {
     prefix: Option<String>,
     timeout_ms: Option<Spanned<u64>>,
     on_failure: Option<Spanned<String>>,
+    lease_ttl_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize)]
@@ -537,12 +541,19 @@ pub fn parse(path: &Path, text: &str) -> Result<(Config, Service), FileError> {
                 Some(p) => p.get_ref().clone(),
                 None => "error".into(),
             };
+            let lease_ttl = match &r.lease_ttl_ms {
+                Some(v) => {
+                    Duration::from_millis(within(v, "envoy.redis.lease_ttl_ms", 1..=3_600_000)? as u64)
+                }
+                None => Duration::from_millis(50),
+            };
             envoy.redis = Some(EnvoyRedis {
                 urls: r.urls.get_ref().clone(),
                 cluster: r.cluster.unwrap_or_default(),
                 prefix: r.prefix.clone().unwrap_or_else(|| "tollgate:envoy:".into()),
                 timeout,
                 on_failure,
+                lease_ttl,
             });
         }
         service.envoy = Some(envoy);
@@ -681,6 +692,7 @@ near_limit_ratio = 0.5
 urls = ["10.0.0.5:6379"]
 timeout_ms = 50
 on_failure = "local"
+lease_ttl_ms = 200
 "#,
         )
         .unwrap();
@@ -696,6 +708,7 @@ on_failure = "local"
             (vec!["10.0.0.5:6379".to_owned()], false, "tollgate:envoy:")
         );
         assert_eq!((r.timeout, r.on_failure.as_str()), (Duration::from_millis(50), "local"));
+        assert_eq!(r.lease_ttl, Duration::from_millis(200));
 
         let e = err("[envoy]\nconfig = \"r\"\nredis_url = \"x\"\n");
         assert!(e.starts_with("tollgate.toml:3: ") && e.contains("unknown field `redis_url`"), "{e}");
@@ -710,6 +723,8 @@ on_failure = "local"
         );
         let e = err("[envoy]\nconfig = \"r\"\n[envoy.redis]\nurls = []\n");
         assert_eq!(e, "tollgate.toml:4: envoy.redis.urls: no URL: at least one");
+        let e = err("[envoy]\nconfig = \"r\"\n[envoy.redis]\nurls = [\"a:1\"]\nlease_ttl_ms = 0\n");
+        assert!(e.starts_with("tollgate.toml:5: envoy.redis.lease_ttl_ms: 0"), "{e}");
         let e = err("[envoy]\ngrpc = \"127.0.0.1:1\"\n");
         assert!(e.contains("missing field `config`"), "{e}");
     }

@@ -168,6 +168,9 @@ struct Args {
     /// Envoy's failure_mode_deny decides), allow, deny, or local (this instance's own tables).
     #[arg(long, default_value = "error", value_parser = tollgate_server::file::ON_FAILURE, requires = "envoy_redis")]
     envoy_redis_on_failure: String,
+    /// Milliseconds a lease of a rule with `lease: true` lives at most (never past its window).
+    #[arg(long, default_value_t = 50, requires = "envoy_redis")]
+    envoy_redis_lease_ttl_ms: u64,
 }
 
 /// Envoy's rate limit service, as the file or the flags set it, and its Redis backend once
@@ -204,6 +207,7 @@ fn envoy_from_flags(args: &Args) -> Option<tollgate_server::file::Envoy> {
             prefix: args.envoy_redis_prefix.clone(),
             timeout: Duration::from_millis(args.envoy_redis_timeout_ms.max(1)),
             on_failure: args.envoy_redis_on_failure.clone(),
+            lease_ttl: Duration::from_millis(args.envoy_redis_lease_ttl_ms.max(1)),
         }),
     })
 }
@@ -223,7 +227,8 @@ async fn connect_redis(
         builder.connect().await.map_err(|e| format!("cannot reach Redis for the Envoy rules: {e}"))?;
     let on_failure = tollgate_envoy::OnRedisFailure::parse(&r.on_failure)
         .ok_or_else(|| format!("{:?} is not a failure policy", r.on_failure))?;
-    Ok(tollgate_envoy::RedisBackend::new(windows, on_failure))
+    let leases = tollgate_envoy::tollgate_redis::LeasedWindows::new(windows).lease_ttl(r.lease_ttl);
+    Ok(tollgate_envoy::RedisBackend::with_leases(leases, on_failure))
 }
 
 impl Envoy {
