@@ -8,12 +8,15 @@
 //! - `tollgate embedded`: tollgate-envoy's service, windows in the process;
 //! - `tollgate on Redis`: the same, its windows on a local redis-server (one script call per
 //!   request);
+//! - `tollgate on Redis, leased rules`: the same rules with `lease: true`, each instance taking
+//!   a hot value's hits in batches (`tollgate_redis::LeasedWindows`);
 //! - `upstream's pattern`: what envoyproxy/ratelimit sends per request, reproduced on the same
 //!   redis-server: a pipeline of `INCRBY key hits` and `EXPIRE key unit` per descriptor, the
 //!   decision made from the counts as upstream makes it.
 //!
 //! Requests carry 1 or 3 descriptors (`k1`, `k2`, `k3`, each a rule of 1,000,000 a second:
-//! nothing is refused), their values drawn uniformly from 1,000 or 2^20 distinct ones. On Redis,
+//! nothing is refused), their values drawn uniformly from 10 (hot: thousands of requests a
+//! second each), 1,000 or 2^20 distinct ones. On Redis,
 //! `INFO commandstats` and `INFO cpu` before and after give the commands and the server's CPU
 //! per request.
 
@@ -97,6 +100,27 @@ descriptors:
   - key: k3
     rate_limit: {unit: second, requests_per_unit: 1000000}
 ";
+
+/// The same rules, leased on Redis (`lease: true`: hot values' hits taken in batches).
+const LEASED_RULES: &str = "domain: bench
+descriptors:
+  - key: k1
+    rate_limit: {unit: second, requests_per_unit: 1000000, lease: true}
+  - key: k2
+    rate_limit: {unit: second, requests_per_unit: 1000000, lease: true}
+  - key: k3
+    rate_limit: {unit: second, requests_per_unit: 1000000, lease: true}
+";
+
+/// The subjects' names, as the report finds them.
+pub const FLOOR: &str = "floor (gRPC, no decision)";
+pub const EMBEDDED: &str = "tollgate embedded";
+pub const ON_REDIS: &str = "tollgate on Redis (one script call)";
+pub const LEASED: &str = "tollgate on Redis, leased rules";
+pub const UPSTREAM: &str = "upstream's pattern (INCRBY + EXPIRE each)";
+
+/// Distinct values of the hot cells: each gets thousands of requests a second.
+pub const HOT_VALUES: u64 = 10;
 
 fn status() -> DescriptorStatus {
     DescriptorStatus {
@@ -341,13 +365,30 @@ pub fn run(quick: bool) -> Result<Vec<EnvoyRow>, String> {
             .map_err(config_error)?
             .with_redis(tollgate_envoy::RedisBackend::new(windows, tollgate_envoy::OnRedisFailure::Error))
             .map_err(config_error)?;
+        let leased_windows = tollgate_redis::RedisWindows::builder()
+            .url(server.url())
+            .prefix("tgl:")
+            .timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let leased_config =
+            tollgate_envoy::Config::from_files([("bench.yaml", LEASED_RULES)], Default::default());
+        let leased = tollgate_envoy::Limits::new(leased_config.map_err(config_error)?, 16)
+            .map_err(config_error)?
+            .with_redis(tollgate_envoy::RedisBackend::new(
+                leased_windows,
+                tollgate_envoy::OnRedisFailure::Error,
+            ))
+            .map_err(config_error)?;
         let client = redis::Client::open(server.url()).map_err(|e| e.to_string())?;
         let conn = redis::aio::ConnectionManager::new(client).await.map_err(|e| e.to_string())?;
         let subjects: Vec<(&str, String, bool)> = vec![
-            ("floor (gRPC, no decision)", serve(Floor).await, false),
-            ("tollgate embedded", serve_tollgate(embedded).await, false),
-            ("tollgate on Redis (one script call)", serve_tollgate(on_redis).await, true),
-            ("upstream's pattern (INCRBY + EXPIRE each)", serve(Upstream { conn: conn.clone() }).await, true),
+            (FLOOR, serve(Floor).await, false),
+            (EMBEDDED, serve_tollgate(embedded).await, false),
+            (ON_REDIS, serve_tollgate(on_redis).await, true),
+            (LEASED, serve_tollgate(leased).await, true),
+            (UPSTREAM, serve(Upstream { conn: conn.clone() }).await, true),
         ];
         let mut stats = conn;
         let mut rows = Vec::new();
@@ -355,7 +396,7 @@ pub fn run(quick: bool) -> Result<Vec<EnvoyRow>, String> {
         // touches all of them; requests per second is the median round's.
         let rounds = if quick { 1 } else { ROUNDS };
         for descriptors in [1, 3] {
-            for values in [1000, big] {
+            for values in [HOT_VALUES, 1000, big] {
                 eprintln!("envoy: {descriptors} descriptor(s), {values} values, {rounds} rounds");
                 let mut runs: Vec<Run> = subjects.iter().map(|_| Run::default()).collect();
                 for _ in 0..rounds {

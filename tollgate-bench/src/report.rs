@@ -553,14 +553,15 @@ impl Report {
         }
         // Issue 36: the service embedded at ≥ 0.9× its gRPC floor; on Redis, one round trip
         // (one script call) a request whatever its descriptors, Redis's CPU beside upstream's.
-        for f in self.envoy.iter().filter(|r| r.subject.starts_with("floor")) {
-            let same = |prefix: &str| {
-                self.envoy.iter().find(|r| {
-                    r.subject.starts_with(prefix) && r.descriptors == f.descriptors && r.values == f.values
-                })
+        // With leases, hot values: ≤ 0.1× upstream's commands a request.
+        for f in self.envoy.iter().filter(|r| r.subject == crate::envoy::FLOOR) {
+            let same = |name: &str| {
+                self.envoy
+                    .iter()
+                    .find(|r| r.subject == name && r.descriptors == f.descriptors && r.values == f.values)
             };
             let shape = format!("{} descriptor(s), {} values", f.descriptors, f.values);
-            if let Some(e) = same("tollgate embedded") {
+            if let Some(e) = same(crate::envoy::EMBEDDED) {
                 out.push(Target {
                     what: format!("Envoy service embedded, {shape}"),
                     goal: "≥ 0.9× the gRPC floor's requests/s".into(),
@@ -575,7 +576,26 @@ impl Report {
                     met: e.per_sec >= 0.9 * f.per_sec,
                 });
             }
-            if let (Some(t), Some(u)) = (same("tollgate on Redis"), same("upstream")) {
+            if let (Some(l), Some(u), true) = (
+                same(crate::envoy::LEASED),
+                same(crate::envoy::UPSTREAM),
+                f.values == crate::envoy::HOT_VALUES,
+            ) {
+                let (lc, uc) = (l.redis_sent.unwrap_or(f64::NAN), u.redis_sent.unwrap_or(f64::NAN));
+                out.push(Target {
+                    what: format!("Envoy service on Redis with leases, {shape} (hot)"),
+                    goal: "≤ 0.1× upstream's Redis commands a request, each value above 1,000 requests/s".into(),
+                    measured: format!(
+                        "{lc:.4} calls/request against upstream's {uc:.2} commands ({:.4}×); {:.0} requests/s a value; {:.1} µs Redis CPU a request against {:.1}",
+                        lc / uc,
+                        l.per_sec / f.values as f64,
+                        l.redis_cpu_us.unwrap_or(f64::NAN),
+                        u.redis_cpu_us.unwrap_or(f64::NAN)
+                    ),
+                    met: lc <= 0.1 * uc && l.per_sec / f.values as f64 > 1000.0,
+                });
+            }
+            if let (Some(t), Some(u)) = (same(crate::envoy::ON_REDIS), same(crate::envoy::UPSTREAM)) {
                 let (tc, uc) = (t.redis_sent.unwrap_or(f64::NAN), u.redis_sent.unwrap_or(f64::NAN));
                 out.push(Target {
                     what: format!("Envoy service on Redis, {shape}"),
@@ -798,8 +818,9 @@ impl Report {
         Some(format!(
             "`ShouldRateLimit` over gRPC on 127.0.0.1, {} requests in flight on one HTTP/2 connection \
              (tonic's client), servers and client in one process on the machine's cores; every rule \
-             1,000,000 a second (nothing refused), values uniform over 1,000 or 2^20. Redis per \
-             request, from `INFO commandstats` and `INFO cpu` around each cell (warm-up included): \
+             1,000,000 a second (nothing refused; the leased rules' leases up to a tenth of it, 50 ms \
+             at most), values uniform over 10 (hot: thousands of requests a second each), 1,000 or \
+             2^20. Redis per request, from `INFO commandstats` and `INFO cpu` around each cell (warm-up included): \
              the commands the service sent (each request is one round trip either way: one script \
              call, or one pipeline of `INCRBY` and `EXPIRE` per descriptor), the commands Redis \
              executed (a script's `TIME`, `GET` and `SET` included), and Redis's CPU.\n\n{}",
