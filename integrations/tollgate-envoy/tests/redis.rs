@@ -1,7 +1,7 @@
 //! The Redis backend on a real `redis-server`: a fleet of three services sharing one limit
 //! admits no more than it, one script call per request whatever the number of descriptors,
 //! upstream's verdicts unchanged, and each failure policy honoured, within the timeout, while
-//! Redis is killed and restarted.
+//! Redis is killed and restarted; leased rules within their limit; a fleet on a Redis Cluster.
 
 #[path = "../../tollgate-redis/tests/common/mod.rs"]
 mod common;
@@ -268,5 +268,65 @@ fn leased_rules_stay_within_the_limit_with_few_round_trips() {
         // Upstream's pattern: 2 commands per descriptor, 2 descriptors, 1,200 requests. The
         // 600 refusals of the tenant rule each find its window empty in Redis.
         assert!(calls <= 600 + 4800 / 10, "{calls} script calls for 1200 requests");
+    });
+}
+
+/// On a 3-master Redis Cluster: two services share one limit across the masters (a request's
+/// three descriptors fall on different slots, one script call per slot, sent at once), the
+/// leased rules too, and every master holds some of the windows.
+#[test]
+fn a_fleet_on_a_redis_cluster_shares_one_limit() {
+    let cluster = common::Cluster::start();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut fleet = Vec::new();
+        for _ in 0..2 {
+            let windows = RedisWindows::builder()
+                .cluster(cluster.urls())
+                .prefix("envoy-cluster:")
+                .timeout(Duration::from_secs(2))
+                .connect()
+                .await
+                .unwrap();
+            let rules = format!("{RULES}  - key: tenant\n    rate_limit: {{unit: day, requests_per_unit: 600, lease: true}}\n");
+            let backend = RedisBackend::new(windows, OnRedisFailure::Error);
+            fleet.push(Arc::new(Limits::new(config(&rules), 1_000).unwrap().with_redis(backend).unwrap()));
+        }
+        let first_day = day();
+        let mut tasks = Vec::new();
+        for i in 0..20 {
+            let limits = Arc::clone(&fleet[i % 2]);
+            tasks.push(tokio::spawn(async move {
+                let (mut client_ok, mut tenant_ok) = (0u32, 0u32);
+                for j in 0..10 {
+                    let r = request(&[("client", "c1"), ("path", &format!("/{j}")), ("tenant", "t1")]);
+                    let response = limits.should_rate_limit_async(&r).await.unwrap();
+                    client_ok += u32::from(response.statuses[0].code == Code::Ok);
+                    assert_eq!(response.statuses[1].code, Code::Ok);
+                    tenant_ok += u32::from(response.statuses[2].code == Code::Ok);
+                }
+                (client_ok, tenant_ok)
+            }));
+        }
+        let (mut client, mut tenant) = (0, 0);
+        for t in tasks {
+            let (a, b) = t.await.unwrap();
+            client += a;
+            tenant += b;
+        }
+        if day() == first_day {
+            assert_eq!(client, 30, "upstream's window of 30 a day, shared on the cluster");
+        } else {
+            assert!(client <= 60);
+        }
+        assert_eq!(tenant, 200, "the leased rule's 600 a day are far off");
+        let calls: u64 = fleet.iter().map(|l| l.redis().unwrap().stats().redis).sum();
+        assert!((200..=600).contains(&calls), "{calls} script calls for 200 requests of 3 descriptors");
+        let masters_used = cluster
+            .nodes
+            .iter()
+            .filter(|n| n.cli(&["DBSIZE"]).is_some_and(|s| s.trim().parse::<u64>().unwrap_or(0) > 0))
+            .count();
+        assert!(masters_used >= 2, "the windows all fell on one master");
     });
 }
