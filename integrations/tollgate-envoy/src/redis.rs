@@ -3,16 +3,18 @@
 //! descriptors (one per hash slot on a Cluster, sent at once), on the server's clock, each
 //! decision the engine's `FixedWindow` bit for bit (`tollgate_redis::RedisWindows`).
 //!
-//! Upstream's windows (every hit counted) and tollgate's fixed windows
-//! (`count_rejected_hits: false`, any `unit_multiplier`) run on Redis, the latter leased by
-//! rules with `lease: true` (`tollgate_redis::LeasedWindows`: a hot value's hits taken in
-//! batches and spent in the process, never past the window's limit fleet-wide); the other
-//! algorithms are refused at load with this backend.
+//! Upstream's windows (every hit counted), tollgate's fixed windows
+//! (`count_rejected_hits: false`, any `unit_multiplier`) and token buckets (`token_bucket`,
+//! `gcra`: `tollgate_redis`'s bucket, as `RedisLimiter` decides it) run on Redis, in the same
+//! script call; fixed windows are leased by rules with `lease: true`
+//! (`tollgate_redis::LeasedWindows`: a hot value's hits taken in batches and spent in the
+//! process, never past the window's limit fleet-wide). `sliding_window` and `nginx` are
+//! refused at load with this backend.
 
 use std::fmt;
 
-use tollgate::{Decision, FixedWindow};
-use tollgate_redis::{LeasedWindows, RedisWindows, WindowCheck};
+use tollgate::{Decision, FixedWindow, TokenBucket};
+use tollgate_redis::{BucketCheck, Check, LeasedWindows, RedisWindows, WindowCheck};
 
 use crate::config::ConfigError;
 use crate::service::{Code, Limits, Pending, RequestError, Step, MAX_COUNT};
@@ -100,9 +102,9 @@ impl RedisBackend {
 
     /// A rule this backend cannot decide, and why.
     pub(crate) fn refuses(r: &crate::RateLimit) -> Option<String> {
-        (r.algorithm != crate::Algorithm::FixedWindow).then(|| {
+        matches!(r.algorithm, crate::Algorithm::SlidingWindow | crate::Algorithm::Nginx).then(|| {
             format!(
-                "algorithm {} is not available on the Redis backend (fixed_window is)",
+                "algorithm {} is not available on the Redis backend (fixed_window, token_bucket and gcra are)",
                 r.algorithm.name()
             )
         })
@@ -117,12 +119,11 @@ impl RedisBackend {
         now_ns: u64,
     ) -> Result<Decided, RequestError> {
         let mut decisions: Vec<Option<Decision>> = vec![None; steps.len()];
-        // (step, Redis key, window, units, largest lease), for the steps with a limit above 0.
+        // (step, Redis key, limit), for the steps with a limit above 0.
         let mut wanted = Vec::new();
         for (i, step) in steps.iter().enumerate() {
             let Some(p) = step.pending().filter(|p| p.limit.requests_per_unit > 0) else { continue };
-            let (window, n) = window_of(p);
-            wanted.push((i, redis_key(p), window, n, p.table.max_lease()));
+            wanted.push((i, redis_key(p), limit_of(p)));
         }
         // Rounds in which no key repeats: a key named twice is decided twice, in order.
         let mut rounds: Vec<Vec<usize>> = Vec::new();
@@ -133,16 +134,19 @@ impl RedisBackend {
             }
         }
         for round in rounds {
-            let checks: Vec<WindowCheck<'_>> = round
+            let checks: Vec<Check<'_>> = round
                 .iter()
-                .map(|&w| WindowCheck {
-                    key: wanted[w].1.as_bytes(),
-                    window: wanted[w].2,
-                    n: wanted[w].3,
-                    up_to: wanted[w].4,
+                .map(|&w| {
+                    let key = wanted[w].1.as_bytes();
+                    match wanted[w].2 {
+                        Limit::Window { window, n, up_to } => {
+                            Check::Window(WindowCheck { key, window, n, up_to })
+                        }
+                        Limit::Bucket { quota, n } => Check::Bucket(BucketCheck { key, quota, n }),
+                    }
                 })
                 .collect();
-            match self.windows.check_all(&checks).await {
+            match self.windows.decide_all(&checks).await {
                 Ok(got) => {
                     for (&w, d) in round.iter().zip(got) {
                         decisions[wanted[w].0] = Some(d);
@@ -169,24 +173,39 @@ impl RedisBackend {
     }
 }
 
-/// The window a step is decided in on Redis, and its units: upstream's counts every hit up
-/// to the largest count; tollgate's has the rule's limit.
-fn window_of(p: &Pending<'_>) -> (FixedWindow, u64) {
+/// What a step is decided under on Redis.
+#[derive(Clone, Copy)]
+enum Limit {
+    /// A window and its units (upstream's counts every hit up to the largest count; tollgate's
+    /// has the rule's limit), and its largest lease.
+    Window { window: FixedWindow, n: u64, up_to: u64 },
+    /// A token bucket and its tokens.
+    Bucket { quota: TokenBucket, n: u64 },
+}
+
+fn limit_of(p: &Pending<'_>) -> Limit {
     let spec = p.table.spec();
+    const MADE: &str = "every rule's limit was made once when the configuration was loaded";
+    if spec.algorithm() == crate::Algorithm::TokenBucket {
+        return Limit::Bucket { quota: spec.bucket().expect(MADE), n: p.hits };
+    }
     let length = std::time::Duration::from_secs(spec.window);
     let made = if spec.counted() {
         FixedWindow::new(MAX_COUNT, length)
     } else {
         FixedWindow::new(u64::from(p.limit.requests_per_unit), length)
     };
-    let window = made.expect("every rule's window was made once when the configuration was loaded");
-    (window, if spec.counted() { p.hits.min(MAX_COUNT) } else { p.hits })
+    let n = if spec.counted() { p.hits.min(MAX_COUNT) } else { p.hits };
+    Limit::Window { window: made.expect(MADE), n, up_to: p.table.max_lease() }
 }
 
 /// A step's Redis key (after the backend's prefix): the table (rule or per-request limits),
-/// the window, whether it counts refusals, and upstream's cache key.
+/// the window and whether it counts refusals (or `bucket`), and upstream's cache key.
 fn redis_key(p: &Pending<'_>) -> String {
     let spec = p.table.spec();
+    if spec.algorithm() == crate::Algorithm::TokenBucket {
+        return format!("{}|bucket|{}", p.table.name(), p.key);
+    }
     format!("{}|{}s|{}|{}", p.table.name(), spec.window, if spec.counted() { "c" } else { "u" }, p.key)
 }
 

@@ -106,6 +106,18 @@ impl Spec {
         self.quota == 0
     }
 
+    pub(crate) fn algorithm(self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The token bucket of a `token_bucket` (or `gcra`) rule: `quota` per window, `burst`.
+    pub(crate) fn bucket(self) -> Result<TokenBucket, tollgate::ConfigError> {
+        TokenBucket::new(
+            Rate::per(u64::from(self.quota), Duration::from_secs(self.window)),
+            u64::from(self.burst),
+        )
+    }
+
     /// The most hits one value can have at once: the count from which a decision is near the
     /// limit.
     fn capacity(self) -> u64 {
@@ -139,10 +151,7 @@ impl Spec {
             Algorithm::SlidingWindow => {
                 Table::Sliding(build(SlidingWindow::new(quota, window)?, capacity)?, aligned)
             }
-            Algorithm::TokenBucket => Table::Bucket(
-                build(TokenBucket::new(Rate::per(quota, window), u64::from(self.burst))?, capacity)?,
-                now_ns,
-            ),
+            Algorithm::TokenBucket => Table::Bucket(build(self.bucket()?, capacity)?, now_ns),
             Algorithm::Nginx => {
                 let rate =
                     if self.window == 60 { Nginx::per_minute(quota) } else { Nginx::per_second(quota) };

@@ -147,13 +147,18 @@ fn rules_the_backend_cannot_run_are_refused_at_load() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let windows = RedisWindows::builder().url(server.url()).connect().await.unwrap();
-        let yaml = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: token_bucket}\n";
-        let e = Limits::new(config(yaml), 10)
-            .unwrap()
-            .with_redis(RedisBackend::new(windows, OnRedisFailure::Error))
-            .unwrap_err();
-        assert_eq!((e.file.as_str(), e.line), ("fleet.yaml", Some(3)));
-        assert!(e.message.contains("algorithm token_bucket is not available on the Redis backend"), "{e}");
+        for algorithm in ["sliding_window", "nginx"] {
+            let yaml = format!(
+                "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {{unit: second, requests_per_unit: 5, algorithm: {algorithm}}}\n"
+            );
+            let e = Limits::new(config(&yaml), 10)
+                .unwrap()
+                .with_redis(RedisBackend::new(windows.clone(), OnRedisFailure::Error))
+                .unwrap_err();
+            assert_eq!((e.file.as_str(), e.line), ("fleet.yaml", Some(3)));
+            let want = format!("algorithm {algorithm} is not available on the Redis backend");
+            assert!(e.message.contains(&want), "{e}");
+        }
     });
 }
 
@@ -328,5 +333,66 @@ fn a_fleet_on_a_redis_cluster_shares_one_limit() {
             .filter(|n| n.cli(&["DBSIZE"]).is_some_and(|s| s.trim().parse::<u64>().unwrap_or(0) > 0))
             .count();
         assert!(masters_used >= 2, "the windows all fell on one master");
+    });
+}
+
+/// Token buckets on Redis: three services on one bucket of burst 20 (refilling one token a
+/// second) admit the burst and at most the refill of the run's seconds beside it, a request
+/// with a window and a bucket is one script call, and a bucket's refusal takes nothing.
+#[test]
+fn token_buckets_on_redis_share_one_bucket_in_the_same_call() {
+    let server = Server::start(&[]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let rules = "domain: fleet
+descriptors:
+  - key: api
+    rate_limit: {unit: hour, requests_per_unit: 3600, algorithm: token_bucket, burst: 20}
+  - key: path
+    rate_limit: {unit: day, requests_per_unit: 1000000}
+";
+        let mut fleet = Vec::new();
+        for _ in 0..3 {
+            let windows = RedisWindows::builder()
+                .url(server.url())
+                .prefix("bucket-test:")
+                .timeout(Duration::from_secs(2))
+                .connect()
+                .await
+                .unwrap();
+            let backend = RedisBackend::new(windows, OnRedisFailure::Error);
+            fleet.push(Arc::new(Limits::new(config(rules), 100).unwrap().with_redis(backend).unwrap()));
+        }
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for i in 0..30 {
+            let limits = Arc::clone(&fleet[i % 3]);
+            tasks.push(tokio::spawn(async move {
+                let mut ok = 0u64;
+                for _ in 0..4 {
+                    let response = limits
+                        .should_rate_limit_async(&request(&[("api", "k"), ("path", "/")]))
+                        .await
+                        .unwrap();
+                    assert_eq!(response.statuses[1].code, Code::Ok);
+                    ok += u64::from(response.statuses[0].code == Code::Ok);
+                }
+                ok
+            }));
+        }
+        let mut admitted = 0;
+        for t in tasks {
+            admitted += t.await.unwrap();
+        }
+        let seconds = started.elapsed().as_secs();
+        assert!(admitted >= 20, "a refusal that should not happen: {admitted}");
+        assert!(admitted <= 20 + seconds + 1, "admitted {admitted} in {seconds} s of a 20 + 1/s bucket");
+        let calls: u64 = fleet.iter().map(|l| l.redis().unwrap().stats().redis).sum();
+        assert_eq!(calls, 120, "one script call per request of a window and a bucket");
+        // A refusal reports the time until the bucket is full again: at most 20 s.
+        let r = fleet[0].should_rate_limit_async(&request(&[("api", "k")])).await.unwrap();
+        if r.statuses[0].code == Code::OverLimit {
+            assert!(r.statuses[0].duration_until_reset.unwrap() <= Duration::from_secs(20));
+        }
     });
 }

@@ -8,17 +8,17 @@ use std::time::{Duration, Instant};
 use tollgate::Decision;
 
 use crate::lease_word::{Ended, LeaseWord};
-use crate::windows::{RedisWindows, WindowCheck};
+use crate::windows::{Check, RedisWindows, WindowCheck};
 use crate::{Error, LeaseStats};
 
 /// [`RedisWindows`] whose hot keys take their window's units in batches (*leases*), one round
 /// trip per batch, and spend them locally: most checks of a busy key cost an atomic operation
 /// instead of a round trip.
 ///
-/// A check leases when its [`up_to`](WindowCheck::up_to) is above its `n` (the largest lease,
-/// in units) and its window does not count refused units; the others go to Redis as with
-/// [`RedisWindows::check_all`]. A batch's checks that no lease covers go in one
-/// [`take_all`](RedisWindows::take_all) call, leases and refills together.
+/// A window check leases when its [`up_to`](WindowCheck::up_to) is above its `n` (the largest
+/// lease, in units) and its window does not count refused units; the others (token buckets
+/// among them) go to Redis as with [`RedisWindows::decide_all`]. A batch's checks that no
+/// lease covers go in one [`decide_all`](RedisWindows::decide_all) call, refills included.
 ///
 /// # Guarantees
 ///
@@ -136,12 +136,19 @@ impl LeasedWindows {
         u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// Decides every check of `checks`: from its key's lease when it has the units, else in
-    /// one [`take_all`](RedisWindows::take_all) call for all the others (refills included);
-    /// the decisions in the checks' order. A batch naming one key twice is refused before
-    /// anything is sent.
+    /// Decides every window check of `checks`: from its key's lease when it has the units,
+    /// else in one [`decide_all`](RedisWindows::decide_all) call for all the others
+    /// (refills included); the decisions in the checks' order. A batch naming one key twice
+    /// is refused before anything is sent.
     pub async fn check_all(&self, checks: &[WindowCheck<'_>]) -> Result<Vec<Decision>, Error> {
-        let mut sorted: Vec<&[u8]> = checks.iter().map(|c| c.key).collect();
+        let checks: Vec<Check<'_>> = checks.iter().map(|&c| Check::Window(c)).collect();
+        self.decide_all(&checks).await
+    }
+
+    /// [`check_all`](LeasedWindows::check_all) for windows and token buckets together (a
+    /// bucket never leases).
+    pub async fn decide_all(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, Error> {
+        let mut sorted: Vec<&[u8]> = checks.iter().map(Check::key).collect();
         sorted.sort_unstable();
         if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
             return Err(Error::Batch {
@@ -151,9 +158,7 @@ impl LeasedWindows {
         let mut out: Vec<Option<Decision>> = vec![None; checks.len()];
         let mut leases: Vec<Option<Arc<Lease>>> = vec![None; checks.len()];
         for (i, c) in checks.iter().enumerate() {
-            if !leasable(c) {
-                continue;
-            }
+            let Some(c) = leasable(c) else { continue };
             let Some(lease) = self.lease(c.key) else { continue };
             match self.spend(&lease, c.n) {
                 Some(d) => out[i] = Some(d),
@@ -164,12 +169,13 @@ impl LeasedWindows {
         // batches wait on each other), and a check whose lease another batch refilled
         // meanwhile spends from it.
         let mut order: Vec<usize> = (0..checks.len()).filter(|&i| leases[i].is_some()).collect();
-        order.sort_unstable_by_key(|&i| checks[i].key);
+        order.sort_unstable_by_key(|&i| checks[i].key());
         let mut guards = Vec::with_capacity(order.len());
         for &i in &order {
             let lease = leases[i].as_ref().expect("filtered above");
             guards.push(lease.refill.lock().await);
-            if let Some(d) = self.spend(lease, checks[i].n) {
+            let n = leasable(&checks[i]).expect("only leasable checks have leases").n;
+            if let Some(d) = self.spend(lease, n) {
                 out[i] = Some(d);
             }
         }
@@ -182,31 +188,31 @@ impl LeasedWindows {
         let mut ended: Vec<Option<Ended>> = vec![None; checks.len()];
         let mut batch = Vec::with_capacity(wanted.len());
         for &i in &wanted {
-            let c = &checks[i];
-            let up_to = match &leases[i] {
-                Some(lease) => {
-                    let e = lease.word.end(now);
-                    self.counters.stranded.fetch_add(e.left, Relaxed);
-                    let size = match lease.size.load(Relaxed) {
-                        0 => 1,
-                        s if !e.lapsed => s.saturating_mul(2).min(c.up_to),
-                        s if e.left > 0 => (s / 2).max(1),
-                        s => s,
-                    };
-                    lease.size.store(size, Relaxed);
-                    ended[i] = Some(e);
-                    size.max(c.n)
+            let (c, lease) = match (&checks[i], &leases[i]) {
+                (Check::Window(c), Some(lease)) => (c, lease),
+                (c, _) => {
+                    batch.push(*c);
+                    continue;
                 }
-                None => c.n,
             };
-            batch.push(WindowCheck { up_to, ..*c });
+            let e = lease.word.end(now);
+            self.counters.stranded.fetch_add(e.left, Relaxed);
+            let size = match lease.size.load(Relaxed) {
+                0 => 1,
+                s if !e.lapsed => s.saturating_mul(2).min(c.up_to),
+                s if e.left > 0 => (s / 2).max(1),
+                s => s,
+            };
+            lease.size.store(size, Relaxed);
+            ended[i] = Some(e);
+            let up_to = size.max(c.n);
+            batch.push(Check::Window(WindowCheck { up_to, ..*c }));
         }
         // A lease lives from before it was asked for: its units were taken at or after `sent`.
         let sent = self.now();
-        let taken = self.windows.take_all(&batch).await?;
+        let taken = self.windows.decide_all(&batch).await?;
         for (&i, t) in wanted.iter().zip(taken) {
-            let c = &checks[i];
-            let (Some(lease), Some(e)) = (&leases[i], ended[i]) else {
+            let (Check::Window(c), Some(lease), Some(e)) = (&checks[i], &leases[i], ended[i]) else {
                 self.counters.unleased.fetch_add(1, Relaxed);
                 self.counters.unleased_units.fetch_add(t.units, Relaxed);
                 out[i] = Some(t.decision);
@@ -276,10 +282,13 @@ impl LeasedWindows {
     }
 }
 
-/// Whether a check may lease: a largest lease above its units, units to take, and a window
-/// whose refusals take nothing (a counted refusal must reach Redis).
-fn leasable(c: &WindowCheck<'_>) -> bool {
-    c.up_to > c.n && c.n > 0 && !c.window.charges_refusals()
+/// The window check, if it may lease: a largest lease above its units, units to take, and a
+/// window whose refusals take nothing (a counted refusal must reach Redis).
+fn leasable<'c, 'a>(c: &'c Check<'a>) -> Option<&'c WindowCheck<'a>> {
+    match c {
+        Check::Window(w) if w.up_to > w.n && w.n > 0 && !w.window.charges_refusals() => Some(w),
+        _ => None,
+    }
 }
 
 fn nanos(d: Duration) -> u64 {

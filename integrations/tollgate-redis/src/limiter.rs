@@ -12,7 +12,8 @@ use tollgate::{ConfigError, Decision, KeyedLimiter, TokenBucket};
 use crate::error::{redact, Error};
 use crate::failure::{Breaker, Counters, Gate, OnFailure, Stats};
 
-const BUCKET_LUA: &str = include_str!("bucket.lua");
+/// The bucket script: the decision (bucket_core.lua) and its call on one key (bucket.lua).
+const BUCKET_LUA: &str = concat!(include_str!("bucket_core.lua"), include_str!("bucket.lua"));
 
 /// The most microseconds the script's doubles hold exactly. The server's TIME (about 2^50.6 µs
 /// since 1970) and so every elapsed time stay below it; a lifetime beyond it is never reached.
@@ -349,17 +350,7 @@ impl Builder {
             }
             _ => None,
         };
-        let lifetime = quota.lifetime().as_u64();
-        let m = quota.units_per_nano();
-        let [oh, ol] = limbs(quota.clock_offset_units());
-        let [fh, fl] = limbs(fill_units(&quota));
-        // At most MAX_MICROS, not below it: a replayed instant may be MAX_MICROS itself, and a
-        // lifetime beyond it must not stop the clock there (it stopped one microsecond early,
-        // so a decision at 2^53 µs after a key's start was taken at the lifetime's end).
-        let [th, tl] = limbs((lifetime / 1000).min(MAX_MICROS));
-        let [lh, ll] = limbs(lifetime.saturating_mul(m));
-        #[expect(clippy::cast_possible_truncation, reason = "m ≤ 64")]
-        let quota_words = [m as u32, oh, ol, fh, fl, th, tl, lh, ll];
+        let quota_words = quota_words(&quota);
         Ok(RedisLimiter {
             inner: Arc::new(Inner {
                 link,
@@ -383,6 +374,90 @@ const fn limbs(x: u64) -> [u32; 2] {
 /// The quota's fill (burst·t) in units.
 fn fill_units(q: &TokenBucket) -> u64 {
     q.burst() * q.units_per_token()
+}
+
+/// The quota's nine words of the bucket script's argument: m, the clock's offset, the fill,
+/// the last microsecond of its lifetime and the lifetime in units.
+pub(crate) fn quota_words(quota: &TokenBucket) -> [u32; 9] {
+    let lifetime = quota.lifetime().as_u64();
+    let m = quota.units_per_nano();
+    let [oh, ol] = limbs(quota.clock_offset_units());
+    let [fh, fl] = limbs(fill_units(quota));
+    // At most MAX_MICROS, not below it: a replayed instant may be MAX_MICROS itself, and a
+    // lifetime beyond it must not stop the clock there (it stopped one microsecond early,
+    // so a decision at 2^53 µs after a key's start was taken at the lifetime's end).
+    let [th, tl] = limbs((lifetime / 1000).min(MAX_MICROS));
+    let [lh, ll] = limbs(lifetime.saturating_mul(m));
+    #[expect(clippy::cast_possible_truncation, reason = "m ≤ 64")]
+    let words = [m as u32, oh, ol, fh, fl, th, tl, lh, ll];
+    words
+}
+
+/// The bucket script's 56-byte argument: `n` tokens taken (if `take` and the quota can hold
+/// them; else a peek), under the quota of `quota_words`, at `at` if a replay. Returns it, and
+/// whether it takes.
+pub(crate) fn bucket_arg(
+    quota: &TokenBucket,
+    quota_words: &[u32; 9],
+    n: u64,
+    take: bool,
+    at: Option<u64>,
+) -> ([u8; 56], bool) {
+    // `n = 0` and `n > burst` take nothing: a peek, as the local limiter does.
+    let takes = take && n.wrapping_sub(1) < quota.burst();
+    let cost = if takes { n * quota.units_per_token() } else { 0 };
+    let flags = u32::from(takes) | if at.is_some() { 2 } else { 0 };
+    let mut words = [0u32; 14];
+    words[0] = flags;
+    [words[1], words[2]] = limbs(cost);
+    words[3..12].copy_from_slice(quota_words);
+    [words[12], words[13]] = limbs(at.unwrap_or(0));
+    let mut arg = [0u8; 56];
+    for (chunk, w) in arg.chunks_exact_mut(4).zip(words) {
+        chunk.copy_from_slice(&w.to_be_bytes());
+    }
+    (arg, takes)
+}
+
+/// The decision from the bucket script's 20-byte reply: the engine's own, from the stamp and
+/// the clock the script decided on, checked against the script's verdict; with the stamp and
+/// the clock.
+pub(crate) fn read_bucket_reply(
+    quota: &TokenBucket,
+    full: &[u8],
+    reply: &[u8],
+    n: u64,
+    takes: bool,
+) -> Result<(Decision, u64, u64), Error> {
+    let corrupt = |reason: String| Error::Corrupt { key: String::from_utf8_lossy(full).into_owned(), reason };
+    let Ok(words) = <[u8; 20]>::try_from(reply) else {
+        return Err(corrupt(format!("the script replied {} bytes, not 20", reply.len())));
+    };
+    let word = |i: usize| {
+        u64::from(u32::from_be_bytes([words[4 * i], words[4 * i + 1], words[4 * i + 2], words[4 * i + 3]]))
+    };
+    let taken = word(0);
+    let stamp = word(1) << 32 | word(2);
+    let now = word(3) << 32 | word(4);
+    if taken > 1 {
+        return Err(corrupt(format!("the script replied {taken} for taken (0 or 1)")));
+    }
+    let decided = if takes {
+        quota.decide_stored(stamp, now, n)
+    } else {
+        quota.peek_stored(stamp, now, n).map(|d| (d, None))
+    };
+    let Some((decision, next)) = decided else {
+        return Err(corrupt(format!("the bucket clock {now} is below the fill")));
+    };
+    if next.is_some() != (taken == 1) {
+        return Err(corrupt(format!(
+            "the script {} the tokens but the engine {} (stamp {stamp}, clock {now})",
+            if taken == 1 { "took" } else { "did not take" },
+            if next.is_some() { "would take them" } else { "would not" },
+        )));
+    }
+    Ok((decision, stamp, now))
 }
 
 impl RedisLimiter {
@@ -534,24 +609,11 @@ impl RedisLimiter {
         if let Some(micros) = at.filter(|&m| m > MAX_MICROS) {
             return Err(self.failed(Error::TimeOutOfRange { micros }));
         }
-        let q = &inner.quota;
         let mut full = Vec::with_capacity(inner.prefix.len() + key.len());
         full.extend_from_slice(&inner.prefix);
         full.extend_from_slice(key);
-        // `n = 0` and `n > burst` take nothing: a peek, as the local limiter does.
-        let takes = take && n.wrapping_sub(1) < q.burst();
-        let cost = if takes { n * q.units_per_token() } else { 0 };
         // The script's one argument: flags, cost, the quota's words, the replayed instant.
-        let flags = u32::from(takes) | if at.is_some() { 2 } else { 0 };
-        let mut words = [0u32; 14];
-        words[0] = flags;
-        [words[1], words[2]] = limbs(cost);
-        words[3..12].copy_from_slice(&inner.quota_words);
-        [words[12], words[13]] = limbs(at.unwrap_or(0));
-        let mut arg = [0u8; 56];
-        for (chunk, w) in arg.chunks_exact_mut(4).zip(words) {
-            chunk.copy_from_slice(&w.to_be_bytes());
-        }
+        let (arg, takes) = bucket_arg(&inner.quota, &inner.quota_words, n, take, at);
         let mut invocation = inner.script.key(full.as_slice());
         invocation.arg(&arg[..]);
         let reply = match inner.link.call(inner.link.conn.invoke(&invocation)).await {
@@ -560,56 +622,10 @@ impl RedisLimiter {
                 return self.on_failure(key, policy_n, take, corrupt_value(&full, e)).map(Answer::Policy)
             }
         };
-        let (decision, stamp, now) = self.read_reply(&full, &reply, n, takes).map_err(|e| self.failed(e))?;
+        let (decision, stamp, now) =
+            read_bucket_reply(&inner.quota, &full, &reply, n, takes).map_err(|e| self.failed(e))?;
         Counters::bump(&inner.link.counters.redis);
         Ok(Answer::Redis { decision, stamp, now })
-    }
-
-    /// The decision from the script's reply: the engine's own, from the stamp and the clock
-    /// the script decided on, checked against the script's verdict.
-    fn read_reply(
-        &self,
-        full: &[u8],
-        reply: &[u8],
-        n: u64,
-        takes: bool,
-    ) -> Result<(Decision, u64, u64), Error> {
-        let q = &self.inner.quota;
-        let corrupt =
-            |reason: String| Error::Corrupt { key: String::from_utf8_lossy(full).into_owned(), reason };
-        let Ok(words) = <[u8; 20]>::try_from(reply) else {
-            return Err(corrupt(format!("the script replied {} bytes, not 20", reply.len())));
-        };
-        let word = |i: usize| {
-            u64::from(u32::from_be_bytes([
-                words[4 * i],
-                words[4 * i + 1],
-                words[4 * i + 2],
-                words[4 * i + 3],
-            ]))
-        };
-        let taken = word(0);
-        let stamp = word(1) << 32 | word(2);
-        let now = word(3) << 32 | word(4);
-        if taken > 1 {
-            return Err(corrupt(format!("the script replied {taken} for taken (0 or 1)")));
-        }
-        let decided = if takes {
-            q.decide_stored(stamp, now, n)
-        } else {
-            q.peek_stored(stamp, now, n).map(|d| (d, None))
-        };
-        let Some((decision, next)) = decided else {
-            return Err(corrupt(format!("the bucket clock {now} is below the fill")));
-        };
-        if next.is_some() != (taken == 1) {
-            return Err(corrupt(format!(
-                "the script {} the tokens but the engine {} (stamp {stamp}, clock {now})",
-                if taken == 1 { "took" } else { "did not take" },
-                if next.is_some() { "would take them" } else { "would not" },
-            )));
-        }
-        Ok((decision, stamp, now))
     }
 
     /// A transient failure, answered by the policy; any other failure is returned.

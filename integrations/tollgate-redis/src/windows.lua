@@ -1,5 +1,6 @@
--- tollgate: fixed windows in Redis strings, a batch of them decided in one call on the server's
--- clock.
+-- tollgate: fixed windows and token buckets in Redis strings, a batch of them decided in one
+-- call on the server's clock. Appended to bucket_core.lua, whose `tollgate_bucket` decides a
+-- bucket.
 --
 -- Each value is the engine's own fixed-window word (tollgate's `FixedWindow`, src/policies/
 -- window.rs): the window's index + 1 in its high 40 bits, the window's count in its low 24,
@@ -13,34 +14,32 @@
 -- on the word each key held and the instant the script read, and checks that the engine would
 -- have written what the script wrote: every decision is the engine's, bit for bit.
 --
--- KEYS[i]   the window of check i
--- ARGV[1]   28 bytes per check, seven big-endian 32-bit words each (one argument):
---             flags     bit 0: refused hits count (`FixedWindow::charging_refusals`);
---                       bit 1: decide at ARGV[2] (a replay) instead of the server's TIME (the
---                       first check's flags decide for the batch); bit 2: `window` is in
---                       whole seconds, else in µs (a year is 2^44.8 µs, beyond one word)
---             limit     the window's limit, at most 2^24 − 1
---             window    the window's length, in µs or seconds (see bit 2), at least 1
---             n (hi, lo)
---             up_to (hi, lo)  a lease: when the window has at least n left, take up to this
---                       many (all there is, if fewer); at most n: exactly n
+-- KEYS[i]   the window or bucket of check i
+-- ARGV[1]   one argument, big-endian 32-bit words: the batch's flags (bit 0: decide at ARGV[2],
+--           a replay, instead of the server's TIME), then per check its kind and its words:
+--             1, a window: 7 words
+--               flags   bit 0: refused hits count (`FixedWindow::charging_refusals`); bit 2:
+--                       `window` is in whole seconds, else in µs (a year is 2^44.8 µs,
+--                       beyond one word)
+--               limit   the window's limit, at most 2^24 − 1
+--               window  the window's length, in µs or seconds (see bit 2), at least 1
+--               n (hi, lo)
+--               up_to (hi, lo)  a lease: when the window has at least n left, take up to
+--                       this many (all there is, if fewer); at most n: exactly n
+--             2, a bucket: 14 words, bucket_core.lua's argument
 -- ARGV[2]   the replayed instant, µs since the Unix epoch, as decimal text (at most 2^53)
 --
--- Returns 8 + 16·#KEYS bytes: the instant decided at (µs, two limbs), then per check the word
--- the key held before the decision and the word the script wrote (two limbs each; 0 for a
--- missing key, and for nothing written).
-local P = 4294967296
+-- Returns the instant decided at (µs, two limbs), then per check: for a window, the word the
+-- key held before the decision and the word the script wrote (two limbs each; 0 for a missing
+-- key, and for nothing written); for a bucket, its 20-byte reply.
 local C = 16777216 -- 2^24
 local MASK = C - 1
 local MAX_INDEX = 1099511627775 -- 2^40 − 1
 local args = ARGV[1]
-if #args ~= 28 * #KEYS then
-  return redis.error_reply('TOLLGATE_ARGS the checks are ' .. #args .. ' bytes for ' .. #KEYS .. ' keys, not 28 each')
-end
 
+local batch_flags, at = struct.unpack('>I4', args)
+local replay = batch_flags % 2 == 1
 local now_us
-local first_flags = struct.unpack('>I4', args, 1)
-local replay = math.floor(first_flags / 2) % 2 == 1
 if replay then
   now_us = tonumber(ARGV[2])
 else
@@ -48,12 +47,7 @@ else
   now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
-local out = { struct.pack('>I4I4', math.floor(now_us / P), now_us % P) }
--- Every value is read before any is written: a key named twice in one batch is decided on
--- what it held before the batch, twice, as two concurrent decisions would be; the client
--- refuses such batches.
-for i, key in ipairs(KEYS) do
-  local flags, limit, window, nh, nl, uh, ul = struct.unpack('>I4I4I4I4I4I4I4', args, 28 * (i - 1) + 1)
+local function window(key, flags, limit, window, nh, nl, uh, ul)
   local charge = flags % 2 == 1
   local w_us = window
   if math.floor(flags / 4) % 2 == 1 then w_us = window * 1000000 end
@@ -107,6 +101,35 @@ for i, key in ipairs(KEYS) do
       redis.call('SET', key, value, 'PX', ms)
     end
   end
-  out[#out + 1] = struct.pack('>I4I4I4I4', hi, lo, whi, wlo)
+  return struct.pack('>I4I4I4I4', hi, lo, whi, wlo)
+end
+
+local out = { struct.pack('>I4I4', math.floor(now_us / P), now_us % P) }
+-- Every key is read before it is written, one check after the other: a key named twice in one
+-- batch would see the first check's write; the client refuses such batches.
+for _, key in ipairs(KEYS) do
+  if at > #args then
+    return redis.error_reply('TOLLGATE_ARGS the checks end before key ' .. key)
+  end
+  local kind
+  kind, at = struct.unpack('>I4', args, at)
+  local reply
+  if kind == 1 and at + 27 <= #args then
+    local flags, limit, w, nh, nl, uh, ul
+    flags, limit, w, nh, nl, uh, ul, at = struct.unpack('>I4I4I4I4I4I4I4', args, at)
+    reply = window(key, flags, limit, w, nh, nl, uh, ul)
+  elseif kind == 2 and at + 55 <= #args then
+    reply = tollgate_bucket(key, string.sub(args, at, at + 55), now_us, replay)
+    at = at + 56
+  else
+    return redis.error_reply('TOLLGATE_ARGS check ' .. key .. ' is of kind ' .. kind .. ' or too short')
+  end
+  if type(reply) == 'table' then
+    return reply
+  end
+  out[#out + 1] = reply
+end
+if at <= #args then
+  return redis.error_reply('TOLLGATE_ARGS ' .. (#args - at + 1) .. ' bytes after the last check')
 end
 return table.concat(out)

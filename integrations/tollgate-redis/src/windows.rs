@@ -6,16 +6,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Script;
-use tollgate::{Decision, FixedWindow, Nanos, Policy};
+use tollgate::{ConfigError, Decision, FixedWindow, Nanos, Policy, TokenBucket};
 
 use crate::error::Error;
 use crate::failure::{Counters, Stats};
-use crate::limiter::{Link, Target, MAX_MICROS};
+use crate::limiter::{bucket_arg, quota_words, read_bucket_reply, Link, Target, MAX_MICROS};
 
-const WINDOWS_LUA: &str = include_str!("windows.lua");
+/// The batch script: the bucket's decision (bucket_core.lua) and the batch (windows.lua).
+const WINDOWS_LUA: &str = concat!(include_str!("bucket_core.lua"), include_str!("windows.lua"));
 
-/// The bytes of one check in the script's argument.
+/// The bytes of a window check in the script's argument, after its kind.
 const CHECK_BYTES: usize = 28;
+/// The bytes of a bucket check, after its kind.
+const BUCKET_BYTES: usize = 56;
 /// Hash slots of a Redis Cluster.
 const SLOTS: u16 = 16384;
 
@@ -60,6 +63,38 @@ pub struct WindowCheck<'a> {
     /// if fewer); at most `n` (0, say): exactly `n`. [`RedisWindows::take_all`] says how
     /// many were taken.
     pub up_to: u64,
+}
+
+/// One token bucket of a batch: `n` tokens of `key` under `quota` (which must start full, as
+/// [`RedisLimiter`](crate::RedisLimiter)'s). The key holds the same value as a
+/// `RedisLimiter`'s: the two can share keys.
+#[derive(Clone, Copy, Debug)]
+pub struct BucketCheck<'a> {
+    /// The key, without the prefix.
+    pub key: &'a [u8],
+    /// The bucket's rate and burst.
+    pub quota: TokenBucket,
+    /// The tokens asked for (0, or more than the burst: a look that takes nothing).
+    pub n: u64,
+}
+
+/// One check of a mixed batch ([`RedisWindows::decide_all`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Check<'a> {
+    /// A fixed window (or a lease of one).
+    Window(WindowCheck<'a>),
+    /// A token bucket.
+    Bucket(BucketCheck<'a>),
+}
+
+impl Check<'_> {
+    /// The key, without the prefix.
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Check::Window(c) => c.key,
+            Check::Bucket(c) => c.key,
+        }
+    }
 }
 
 /// What a check of [`RedisWindows::take_all`] did.
@@ -154,7 +189,7 @@ impl RedisWindows {
     /// naming one key twice, or a window that is not whole microseconds (or whole seconds
     /// beyond 2^32 µs), is refused before anything is sent.
     pub async fn check_all(&self, checks: &[WindowCheck<'_>]) -> Result<Vec<Decision>, Error> {
-        Ok(self.decide(checks, None).await?.into_iter().map(|t| t.decision).collect())
+        Ok(self.take_all(checks).await?.into_iter().map(|t| t.decision).collect())
     }
 
     /// [`check_all`](RedisWindows::check_all), with what each check took: a lease
@@ -162,7 +197,29 @@ impl RedisWindows {
     /// asked for. Each lease is the engine's decision on the units it took, and the most the
     /// window could give: the client checks both.
     pub async fn take_all(&self, checks: &[WindowCheck<'_>]) -> Result<Vec<Taken>, Error> {
+        let checks: Vec<Check<'_>> = checks.iter().map(|&c| Check::Window(c)).collect();
+        self.decide(&checks, None).await
+    }
+
+    /// [`take_all`](RedisWindows::take_all) for windows and token buckets together, in one
+    /// script call per hash slot: each bucket decided as
+    /// [`RedisLimiter`](crate::RedisLimiter) decides it (the engine's decision on the stamp
+    /// the key held, checked against the script's verdict).
+    pub async fn decide_all(&self, checks: &[Check<'_>]) -> Result<Vec<Taken>, Error> {
         self.decide(checks, None).await
+    }
+
+    /// [`decide_all`](RedisWindows::decide_all) as if the server's clock read `micros`.
+    #[doc(hidden)]
+    pub async fn decide_all_at_server_time(
+        &self,
+        checks: &[Check<'_>],
+        micros: u64,
+    ) -> Result<Vec<Taken>, Error> {
+        if micros > MAX_MICROS {
+            return Err(Error::TimeOutOfRange { micros });
+        }
+        self.decide(checks, Some(micros)).await
     }
 
     /// [`check_all`](RedisWindows::check_all) as if the server's clock read `micros` (µs since
@@ -184,24 +241,43 @@ impl RedisWindows {
         checks: &[WindowCheck<'_>],
         micros: u64,
     ) -> Result<Vec<Taken>, Error> {
-        if micros > MAX_MICROS {
-            return Err(Error::TimeOutOfRange { micros });
-        }
-        self.decide(checks, Some(micros)).await
+        let checks: Vec<Check<'_>> = checks.iter().map(|&c| Check::Window(c)).collect();
+        self.decide_all_at_server_time(&checks, micros).await
     }
 
-    async fn decide(&self, checks: &[WindowCheck<'_>], at: Option<u64>) -> Result<Vec<Taken>, Error> {
+    async fn decide(&self, checks: &[Check<'_>], at: Option<u64>) -> Result<Vec<Taken>, Error> {
         let inner = &*self.inner;
-        let keys: Vec<Vec<u8>> = checks.iter().map(|c| [inner.prefix.as_slice(), c.key].concat()).collect();
-        let mut args = Vec::with_capacity(checks.len());
-        for (c, key) in checks.iter().zip(&keys) {
-            args.push(encode(c, at.is_some()).ok_or_else(|| Error::Batch {
-                reason: format!(
-                    "the window of {:?} is {:?}: not whole microseconds up to 2^32 µs, nor whole seconds up to 2^32 s",
-                    String::from_utf8_lossy(key),
-                    c.window.window()
-                ),
-            })?);
+        let keys: Vec<Vec<u8>> = checks.iter().map(|c| [inner.prefix.as_slice(), c.key()].concat()).collect();
+        // Each check's kind and words, and for a bucket whether it takes.
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(checks.len());
+        let mut takes = vec![false; checks.len()];
+        for (i, (c, key)) in checks.iter().zip(&keys).enumerate() {
+            let mut arg = Vec::with_capacity(4 + BUCKET_BYTES);
+            match c {
+                Check::Window(w) => {
+                    arg.extend_from_slice(&1u32.to_be_bytes());
+                    arg.extend_from_slice(&encode(w).ok_or_else(|| Error::Batch {
+                        reason: format!(
+                            "the window of {:?} is {:?}: not whole microseconds up to 2^32 µs, nor whole seconds up to 2^32 s",
+                            String::from_utf8_lossy(key),
+                            w.window.window()
+                        ),
+                    })?);
+                }
+                Check::Bucket(b) => {
+                    if b.quota.initial() < b.quota.burst() {
+                        return Err(Error::Config(ConfigError::KeyedInitialBelowBurst {
+                            initial: b.quota.initial(),
+                            burst: b.quota.burst(),
+                        }));
+                    }
+                    let (words, take) = bucket_arg(&b.quota, &quota_words(&b.quota), b.n, true, at);
+                    arg.extend_from_slice(&2u32.to_be_bytes());
+                    arg.extend_from_slice(&words);
+                    takes[i] = take;
+                }
+            }
+            args.push(arg);
         }
         let mut sorted: Vec<&Vec<u8>> = keys.iter().collect();
         sorted.sort();
@@ -222,7 +298,8 @@ impl RedisWindows {
         }
         let calls = groups.iter().map(|(_, members)| {
             let mut invocation = inner.script.prepare_invoke();
-            let mut arg = Vec::with_capacity(members.len() * CHECK_BYTES);
+            let mut arg = Vec::with_capacity(4 + members.iter().map(|&i| args[i].len()).sum::<usize>());
+            arg.extend_from_slice(&u32::from(at.is_some()).to_be_bytes());
             for &i in members {
                 invocation.key(keys[i].as_slice());
                 arg.extend_from_slice(&args[i]);
@@ -237,19 +314,37 @@ impl RedisWindows {
             let first = &keys[members[0]];
             let corrupt =
                 |reason: String| Error::Corrupt { key: String::from_utf8_lossy(first).into_owned(), reason };
-            let want = 8 + 16 * members.len();
+            let want = 8 + members
+                .iter()
+                .map(|&i| match checks[i] {
+                    Check::Window(_) => 16,
+                    Check::Bucket(_) => 20,
+                })
+                .sum::<usize>();
             if reply.len() != want {
                 return Err(corrupt(format!(
-                    "the script replied {} bytes for {} windows, not {want}",
+                    "the script replied {} bytes for {} checks, not {want}",
                     reply.len(),
                     members.len()
                 )));
             }
             let word = |at: usize| u64::from_be_bytes(reply[at..at + 8].try_into().expect("8 bytes"));
             let now_us = word(0);
-            for (j, &i) in members.iter().enumerate() {
-                let (held, written) = (word(8 + 16 * j), word(16 + 16 * j));
-                let c = &checks[i];
+            let mut pos = 8;
+            for &i in members {
+                let c = match checks[i] {
+                    Check::Window(c) => c,
+                    Check::Bucket(b) => {
+                        let (decision, ..) =
+                            read_bucket_reply(&b.quota, &keys[i], &reply[pos..pos + 20], b.n, takes[i])?;
+                        let units = if takes[i] && decision.is_allowed() { b.n } else { 0 };
+                        decisions[i] = Taken { decision, units };
+                        pos += 20;
+                        continue;
+                    }
+                };
+                let (held, written) = (word(pos), word(pos + 8));
+                pos += 16;
                 let now = Nanos::new(now_us.saturating_mul(1000));
                 let (mut next, mut decision) = c.window.decide(held, now, c.n);
                 let mut units = if decision.is_allowed() { c.n } else { 0 };
@@ -281,11 +376,11 @@ impl RedisWindows {
     }
 }
 
-/// A check's 28 bytes: flags, limit, window, n and up_to (two limbs each); `None` for a
-/// window the script cannot take.
-fn encode(c: &WindowCheck<'_>, replay: bool) -> Option<[u8; CHECK_BYTES]> {
+/// A window check's 28 bytes: flags, limit, window, n and up_to (two limbs each); `None` for
+/// a window the script cannot take.
+fn encode(c: &WindowCheck<'_>) -> Option<[u8; CHECK_BYTES]> {
     let ns = u64::try_from(c.window.window().as_nanos()).ok()?;
-    let mut flags = u32::from(c.window.charges_refusals()) | if replay { 2 } else { 0 };
+    let mut flags = u32::from(c.window.charges_refusals());
     let micros = (ns % 1000 == 0).then_some(ns / 1000)?;
     let length = match u32::try_from(micros) {
         Ok(us) if us > 0 => us,

@@ -2,7 +2,8 @@
 //! equal to the engine's `FixedWindow` on the Unix epoch's clock, bit for bit (the client
 //! checks the word the script wrote against the engine's; this test checks the decisions
 //! against the engine run locally on its own words), one script call per batch, expiries at
-//! the window's end, and bad input refused.
+//! the window's end, and bad input refused. Token buckets in the same batches decide as the
+//! round-trip limiter.
 
 mod common;
 
@@ -11,8 +12,8 @@ use std::time::Duration;
 
 use common::{Cluster, Server};
 use proptest::prelude::*;
-use tollgate::{FixedWindow, Nanos, Outcome, Policy};
-use tollgate_redis::{Error, RedisWindows, WindowCheck};
+use tollgate::{FixedWindow, Nanos, Outcome, Policy, Rate, TokenBucket};
+use tollgate_redis::{BucketCheck, Check, Error, RedisLimiter, RedisWindows, WindowCheck};
 
 /// Microseconds since the Unix epoch of a day in 2026, on a minute's edge.
 const T0: u64 = 1_780_000_020_000_000;
@@ -207,6 +208,65 @@ proptest! {
                     }
                     assert_eq!(got[i].units, units, "key {i} at {now} µs");
                     assert_eq!(got[i].decision, want, "key {i} at {now} µs");
+                }
+            }
+        });
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Mixed batches of a window and two token buckets, replayed at increasing instants: each
+    /// bucket decides as `RedisLimiter` decides on a key of its own at the same instant (the
+    /// round-trip limiter's script and the engine agree, `tests/roundtrip.rs`), the window as
+    /// the engine.
+    #[test]
+    fn buckets_in_a_batch_decide_as_the_round_trip_limiter(
+        rates in prop::collection::vec((1u64..50, 1u64..20), 2),
+        window_limit in 1u64..20,
+        steps in prop::collection::vec((0u64..400_000, 0u64..6, 0u64..25, 0u64..4), 1..40),
+    ) {
+        let server = Server::start(&[]);
+        rt().block_on(async {
+            let w = windows(server.url()).await;
+            let quotas: Vec<TokenBucket> = rates
+                .iter()
+                .map(|&(per_sec, burst)| TokenBucket::new(Rate::per_second(per_sec), burst).unwrap())
+                .collect();
+            let mut singles = Vec::new();
+            for (i, q) in quotas.iter().enumerate() {
+                singles.push(
+                    RedisLimiter::builder(*q)
+                        .url(server.url())
+                        .prefix(format!("single{i}:"))
+                        .timeout(Duration::from_secs(2))
+                        .connect()
+                        .await
+                        .unwrap(),
+                );
+            }
+            let window = fw(window_limit, Duration::from_secs(1), false);
+            let mut word = 0u64;
+            let mut now = T0;
+            for &(gap, n0, wn, n1) in &steps {
+                now += gap;
+                let batch = [
+                    Check::Bucket(BucketCheck { key: b"b0", quota: quotas[0], n: n0 }),
+                    Check::Window(WindowCheck { key: b"w", window, n: wn, up_to: 0 }),
+                    Check::Bucket(BucketCheck { key: b"b1", quota: quotas[1], n: n1 }),
+                ];
+                let got = w.decide_all_at_server_time(&batch, now).await.unwrap();
+                let (next, want) = window.decide(word, Nanos::new(now * 1000), wn);
+                if let Some(next) = next {
+                    word = next;
+                }
+                assert_eq!(got[1].decision, want, "window at {now} µs");
+                for (j, (single, n)) in singles.iter().zip([n0, n1]).enumerate() {
+                    let alone = single.check_n_at_server_time(b"b", n, now).await.unwrap();
+                    assert_eq!(got[2 * j].decision, alone, "bucket {j} at {now} µs");
+                    let took = if alone.is_allowed() && n > 0 && n <= quotas[j].burst() { n } else { 0 };
+                    assert_eq!(got[2 * j].units, took, "bucket {j} at {now} µs");
                 }
             }
         });
