@@ -4,17 +4,17 @@
 //! decision the engine's `FixedWindow` bit for bit (`tollgate_redis::RedisWindows`).
 //!
 //! Upstream's windows (every hit counted), tollgate's fixed windows
-//! (`count_rejected_hits: false`, any `unit_multiplier`) and token buckets (`token_bucket`,
-//! `gcra`: `tollgate_redis`'s bucket, as `RedisLimiter` decides it) run on Redis, in the same
-//! script call; fixed windows are leased by rules with `lease: true`
-//! (`tollgate_redis::LeasedWindows`: a hot value's hits taken in batches and spent in the
-//! process, never past the window's limit fleet-wide). `sliding_window` and `nginx` are
-//! refused at load with this backend.
+//! (`count_rejected_hits: false`, any `unit_multiplier`), sliding windows and token buckets
+//! (`token_bucket`, `gcra`: `tollgate_redis`'s bucket, as `RedisLimiter` decides it) run on
+//! Redis, in the same script call, each the engine's decision; fixed windows are leased by
+//! rules with `lease: true` (`tollgate_redis::LeasedWindows`: a hot value's hits taken in
+//! batches and spent in the process, never past the window's limit fleet-wide). `nginx` is
+//! refused at load with this backend (its millisecond leaky bucket has no script yet).
 
 use std::fmt;
 
-use tollgate::{Decision, FixedWindow, TokenBucket};
-use tollgate_redis::{BucketCheck, Check, LeasedWindows, RedisWindows, WindowCheck};
+use tollgate::{Decision, FixedWindow, SlidingWindow, TokenBucket};
+use tollgate_redis::{BucketCheck, Check, LeasedWindows, RedisWindows, SlidingCheck, WindowCheck};
 
 use crate::config::ConfigError;
 use crate::service::{Code, Limits, Pending, RequestError, Step, MAX_COUNT};
@@ -102,9 +102,9 @@ impl RedisBackend {
 
     /// A rule this backend cannot decide, and why.
     pub(crate) fn refuses(r: &crate::RateLimit) -> Option<String> {
-        matches!(r.algorithm, crate::Algorithm::SlidingWindow | crate::Algorithm::Nginx).then(|| {
+        (r.algorithm == crate::Algorithm::Nginx).then(|| {
             format!(
-                "algorithm {} is not available on the Redis backend (fixed_window, token_bucket and gcra are)",
+                "algorithm {} is not available on the Redis backend (fixed_window, sliding_window, token_bucket and gcra are)",
                 r.algorithm.name()
             )
         })
@@ -143,6 +143,7 @@ impl RedisBackend {
                             Check::Window(WindowCheck { key, window, n, up_to })
                         }
                         Limit::Bucket { quota, n } => Check::Bucket(BucketCheck { key, quota, n }),
+                        Limit::Sliding { window, n } => Check::Sliding(SlidingCheck { key, window, n }),
                     }
                 })
                 .collect();
@@ -181,13 +182,21 @@ enum Limit {
     Window { window: FixedWindow, n: u64, up_to: u64 },
     /// A token bucket and its tokens.
     Bucket { quota: TokenBucket, n: u64 },
+    /// A sliding window and its units.
+    Sliding { window: SlidingWindow, n: u64 },
 }
 
 fn limit_of(p: &Pending<'_>) -> Limit {
     let spec = p.table.spec();
     const MADE: &str = "every rule's limit was made once when the configuration was loaded";
-    if spec.algorithm() == crate::Algorithm::TokenBucket {
-        return Limit::Bucket { quota: spec.bucket().expect(MADE), n: p.hits };
+    match spec.algorithm() {
+        crate::Algorithm::TokenBucket => {
+            return Limit::Bucket { quota: spec.bucket().expect(MADE), n: p.hits }
+        }
+        crate::Algorithm::SlidingWindow => {
+            return Limit::Sliding { window: spec.sliding().expect(MADE), n: p.hits }
+        }
+        _ => {}
     }
     let length = std::time::Duration::from_secs(spec.window);
     let made = if spec.counted() {
@@ -203,10 +212,13 @@ fn limit_of(p: &Pending<'_>) -> Limit {
 /// the window and whether it counts refusals (or `bucket`), and upstream's cache key.
 fn redis_key(p: &Pending<'_>) -> String {
     let spec = p.table.spec();
-    if spec.algorithm() == crate::Algorithm::TokenBucket {
-        return format!("{}|bucket|{}", p.table.name(), p.key);
-    }
-    format!("{}|{}s|{}|{}", p.table.name(), spec.window, if spec.counted() { "c" } else { "u" }, p.key)
+    let kind = match spec.algorithm() {
+        crate::Algorithm::TokenBucket => return format!("{}|bucket|{}", p.table.name(), p.key),
+        crate::Algorithm::SlidingWindow => "s",
+        _ if spec.counted() => "c",
+        _ => "u",
+    };
+    format!("{}|{}s|{kind}|{}", p.table.name(), spec.window, p.key)
 }
 
 /// Every rule this backend cannot decide, refused with its file and line.

@@ -110,6 +110,11 @@ impl Spec {
         self.algorithm
     }
 
+    /// The sliding window of a `sliding_window` rule.
+    pub(crate) fn sliding(self) -> Result<SlidingWindow, tollgate::ConfigError> {
+        SlidingWindow::new(u64::from(self.quota), Duration::from_secs(self.window))
+    }
+
     /// The token bucket of a `token_bucket` (or `gcra`) rule: `quota` per window, `burst`.
     pub(crate) fn bucket(self) -> Result<TokenBucket, tollgate::ConfigError> {
         TokenBucket::new(
@@ -148,9 +153,7 @@ impl Spec {
             Algorithm::FixedWindow => {
                 Table::Window(build(FixedWindow::new(quota, window)?, capacity)?, aligned)
             }
-            Algorithm::SlidingWindow => {
-                Table::Sliding(build(SlidingWindow::new(quota, window)?, capacity)?, aligned)
-            }
+            Algorithm::SlidingWindow => Table::Sliding(build(self.sliding()?, capacity)?, aligned),
             Algorithm::TokenBucket => Table::Bucket(build(self.bucket()?, capacity)?, now_ns),
             Algorithm::Nginx => {
                 let rate =

@@ -147,18 +147,13 @@ fn rules_the_backend_cannot_run_are_refused_at_load() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let windows = RedisWindows::builder().url(server.url()).connect().await.unwrap();
-        for algorithm in ["sliding_window", "nginx"] {
-            let yaml = format!(
-                "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {{unit: second, requests_per_unit: 5, algorithm: {algorithm}}}\n"
-            );
-            let e = Limits::new(config(&yaml), 10)
-                .unwrap()
-                .with_redis(RedisBackend::new(windows.clone(), OnRedisFailure::Error))
-                .unwrap_err();
-            assert_eq!((e.file.as_str(), e.line), ("fleet.yaml", Some(3)));
-            let want = format!("algorithm {algorithm} is not available on the Redis backend");
-            assert!(e.message.contains(&want), "{e}");
-        }
+        let yaml = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: nginx}\n";
+        let e = Limits::new(config(yaml), 10)
+            .unwrap()
+            .with_redis(RedisBackend::new(windows, OnRedisFailure::Error))
+            .unwrap_err();
+        assert_eq!((e.file.as_str(), e.line), ("fleet.yaml", Some(3)));
+        assert!(e.message.contains("algorithm nginx is not available on the Redis backend"), "{e}");
     });
 }
 
@@ -336,9 +331,10 @@ fn a_fleet_on_a_redis_cluster_shares_one_limit() {
     });
 }
 
-/// Token buckets on Redis: three services on one bucket of burst 20 (refilling one token a
-/// second) admit the burst and at most the refill of the run's seconds beside it, a request
-/// with a window and a bucket is one script call, and a bucket's refusal takes nothing.
+/// Token buckets and sliding windows on Redis: three services on one bucket of burst 20
+/// (refilling one token a second) admit the burst and at most the refill of the run's seconds
+/// beside it, on one sliding window of 10 a minute its 10, and a request with a fixed window,
+/// a bucket and a sliding window is one script call.
 #[test]
 fn token_buckets_on_redis_share_one_bucket_in_the_same_call() {
     let server = Server::start(&[]);
@@ -350,6 +346,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 3600, algorithm: token_bucket, burst: 20}
   - key: path
     rate_limit: {unit: day, requests_per_unit: 1000000}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: sliding_window}
 ";
         let mut fleet = Vec::new();
         for _ in 0..3 {
@@ -364,31 +362,40 @@ descriptors:
             fleet.push(Arc::new(Limits::new(config(rules), 100).unwrap().with_redis(backend).unwrap()));
         }
         let started = Instant::now();
+        let minute =
+            || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 60;
+        let first_minute = minute();
         let mut tasks = Vec::new();
         for i in 0..30 {
             let limits = Arc::clone(&fleet[i % 3]);
             tasks.push(tokio::spawn(async move {
-                let mut ok = 0u64;
+                let (mut ok, mut user_ok) = (0u64, 0u64);
                 for _ in 0..4 {
-                    let response = limits
-                        .should_rate_limit_async(&request(&[("api", "k"), ("path", "/")]))
-                        .await
-                        .unwrap();
+                    let r = request(&[("api", "k"), ("path", "/"), ("user", "u")]);
+                    let response = limits.should_rate_limit_async(&r).await.unwrap();
                     assert_eq!(response.statuses[1].code, Code::Ok);
                     ok += u64::from(response.statuses[0].code == Code::Ok);
+                    user_ok += u64::from(response.statuses[2].code == Code::Ok);
                 }
-                ok
+                (ok, user_ok)
             }));
         }
-        let mut admitted = 0;
+        let (mut admitted, mut users) = (0, 0);
         for t in tasks {
-            admitted += t.await.unwrap();
+            let (a, b) = t.await.unwrap();
+            admitted += a;
+            users += b;
+        }
+        if minute() == first_minute {
+            assert_eq!(users, 10, "the sliding window's 10 a minute");
+        } else {
+            assert!(users <= 20, "{users} over two minutes' windows of 10");
         }
         let seconds = started.elapsed().as_secs();
         assert!(admitted >= 20, "a refusal that should not happen: {admitted}");
         assert!(admitted <= 20 + seconds + 1, "admitted {admitted} in {seconds} s of a 20 + 1/s bucket");
         let calls: u64 = fleet.iter().map(|l| l.redis().unwrap().stats().redis).sum();
-        assert_eq!(calls, 120, "one script call per request of a window and a bucket");
+        assert_eq!(calls, 120, "one script call per request of a window, a bucket and a sliding window");
         // A refusal reports the time until the bucket is full again: at most 20 s.
         let r = fleet[0].should_rate_limit_async(&request(&[("api", "k")])).await.unwrap();
         if r.statuses[0].code == Code::OverLimit {

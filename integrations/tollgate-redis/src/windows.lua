@@ -1,5 +1,5 @@
--- tollgate: fixed windows and token buckets in Redis strings, a batch of them decided in one
--- call on the server's clock. Appended to bucket_core.lua, whose `tollgate_bucket` decides a
+-- tollgate: fixed windows, sliding windows and token buckets in Redis strings, a batch of them
+-- decided in one call on the server's clock. Appended to bucket_core.lua, whose `tollgate_bucket` decides a
 -- bucket.
 --
 -- Each value is the engine's own fixed-window word (tollgate's `FixedWindow`, src/policies/
@@ -27,11 +27,25 @@
 --               up_to (hi, lo)  a lease: when the window has at least n left, take up to
 --                       this many (all there is, if fewer); at most n: exactly n
 --             2, a bucket: 14 words, bucket_core.lua's argument
+--             3, a sliding window: 7 words
+--               flags   bit 2: `window` is in whole seconds, else in µs
+--               limit   the window's limit, at most 2^20 − 1
+--               window  as a fixed window's
+--               n (hi, lo)
+--               last (hi, lo)  the engine's largest stored index, 2^(64 − 2·bits(limit)) − 1
+--                       (at most 2^53)
 -- ARGV[2]   the replayed instant, µs since the Unix epoch, as decimal text (at most 2^53)
 --
 -- Returns the instant decided at (µs, two limbs), then per check: for a window, the word the
 -- key held before the decision and the word the script wrote (two limbs each; 0 for a missing
--- key, and for nothing written); for a bucket, its 20-byte reply.
+-- key, and for nothing written); for a bucket, its 20-byte reply; for a sliding window, the
+-- state the key held and the state the script wrote (index + 1 as two limbs, curr, prev; all
+-- 0 for a missing key, and for nothing written).
+--
+-- A sliding window's value is 'tgs1' and the engine's `SlidingWindow` word's three fields as
+-- big-endian 32-bit words: index + 1 (two limbs), curr, prev; windows aligned on multiples of
+-- W since the Unix epoch. The client packs them into the engine's word (whose layout depends
+-- on the limit) and checks the script's write against the engine's decision.
 local C = 16777216 -- 2^24
 local MASK = C - 1
 local MAX_INDEX = 1099511627775 -- 2^40 − 1
@@ -104,6 +118,63 @@ local function window(key, flags, limit, window, nh, nl, uh, ul)
   return struct.pack('>I4I4I4I4', hi, lo, whi, wlo)
 end
 
+-- a·b as (hi, lo) limbs, for a < 2^21 and b < 2^53: every partial product below 2^53.
+local function mul(a, b)
+  local b1 = math.floor(b / P)
+  local low = a * (b - b1 * P)
+  local carry = math.floor(low / P)
+  return a * b1 + carry, low - carry * P
+end
+
+local function sliding(key, flags, limit, window, nh, nl, mh, ml)
+  local w_us = window
+  if math.floor(flags / 4) % 2 == 1 then w_us = window * 1000000 end
+  local n = nh * P + nl
+  local last = mh * P + ml
+  local sh, sl, s_curr, s_prev = 0, 0, 0, 0
+  local raw = redis.call('GET', key)
+  if raw then
+    if #raw ~= 20 or string.sub(raw, 1, 4) ~= 'tgs1' then
+      return redis.error_reply('TOLLGATE_CORRUPT ' .. key .. ' holds ' .. #raw .. ' bytes that are not a tollgate sliding window (tgs1, 20 bytes)')
+    end
+    sh, sl, s_curr, s_prev = struct.unpack('>I4I4I4I4', raw, 5)
+  end
+  local stored = sh * P + sl
+  -- The engine's general path: the clock's window (index + 1, never past `last`), the counts
+  -- as the decision sees them (the stored window's, or the next one's, whose prev is the
+  -- stored curr, or none), and δ into the window.
+  local now_index = math.floor(now_us / w_us) + 1
+  if now_index > last then now_index = last end
+  local index, prev, curr = now_index, 0, 0
+  if stored >= now_index then
+    index, prev, curr = stored, s_prev, s_curr
+  elseif stored + 1 == now_index then
+    prev = s_curr
+  end
+  local delta = 0
+  if index < last and (index - 1) * w_us <= now_us then delta = now_us - (index - 1) * w_us end
+  local wh, wl, wc, wp = 0, 0, 0, 0
+  if n >= 1 and n <= limit then
+    -- prev·(W − δ) + (curr + n)·W ≤ N·W, in µs (the engine's in ns, over 1,000).
+    local ah, al = mul(prev, w_us - delta)
+    local bh, bl = mul(curr + n, w_us)
+    local xh, xl = add(ah, al, bh, bl)
+    local yh, yl = mul(limit, w_us)
+    if not lt(yh, yl, xh, xl) then
+      wh, wl, wc, wp = math.floor(index / P), index % P, curr + n, prev
+      local value = 'tgs1' .. struct.pack('>I4I4I4I4', wh, wl, wc, wp)
+      -- The counts matter until the window after this one ends; 1 ms more for Redis's clock.
+      if replay or index >= last then
+        redis.call('SET', key, value)
+      else
+        local ms = math.ceil(((index + 1) * w_us - now_us) / 1000) + 1
+        redis.call('SET', key, value, 'PX', ms)
+      end
+    end
+  end
+  return struct.pack('>I4I4I4I4I4I4I4I4', sh, sl, s_curr, s_prev, wh, wl, wc, wp)
+end
+
 local out = { struct.pack('>I4I4', math.floor(now_us / P), now_us % P) }
 -- Every key is read before it is written, one check after the other: a key named twice in one
 -- batch would see the first check's write; the client refuses such batches.
@@ -118,6 +189,10 @@ for _, key in ipairs(KEYS) do
     local flags, limit, w, nh, nl, uh, ul
     flags, limit, w, nh, nl, uh, ul, at = struct.unpack('>I4I4I4I4I4I4I4', args, at)
     reply = window(key, flags, limit, w, nh, nl, uh, ul)
+  elseif kind == 3 and at + 27 <= #args then
+    local flags, limit, w, nh, nl, mh, ml
+    flags, limit, w, nh, nl, mh, ml, at = struct.unpack('>I4I4I4I4I4I4I4', args, at)
+    reply = sliding(key, flags, limit, w, nh, nl, mh, ml)
   elseif kind == 2 and at + 55 <= #args then
     reply = tollgate_bucket(key, string.sub(args, at, at + 55), now_us, replay)
     at = at + 56

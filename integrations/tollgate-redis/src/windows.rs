@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Script;
-use tollgate::{ConfigError, Decision, FixedWindow, Nanos, Policy, TokenBucket};
+use tollgate::{ConfigError, Decision, FixedWindow, Nanos, Policy, SlidingWindow, TokenBucket};
 
 use crate::error::Error;
 use crate::failure::{Counters, Stats};
@@ -78,6 +78,19 @@ pub struct BucketCheck<'a> {
     pub n: u64,
 }
 
+/// One sliding window of a batch: `n` units of `key` under `window`, windows aligned on
+/// multiples of its length since the Unix epoch. Each decision is the engine's
+/// [`SlidingWindow`]'s, bit for bit (the client checks the script's write).
+#[derive(Clone, Copy, Debug)]
+pub struct SlidingCheck<'a> {
+    /// The key, without the prefix.
+    pub key: &'a [u8],
+    /// The limit and the length (whole microseconds; whole seconds beyond 71 minutes).
+    pub window: SlidingWindow,
+    /// The units asked for (0: a look that changes nothing).
+    pub n: u64,
+}
+
 /// One check of a mixed batch ([`RedisWindows::decide_all`]).
 #[derive(Clone, Copy, Debug)]
 pub enum Check<'a> {
@@ -85,6 +98,8 @@ pub enum Check<'a> {
     Window(WindowCheck<'a>),
     /// A token bucket.
     Bucket(BucketCheck<'a>),
+    /// A sliding window.
+    Sliding(SlidingCheck<'a>),
 }
 
 impl Check<'_> {
@@ -93,6 +108,7 @@ impl Check<'_> {
         match self {
             Check::Window(c) => c.key,
             Check::Bucket(c) => c.key,
+            Check::Sliding(c) => c.key,
         }
     }
 }
@@ -264,6 +280,16 @@ impl RedisWindows {
                         ),
                     })?);
                 }
+                Check::Sliding(w) => {
+                    arg.extend_from_slice(&3u32.to_be_bytes());
+                    arg.extend_from_slice(&encode_sliding(w).ok_or_else(|| Error::Batch {
+                        reason: format!(
+                            "the sliding window of {:?} is {:?}: not whole microseconds up to 2^32 µs, nor whole seconds up to 2^32 s",
+                            String::from_utf8_lossy(key),
+                            w.window.window()
+                        ),
+                    })?);
+                }
                 Check::Bucket(b) => {
                     if b.quota.initial() < b.quota.burst() {
                         return Err(Error::Config(ConfigError::KeyedInitialBelowBurst {
@@ -319,6 +345,7 @@ impl RedisWindows {
                 .map(|&i| match checks[i] {
                     Check::Window(_) => 16,
                     Check::Bucket(_) => 20,
+                    Check::Sliding(_) => 32,
                 })
                 .sum::<usize>();
             if reply.len() != want {
@@ -340,6 +367,11 @@ impl RedisWindows {
                         let units = if takes[i] && decision.is_allowed() { b.n } else { 0 };
                         decisions[i] = Taken { decision, units };
                         pos += 20;
+                        continue;
+                    }
+                    Check::Sliding(w) => {
+                        decisions[i] = read_sliding(&w, &keys[i], &reply[pos..pos + 32], now_us)?;
+                        pos += 32;
                         continue;
                     }
                 };
@@ -376,28 +408,82 @@ impl RedisWindows {
     }
 }
 
+/// A sliding window's decision from the state the key held and the state the script wrote
+/// (32 bytes), checked against the engine's.
+fn read_sliding(c: &SlidingCheck<'_>, key: &[u8], reply: &[u8], now_us: u64) -> Result<Taken, Error> {
+    let word = |at: usize| u64::from(u32::from_be_bytes(reply[at..at + 4].try_into().expect("4 bytes")));
+    let corrupt = |reason: String| Error::Corrupt { key: String::from_utf8_lossy(key).into_owned(), reason };
+    let (held, written) =
+        ((word(0) << 32 | word(4), word(8), word(12)), (word(16) << 32 | word(20), word(24), word(28)));
+    let Some(held_word) = sliding_word(&c.window, held.0, held.1, held.2) else {
+        return Err(corrupt(format!("the key holds a sliding window {held:?} beyond the limit's layout")));
+    };
+    let written_word = sliding_word(&c.window, written.0, written.1, written.2);
+    let (next, decision) = c.window.decide(held_word, Nanos::new(now_us.saturating_mul(1000)), c.n);
+    if written_word != Some(next.unwrap_or(0)) {
+        return Err(corrupt(format!(
+            "the script wrote {written:?} on {held:?} at {now_us} µs, the engine {:#x}",
+            next.unwrap_or(0)
+        )));
+    }
+    Ok(Taken { decision, units: if next.is_some() { c.n } else { 0 } })
+}
+
 /// A window check's 28 bytes: flags, limit, window, n and up_to (two limbs each); `None` for
 /// a window the script cannot take.
 fn encode(c: &WindowCheck<'_>) -> Option<[u8; CHECK_BYTES]> {
-    let ns = u64::try_from(c.window.window().as_nanos()).ok()?;
-    let mut flags = u32::from(c.window.charges_refusals());
-    let micros = (ns % 1000 == 0).then_some(ns / 1000)?;
-    let length = match u32::try_from(micros) {
-        Ok(us) if us > 0 => us,
-        _ if ns % 1_000_000_000 == 0 => {
-            flags |= 4;
-            u32::try_from(ns / 1_000_000_000).ok()?
-        }
-        _ => return None,
-    };
+    let (seconds, length) = length_word(c.window.window())?;
+    let flags = u32::from(c.window.charges_refusals()) | if seconds { 4 } else { 0 };
     let limit = u32::try_from(c.window.limit()).ok()?;
-    let up_to = c.up_to.max(c.n);
+    Some(words7([flags, limit, length], c.n, c.up_to.max(c.n)))
+}
+
+/// A sliding window check's 28 bytes: flags, limit, window, n and the engine's largest stored
+/// index (two limbs each, the index at most 2^53).
+fn encode_sliding(c: &SlidingCheck<'_>) -> Option<[u8; CHECK_BYTES]> {
+    let (seconds, length) = length_word(c.window.window())?;
+    let limit = u32::try_from(c.window.limit()).ok()?;
+    Some(words7(
+        [if seconds { 4 } else { 0 }, limit, length],
+        c.n,
+        sliding_layout(&c.window).2.min(MAX_MICROS),
+    ))
+}
+
+/// A window's length as the script takes it: whole microseconds up to 2^32 − 1 (`false`), or
+/// whole seconds up to 2^32 − 1 (`true`).
+fn length_word(window: Duration) -> Option<(bool, u32)> {
+    let ns = u64::try_from(window.as_nanos()).ok()?;
+    let micros = (ns % 1000 == 0).then_some(ns / 1000)?;
+    match u32::try_from(micros) {
+        Ok(us) if us > 0 => Some((false, us)),
+        _ if ns % 1_000_000_000 == 0 => Some((true, u32::try_from(ns / 1_000_000_000).ok()?)),
+        _ => None,
+    }
+}
+
+/// Three words, then `a` and `b` as two limbs each, big-endian.
+fn words7(first: [u32; 3], a: u64, b: u64) -> [u8; CHECK_BYTES] {
     let mut out = [0u8; CHECK_BYTES];
-    let words = [flags, limit, length, (c.n >> 32) as u32, c.n as u32, (up_to >> 32) as u32, up_to as u32];
+    #[expect(clippy::cast_possible_truncation, reason = "the limbs")]
+    let words = [first[0], first[1], first[2], (a >> 32) as u32, a as u32, (b >> 32) as u32, b as u32];
     for (chunk, w) in out.chunks_exact_mut(4).zip(words) {
         chunk.copy_from_slice(&w.to_be_bytes());
     }
-    Some(out)
+    out
+}
+
+/// The engine's sliding-window word layout for a window's limit: the bits of each count, their
+/// mask, and the largest stored index (src/policies/sliding.rs).
+fn sliding_layout(window: &SlidingWindow) -> (u32, u64, u64) {
+    let bits = 64 - window.limit().leading_zeros();
+    (bits, (1 << bits) - 1, (1 << (64 - 2 * bits)) - 1)
+}
+
+/// The engine's word of a sliding window's fields, `None` if they do not fit its layout.
+fn sliding_word(window: &SlidingWindow, index: u64, curr: u64, prev: u64) -> Option<u64> {
+    let (bits, mask, last) = sliding_layout(window);
+    (index <= last && curr <= mask && prev <= mask).then(|| (index << (2 * bits)) | (curr << bits) | prev)
 }
 
 /// The Cluster hash slot of `key`: CRC16 (XMODEM) of its `{tag}` if it has a non-empty one,

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use common::{Cluster, Server};
 use proptest::prelude::*;
-use tollgate::{FixedWindow, Nanos, Outcome, Policy, Rate, TokenBucket};
-use tollgate_redis::{BucketCheck, Check, Error, RedisLimiter, RedisWindows, WindowCheck};
+use tollgate::{FixedWindow, Nanos, Outcome, Policy, Rate, SlidingWindow, TokenBucket};
+use tollgate_redis::{BucketCheck, Check, Error, RedisLimiter, RedisWindows, SlidingCheck, WindowCheck};
 
 /// Microseconds since the Unix epoch of a day in 2026, on a minute's edge.
 const T0: u64 = 1_780_000_020_000_000;
@@ -271,4 +271,63 @@ proptest! {
             }
         });
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Sliding windows in batches (beside a fixed window), replayed at increasing instants:
+    /// every decision equals the engine's `SlidingWindow` on a local copy of its word, limits
+    /// of every width the engine's layout has.
+    #[test]
+    fn sliding_windows_decide_as_the_engine(
+        specs in prop::collection::vec((prop_oneof![1u64..20, 20u64..70_000, 70_000u64..1_048_575], 0usize..3), 2),
+        steps in prop::collection::vec((0u64..2_000_000, prop::collection::vec(0u64..40, 2)), 1..40),
+    ) {
+        let server = Server::start(&[]);
+        let lengths = [Duration::from_secs(1), Duration::from_secs(60), Duration::from_secs(86_400)];
+        let windows_of: Vec<SlidingWindow> = specs
+            .iter()
+            .map(|&(limit, len)| SlidingWindow::new(limit, lengths[len]).or_else(|_| SlidingWindow::new(limit, lengths[2])).unwrap())
+            .collect();
+        rt().block_on(async {
+            let w = windows(server.url()).await;
+            let fixed = fw(3, Duration::from_secs(1), false);
+            let mut words = [0u64; 2];
+            let mut now = T0;
+            for (gap, ns) in &steps {
+                now += gap;
+                let batch = [
+                    Check::Sliding(SlidingCheck { key: b"s0", window: windows_of[0], n: ns[0] }),
+                    Check::Window(WindowCheck { key: b"f", window: fixed, n: 1, up_to: 0 }),
+                    Check::Sliding(SlidingCheck { key: b"s1", window: windows_of[1], n: ns[1] }),
+                ];
+                let got = w.decide_all_at_server_time(&batch, now).await.unwrap();
+                for (j, at) in [(0, 0), (1, 2)] {
+                    let (next, want) = windows_of[j].decide(words[j], Nanos::new(now * 1000), ns[j]);
+                    if let Some(next) = next {
+                        words[j] = next;
+                    }
+                    assert_eq!(got[at].decision, want, "sliding window {j} at {now} µs");
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn a_sliding_window_key_holding_something_else_is_an_error() {
+    let server = Server::start(&[]);
+    rt().block_on(async {
+        let w = windows(server.url()).await;
+        server.cli(&["SET", "tollgate:w:s", "tgw1abcdefgh"]).unwrap();
+        let check = [Check::Sliding(SlidingCheck {
+            key: b"s",
+            window: SlidingWindow::new(10, Duration::from_secs(1)).unwrap(),
+            n: 1,
+        })];
+        let e = w.decide_all(&check).await.unwrap_err();
+        assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+        assert!(e.to_string().contains("not a tollgate sliding window"), "{e}");
+    });
 }
