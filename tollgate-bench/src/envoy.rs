@@ -363,8 +363,7 @@ pub fn run(quick: bool) -> Result<Vec<EnvoyRow>, String> {
             .map_err(|e| e.to_string())?;
         let on_redis = tollgate_envoy::Limits::new(config().map_err(config_error)?, 16)
             .map_err(config_error)?
-            .with_redis(tollgate_envoy::RedisBackend::new(windows, tollgate_envoy::OnRedisFailure::Error))
-            .map_err(config_error)?;
+            .with_redis(tollgate_envoy::RedisBackend::new(windows, tollgate_envoy::OnRedisFailure::Error));
         let leased_windows = tollgate_redis::RedisWindows::builder()
             .url(server.url())
             .prefix("tgl:")
@@ -379,8 +378,7 @@ pub fn run(quick: bool) -> Result<Vec<EnvoyRow>, String> {
             .with_redis(tollgate_envoy::RedisBackend::new(
                 leased_windows,
                 tollgate_envoy::OnRedisFailure::Error,
-            ))
-            .map_err(config_error)?;
+            ));
         let client = redis::Client::open(server.url()).map_err(|e| e.to_string())?;
         let conn = redis::aio::ConnectionManager::new(client).await.map_err(|e| e.to_string())?;
         let subjects: Vec<(&str, String, bool)> = vec![

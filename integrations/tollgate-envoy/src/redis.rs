@@ -3,20 +3,21 @@
 //! descriptors (one per hash slot on a Cluster, sent at once), on the server's clock, each
 //! decision the engine's `FixedWindow` bit for bit (`tollgate_redis::RedisWindows`).
 //!
-//! Upstream's windows (every hit counted), tollgate's fixed windows
-//! (`count_rejected_hits: false`, any `unit_multiplier`), sliding windows and token buckets
-//! (`token_bucket`, `gcra`: `tollgate_redis`'s bucket, as `RedisLimiter` decides it) run on
-//! Redis, in the same script call, each the engine's decision; fixed windows are leased by
-//! rules with `lease: true` (`tollgate_redis::LeasedWindows`: a hot value's hits taken in
-//! batches and spent in the process, never past the window's limit fleet-wide). `nginx` is
-//! refused at load with this backend (its millisecond leaky bucket has no script yet).
+//! Every algorithm runs on Redis, in the request's one script call, each decision the
+//! engine's: upstream's windows (every hit counted), tollgate's fixed windows
+//! (`count_rejected_hits: false`, any `unit_multiplier`), sliding windows, token buckets
+//! (`token_bucket`, `gcra`: `tollgate_redis`'s bucket, as `RedisLimiter` decides it) and
+//! nginx's `limit_req`. Fixed windows are leased by rules with `lease: true`
+//! (`tollgate_redis::LeasedWindows`: a hot value's hits taken in batches and spent in the
+//! process, never past the window's limit fleet-wide).
 
 use std::fmt;
 
-use tollgate::{Decision, FixedWindow, SlidingWindow, TokenBucket};
-use tollgate_redis::{BucketCheck, Check, LeasedWindows, RedisWindows, SlidingCheck, WindowCheck};
+use tollgate::{Decision, FixedWindow, Nginx, SlidingWindow, TokenBucket};
+use tollgate_redis::{
+    BucketCheck, Check, LeasedWindows, NginxCheck, RedisWindows, SlidingCheck, WindowCheck,
+};
 
-use crate::config::ConfigError;
 use crate::service::{Code, Limits, Pending, RequestError, Step, MAX_COUNT};
 
 /// What a request gets when Redis cannot answer in time (a timeout, a refused connection,
@@ -100,16 +101,6 @@ impl RedisBackend {
         self.on_failure
     }
 
-    /// A rule this backend cannot decide, and why.
-    pub(crate) fn refuses(r: &crate::RateLimit) -> Option<String> {
-        (r.algorithm == crate::Algorithm::Nginx).then(|| {
-            format!(
-                "algorithm {} is not available on the Redis backend (fixed_window, sliding_window, token_bucket and gcra are)",
-                r.algorithm.name()
-            )
-        })
-    }
-
     /// Every step's decision, in as few batches as its keys allow (one, unless two
     /// descriptors of the request share a counter), or the failure policy's.
     pub(crate) async fn decide(
@@ -144,6 +135,7 @@ impl RedisBackend {
                         }
                         Limit::Bucket { quota, n } => Check::Bucket(BucketCheck { key, quota, n }),
                         Limit::Sliding { window, n } => Check::Sliding(SlidingCheck { key, window, n }),
+                        Limit::Nginx { limit, n } => Check::Nginx(NginxCheck { key, limit, n }),
                     }
                 })
                 .collect();
@@ -184,6 +176,8 @@ enum Limit {
     Bucket { quota: TokenBucket, n: u64 },
     /// A sliding window and its units.
     Sliding { window: SlidingWindow, n: u64 },
+    /// nginx's `limit_req` and its requests.
+    Nginx { limit: Nginx, n: u64 },
 }
 
 fn limit_of(p: &Pending<'_>) -> Limit {
@@ -196,6 +190,7 @@ fn limit_of(p: &Pending<'_>) -> Limit {
         crate::Algorithm::SlidingWindow => {
             return Limit::Sliding { window: spec.sliding().expect(MADE), n: p.hits }
         }
+        crate::Algorithm::Nginx => return Limit::Nginx { limit: spec.nginx().expect(MADE), n: p.hits },
         _ => {}
     }
     let length = std::time::Duration::from_secs(spec.window);
@@ -214,27 +209,10 @@ fn redis_key(p: &Pending<'_>) -> String {
     let spec = p.table.spec();
     let kind = match spec.algorithm() {
         crate::Algorithm::TokenBucket => return format!("{}|bucket|{}", p.table.name(), p.key),
+        crate::Algorithm::Nginx => return format!("{}|nginx|{}", p.table.name(), p.key),
         crate::Algorithm::SlidingWindow => "s",
         _ if spec.counted() => "c",
         _ => "u",
     };
     format!("{}|{}s|{kind}|{}", p.table.name(), spec.window, p.key)
-}
-
-/// Every rule this backend cannot decide, refused with its file and line.
-pub(crate) fn check_rules(config: &crate::Config) -> Result<(), ConfigError> {
-    for domain in config.domains() {
-        let mut first = None;
-        crate::service::each_rule(&domain.root, &mut |rule| {
-            if let Some(why) =
-                rule.rate_limit.as_ref().filter(|r| !r.unlimited).and_then(RedisBackend::refuses)
-            {
-                first.get_or_insert((rule.line, format!("'{}': {why}", rule.full_key)));
-            }
-        });
-        if let Some((line, message)) = first {
-            return Err(ConfigError { file: domain.file.clone(), line, message });
-        }
-    }
-    Ok(())
 }

@@ -110,6 +110,14 @@ impl Spec {
         self.algorithm
     }
 
+    /// nginx's `limit_req` of an `nginx` rule: `rate=quota r/s` (or `r/m` for a minute),
+    /// `burst`, `nodelay`.
+    pub(crate) fn nginx(self) -> Result<Nginx, tollgate::ConfigError> {
+        let quota = u64::from(self.quota);
+        let rate = if self.window == 60 { Nginx::per_minute(quota) } else { Nginx::per_second(quota) };
+        Ok(rate?.burst(u64::from(self.burst))?.nodelay())
+    }
+
     /// The sliding window of a `sliding_window` rule.
     pub(crate) fn sliding(self) -> Result<SlidingWindow, tollgate::ConfigError> {
         SlidingWindow::new(u64::from(self.quota), Duration::from_secs(self.window))
@@ -155,11 +163,7 @@ impl Spec {
             }
             Algorithm::SlidingWindow => Table::Sliding(build(self.sliding()?, capacity)?, aligned),
             Algorithm::TokenBucket => Table::Bucket(build(self.bucket()?, capacity)?, now_ns),
-            Algorithm::Nginx => {
-                let rate =
-                    if self.window == 60 { Nginx::per_minute(quota) } else { Nginx::per_second(quota) };
-                Table::Nginx(build(rate?.burst(u64::from(self.burst))?.nodelay(), capacity)?, now_ns)
-            }
+            Algorithm::Nginx => Table::Nginx(build(self.nginx()?, capacity)?, now_ns),
         })
     }
 }
@@ -553,12 +557,10 @@ impl Limits {
     }
 
     /// These limits deciding on Redis ([`should_rate_limit_async`](Limits::should_rate_limit_async)),
-    /// shared by every instance with the same backend and prefix. Refuses a rule whose
-    /// algorithm the backend cannot run, naming its file and line.
-    pub fn with_redis(mut self, backend: RedisBackend) -> Result<Limits, ConfigError> {
-        crate::redis::check_rules(&self.config)?;
+    /// shared by every instance with the same backend and prefix: every algorithm runs there.
+    pub fn with_redis(mut self, backend: RedisBackend) -> Limits {
         self.redis = Some(backend);
-        Ok(self)
+        self
     }
 
     /// The Redis backend, if any.
@@ -590,7 +592,7 @@ impl Limits {
         let mut next = Limits::build(config, self.keys_per_rule, Arc::clone(&self.clock), Some(self))?
             .with_settings(self.settings.clone());
         if let Some(redis) = &self.redis {
-            next = next.with_redis(redis.clone())?;
+            next = next.with_redis(redis.clone());
         }
         next.latency = Arc::clone(&self.latency);
         next.global_shadow.store(self.global_shadow_mode(), Relaxed);

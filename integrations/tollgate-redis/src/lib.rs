@@ -56,4 +56,6 @@ pub use limiter::{Builder, RedisLimiter};
 /// The client this crate is built on, for matching on [`Error::Redis`]'s kinds and codes.
 pub use redis;
 pub use value::BucketValue;
-pub use windows::{BucketCheck, Check, RedisWindows, SlidingCheck, Taken, WindowCheck, WindowsBuilder};
+pub use windows::{
+    BucketCheck, Check, NginxCheck, RedisWindows, SlidingCheck, Taken, WindowCheck, WindowsBuilder,
+};

@@ -1,5 +1,5 @@
--- tollgate: fixed windows, sliding windows and token buckets in Redis strings, a batch of them
--- decided in one call on the server's clock. Appended to bucket_core.lua, whose `tollgate_bucket` decides a
+-- tollgate: fixed windows, sliding windows, token buckets and nginx's limit_req in Redis
+-- strings, a batch of them decided in one call on the server's clock. Appended to bucket_core.lua, whose `tollgate_bucket` decides a
 -- bucket.
 --
 -- Each value is the engine's own fixed-window word (tollgate's `FixedWindow`, src/policies/
@@ -34,18 +34,32 @@
 --               n (hi, lo)
 --               last (hi, lo)  the engine's largest stored index, 2^(64 − 2·bits(limit)) − 1
 --                       (at most 2^53)
+--             4, nginx's limit_req: 7 words
+--               0
+--               burst   B·1000 (below 2^24)
+--               0
+--               rate (hi, lo)  milli-requests per second (below 2^50)
+--               n (hi, lo)
 -- ARGV[2]   the replayed instant, µs since the Unix epoch, as decimal text (at most 2^53)
 --
 -- Returns the instant decided at (µs, two limbs), then per check: for a window, the word the
 -- key held before the decision and the word the script wrote (two limbs each; 0 for a missing
 -- key, and for nothing written); for a bucket, its 20-byte reply; for a sliding window, the
 -- state the key held and the state the script wrote (index + 1 as two limbs, curr, prev; all
--- 0 for a missing key, and for nothing written).
+-- 0 for a missing key, and for nothing written); for nginx's, the state the key held and the
+-- state the script wrote (last as two limbs, the field; 0 for nothing written, the instant
+-- decided at for a missing key).
 --
 -- A sliding window's value is 'tgs1' and the engine's `SlidingWindow` word's three fields as
 -- big-endian 32-bit words: index + 1 (two limbs), curr, prev; windows aligned on multiples of
 -- W since the Unix epoch. The client packs them into the engine's word (whose layout depends
 -- on the limit) and checks the script's write against the engine's decision.
+--
+-- nginx's value is 'tgn1', the last request's instant in ms since the Unix epoch (two limbs)
+-- and the engine's `Nginx` field (the excess + 1,000, in milli-requests; src/policies/
+-- nginx.rs). The client decides with the engine on the clock whose origin is the earlier of
+-- that instant and now (nginx's decision depends on their difference only) and checks the
+-- script's write.
 local C = 16777216 -- 2^24
 local MASK = C - 1
 local MAX_INDEX = 1099511627775 -- 2^40 − 1
@@ -175,6 +189,45 @@ local function sliding(key, flags, limit, window, nh, nl, mh, ml)
   return struct.pack('>I4I4I4I4I4I4I4I4', sh, sl, s_curr, s_prev, wh, wl, wc, wp)
 end
 
+local function nginx(key, burst, rh, rl, nh, nl)
+  local rate = rh * P + rl
+  local n = nh * P + nl
+  local now_ms = math.floor(now_us / 1000)
+  local lh, ll, field = math.floor(now_ms / P), now_ms % P, 0
+  local raw = redis.call('GET', key)
+  if raw then
+    if #raw ~= 16 or string.sub(raw, 1, 4) ~= 'tgn1' then
+      return redis.error_reply('TOLLGATE_CORRUPT ' .. key .. ' holds ' .. #raw .. ' bytes that are not a tollgate nginx limit (tgn1, 16 bytes)')
+    end
+    lh, ll, field = struct.unpack('>I4I4I4', raw, 5)
+  end
+  local last = lh * P + ll
+  local elapsed = now_ms - last
+  local ms = elapsed
+  if elapsed < -60000 then ms = 1 elseif elapsed < 0 then ms = 0 end
+  -- Past `cap` ms everything leaks (the field is below 2^24 < 2^25): the product stays exact.
+  local cap = math.floor(1000 * 33554432 / rate) + 1
+  if ms > cap then ms = cap end
+  local left = field - math.floor(rate * ms / 1000)
+  if left < 0 then left = 0 end
+  local wh, wl, wf = 0, 0, 0
+  if n >= 1 and n <= math.floor(burst / 1000) + 1 and left + n * 1000 <= burst + 1000 then
+    wf = left + n * 1000
+    local stamp = last
+    if ms ~= 0 then stamp = now_ms end
+    wh, wl = math.floor(stamp / P), stamp % P
+    local value = 'tgn1' .. struct.pack('>I4I4I4', wh, wl, wf)
+    if replay then
+      redis.call('SET', key, value)
+    else
+      -- Until the field has leaked away: a missing key is then the same node. 2 ms more: for
+      -- Redis's millisecond clock, and for the quotient's rounding.
+      redis.call('SET', key, value, 'PX', math.ceil(wf * 1000 / rate) + 2 + math.max(0, stamp - now_ms))
+    end
+  end
+  return struct.pack('>I4I4I4I4I4I4', lh, ll, field, wh, wl, wf)
+end
+
 local out = { struct.pack('>I4I4', math.floor(now_us / P), now_us % P) }
 -- Every key is read before it is written, one check after the other: a key named twice in one
 -- batch would see the first check's write; the client refuses such batches.
@@ -193,6 +246,10 @@ for _, key in ipairs(KEYS) do
     local flags, limit, w, nh, nl, mh, ml
     flags, limit, w, nh, nl, mh, ml, at = struct.unpack('>I4I4I4I4I4I4I4', args, at)
     reply = sliding(key, flags, limit, w, nh, nl, mh, ml)
+  elseif kind == 4 and at + 27 <= #args then
+    local zero, burst, pad, rh, rl, nh, nl
+    zero, burst, pad, rh, rl, nh, nl, at = struct.unpack('>I4I4I4I4I4I4I4', args, at)
+    reply = nginx(key, burst, rh, rl, nh, nl)
   elseif kind == 2 and at + 55 <= #args then
     reply = tollgate_bucket(key, string.sub(args, at, at + 55), now_us, replay)
     at = at + 56

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Script;
-use tollgate::{ConfigError, Decision, FixedWindow, Nanos, Policy, SlidingWindow, TokenBucket};
+use tollgate::{ConfigError, Decision, FixedWindow, Nanos, Nginx, Policy, SlidingWindow, TokenBucket};
 
 use crate::error::Error;
 use crate::failure::{Counters, Stats};
@@ -91,6 +91,18 @@ pub struct SlidingCheck<'a> {
     pub n: u64,
 }
 
+/// nginx's `limit_req` on one key of a batch: `n` requests of `key` under `limit`, each
+/// decision the engine's [`Nginx`]'s, bit for bit (the client checks the script's write).
+#[derive(Clone, Copy, Debug)]
+pub struct NginxCheck<'a> {
+    /// The key, without the prefix.
+    pub key: &'a [u8],
+    /// The rate (below 2^50 milli-requests a second), burst and delay.
+    pub limit: Nginx,
+    /// The requests asked for (0: a look that changes nothing).
+    pub n: u64,
+}
+
 /// One check of a mixed batch ([`RedisWindows::decide_all`]).
 #[derive(Clone, Copy, Debug)]
 pub enum Check<'a> {
@@ -100,6 +112,8 @@ pub enum Check<'a> {
     Bucket(BucketCheck<'a>),
     /// A sliding window.
     Sliding(SlidingCheck<'a>),
+    /// nginx's `limit_req`.
+    Nginx(NginxCheck<'a>),
 }
 
 impl Check<'_> {
@@ -109,6 +123,7 @@ impl Check<'_> {
             Check::Window(c) => c.key,
             Check::Bucket(c) => c.key,
             Check::Sliding(c) => c.key,
+            Check::Nginx(c) => c.key,
         }
     }
 }
@@ -290,6 +305,21 @@ impl RedisWindows {
                         ),
                     })?);
                 }
+                Check::Nginx(c) => {
+                    let rate = c.limit.millirequests_per_second();
+                    if rate >= 1 << 50 {
+                        return Err(Error::Batch {
+                            reason: format!(
+                                "the nginx rate of {:?} is {rate} milli-requests a second: the script takes less than 2^50",
+                                String::from_utf8_lossy(key)
+                            ),
+                        });
+                    }
+                    let burst = u32::try_from(c.limit.burst_size() * 1000)
+                        .expect("nginx's burst is below 2^24 milli-requests");
+                    arg.extend_from_slice(&4u32.to_be_bytes());
+                    arg.extend_from_slice(&words7([0, burst, 0], rate, c.n));
+                }
                 Check::Bucket(b) => {
                     if b.quota.initial() < b.quota.burst() {
                         return Err(Error::Config(ConfigError::KeyedInitialBelowBurst {
@@ -346,6 +376,7 @@ impl RedisWindows {
                     Check::Window(_) => 16,
                     Check::Bucket(_) => 20,
                     Check::Sliding(_) => 32,
+                    Check::Nginx(_) => 24,
                 })
                 .sum::<usize>();
             if reply.len() != want {
@@ -372,6 +403,11 @@ impl RedisWindows {
                     Check::Sliding(w) => {
                         decisions[i] = read_sliding(&w, &keys[i], &reply[pos..pos + 32], now_us)?;
                         pos += 32;
+                        continue;
+                    }
+                    Check::Nginx(c) => {
+                        decisions[i] = read_nginx(&c, &keys[i], &reply[pos..pos + 24], now_us)?;
+                        pos += 24;
                         continue;
                     }
                 };
@@ -423,6 +459,40 @@ fn read_sliding(c: &SlidingCheck<'_>, key: &[u8], reply: &[u8], now_us: u64) -> 
     if written_word != Some(next.unwrap_or(0)) {
         return Err(corrupt(format!(
             "the script wrote {written:?} on {held:?} at {now_us} µs, the engine {:#x}",
+            next.unwrap_or(0)
+        )));
+    }
+    Ok(Taken { decision, units: if next.is_some() { c.n } else { 0 } })
+}
+
+/// nginx's decision from the state the key held and the state the script wrote (24 bytes),
+/// checked against the engine's on a clock whose origin is the earlier of the key's last
+/// request and now (the decision depends on their difference only).
+fn read_nginx(c: &NginxCheck<'_>, key: &[u8], reply: &[u8], now_us: u64) -> Result<Taken, Error> {
+    /// The engine's layout: the last request's ms in the high 40 bits, the field in the low 24.
+    const FIELD_BITS: u32 = 24;
+    let word = |at: usize| u64::from(u32::from_be_bytes(reply[at..at + 4].try_into().expect("4 bytes")));
+    let corrupt = |reason: String| Error::Corrupt { key: String::from_utf8_lossy(key).into_owned(), reason };
+    let (held_last, held_field) = (word(0) << 32 | word(4), word(8));
+    let (written_last, written_field) = (word(12) << 32 | word(16), word(20));
+    let now_ms = now_us / 1000;
+    let origin = held_last.min(now_ms);
+    let fits =
+        |last: u64, field: u64| last.checked_sub(origin).filter(|&d| d < 1 << 40 && field < 1 << FIELD_BITS);
+    let Some(held) = fits(held_last, held_field).map(|d| d << FIELD_BITS | held_field) else {
+        return Err(corrupt(format!(
+            "the key holds an nginx state ({held_last} ms, {held_field}) beyond the engine's"
+        )));
+    };
+    let elapsed = Nanos::new((now_us - origin * 1000).saturating_mul(1000));
+    let (next, decision) = c.limit.decide(held, elapsed, c.n);
+    let written = match (written_last, written_field) {
+        (0, 0) => Some(0),
+        (last, field) => fits(last, field).map(|d| d << FIELD_BITS | field),
+    };
+    if written != Some(next.unwrap_or(0)) {
+        return Err(corrupt(format!(
+            "the script wrote ({written_last} ms, {written_field}) on ({held_last} ms, {held_field}) at {now_us} µs, the engine {:#x}",
             next.unwrap_or(0)
         )));
     }

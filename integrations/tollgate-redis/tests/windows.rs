@@ -12,8 +12,10 @@ use std::time::Duration;
 
 use common::{Cluster, Server};
 use proptest::prelude::*;
-use tollgate::{FixedWindow, Nanos, Outcome, Policy, Rate, SlidingWindow, TokenBucket};
-use tollgate_redis::{BucketCheck, Check, Error, RedisLimiter, RedisWindows, SlidingCheck, WindowCheck};
+use tollgate::{FixedWindow, Nanos, Nginx, Outcome, Policy, Rate, SlidingWindow, TokenBucket};
+use tollgate_redis::{
+    BucketCheck, Check, Error, NginxCheck, RedisLimiter, RedisWindows, SlidingCheck, WindowCheck,
+};
 
 /// Microseconds since the Unix epoch of a day in 2026, on a minute's edge.
 const T0: u64 = 1_780_000_020_000_000;
@@ -330,4 +332,57 @@ fn a_sliding_window_key_holding_something_else_is_an_error() {
         assert!(matches!(e, Error::Corrupt { .. }), "{e}");
         assert!(e.to_string().contains("not a tollgate sliding window"), "{e}");
     });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// nginx's limit_req in batches, replayed at increasing instants (some behind the last
+    /// request, as a clock that stepped back): every decision equals the engine's `Nginx` on a
+    /// local copy of its word, whatever the rate, burst and delay.
+    #[test]
+    fn nginx_decides_as_the_engine(
+        rates in prop::collection::vec((1u64..200, any::<bool>(), 0u64..12, 0u8..3), 2),
+        steps in prop::collection::vec((0u64..900_000, any::<bool>(), prop::collection::vec(0u64..5, 2)), 1..40),
+    ) {
+        let server = Server::start(&[]);
+        let limits: Vec<Nginx> = rates
+            .iter()
+            .map(|&(n, per_minute, burst, mode)| {
+                let base = if per_minute { Nginx::per_minute(n) } else { Nginx::per_second(n) };
+                let l = base.unwrap().burst(burst).unwrap();
+                match mode {
+                    0 => l,
+                    1 => l.nodelay(),
+                    _ => l.delay(burst / 2),
+                }
+            })
+            .collect();
+        rt().block_on(async {
+            let w = windows(server.url()).await;
+            // The engine's clock starts 100 s before the first instant, on a whole ms: the steps
+            // back (at most 40 × 0.9 s) stay after it.
+            let origin_us = T0 - 100_000_000;
+            let mut words = [0u64; 2];
+            let mut now = T0;
+            for (gap, back, ns) in &steps {
+                // Now and then the clock steps back (up to 0.9 s), as a failed-over server's may.
+                now = if *back { now.saturating_sub(*gap) } else { now + gap };
+                let batch = [
+                    Check::Nginx(NginxCheck { key: b"n0", limit: limits[0], n: ns[0] }),
+                    Check::Nginx(NginxCheck { key: b"n1", limit: limits[1], n: ns[1] }),
+                ];
+                let got = w.decide_all_at_server_time(&batch, now).await.unwrap();
+                for j in 0..2 {
+                    // A fresh key is a node at its first request: the engine's word 0 at origin
+                    // is one whenever the first request comes (its excess has leaked).
+                    let (next, want) = limits[j].decide(words[j], Nanos::new((now - origin_us) * 1000), ns[j]);
+                    if let Some(next) = next {
+                        words[j] = next;
+                    }
+                    assert_eq!(got[j].decision, want, "nginx {j} at {now} µs");
+                }
+            }
+        });
+    }
 }

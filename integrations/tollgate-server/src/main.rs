@@ -271,7 +271,7 @@ impl Envoy {
         let mut limits = tollgate_envoy::Limits::new(self.config()?, self.settings.keys_per_rule)
             .map_err(|e| self.named(&e))?;
         if let Some(backend) = &self.backend {
-            limits = limits.with_redis(backend.clone()).map_err(|e| self.named(&e))?;
+            limits = limits.with_redis(backend.clone());
         }
         Ok(limits.with_settings(self.service_settings()))
     }
