@@ -1,13 +1,10 @@
 //! Leased mode: tokens taken from the shared bucket in batches, spent locally.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tollgate::Decision;
 
-use crate::lease_word::LeaseWord;
+use crate::lease_table::{nanos, Grant, LeaseTable};
 use crate::limiter::{Answer, RedisLimiter};
 use crate::Error;
 
@@ -44,22 +41,9 @@ use crate::Error;
 #[derive(Debug)]
 pub struct LeasedLimiter {
     redis: RedisLimiter,
-    leases: Mutex<HashMap<Vec<u8>, Arc<Lease>>>,
+    table: LeaseTable,
     ttl: Duration,
     max_lease: u64,
-    max_keys: usize,
-    start: Instant,
-    counters: LeaseCounters,
-}
-
-#[derive(Debug, Default)]
-struct LeaseCounters {
-    local: AtomicU64,
-    leases: AtomicU64,
-    leased_tokens: AtomicU64,
-    stranded_tokens: AtomicU64,
-    unleased: AtomicU64,
-    unleased_tokens: AtomicU64,
 }
 
 /// What a [`LeasedLimiter`] did; [`RedisLimiter::stats`] (through
@@ -85,20 +69,6 @@ pub struct LeaseStats {
     pub unleased_tokens: u64,
 }
 
-/// One key's lease.
-#[derive(Debug)]
-struct Lease {
-    /// The generation, its tokens and expiries: the lock-free part (`lease_word.rs`).
-    word: LeaseWord,
-    /// The next lease's size.
-    size: AtomicU64,
-    /// The shared bucket's reset-after at the lease, as an instant: what a local decision
-    /// reports (the shared bucket's as of the lease, not of now).
-    reset_at: AtomicU64,
-    /// One refill at a time per key; the others wait for it and spend from it.
-    refill: tokio::sync::Mutex<()>,
-}
-
 impl LeasedLimiter {
     /// Leased mode over `redis`: leases live `ttl` (default 50 ms) and hold at most `max_lease`
     /// tokens (default [`default_max_lease`](LeasedLimiter::default_max_lease) of the burst);
@@ -108,12 +78,9 @@ impl LeasedLimiter {
         let burst = redis.quota().burst();
         LeasedLimiter {
             redis,
-            leases: Mutex::new(HashMap::new()),
+            table: LeaseTable::new(),
             ttl: Duration::from_millis(50),
             max_lease: LeasedLimiter::default_max_lease(burst),
-            max_keys: 1 << 16,
-            start: Instant::now(),
-            counters: LeaseCounters::default(),
         }
     }
 
@@ -158,7 +125,7 @@ impl LeasedLimiter {
 
     /// The most keys holding a lease at once.
     pub fn max_keys(mut self, keys: usize) -> Self {
-        self.max_keys = keys.max(1);
+        self.table.set_max_keys(keys);
         self
     }
 
@@ -169,29 +136,7 @@ impl LeasedLimiter {
 
     /// What the leases did so far.
     pub fn stats(&self) -> LeaseStats {
-        let c = &self.counters;
-        let now = self.now();
-        // Lapsed leases not yet collected hold stranded tokens; live ones, outstanding tokens.
-        let (mut outstanding, mut lapsed) = (0, 0);
-        for l in self.leases.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values() {
-            match l.word.current(now) {
-                (tokens, false) => outstanding = u64::saturating_add(outstanding, tokens),
-                (tokens, true) => lapsed = u64::saturating_add(lapsed, tokens),
-            }
-        }
-        LeaseStats {
-            local: c.local.load(Relaxed),
-            leases: c.leases.load(Relaxed),
-            leased_tokens: c.leased_tokens.load(Relaxed),
-            stranded_tokens: c.stranded_tokens.load(Relaxed).saturating_add(lapsed),
-            outstanding_tokens: outstanding,
-            unleased: c.unleased.load(Relaxed),
-            unleased_tokens: c.unleased_tokens.load(Relaxed),
-        }
-    }
-
-    fn now(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        self.table.stats()
     }
 
     /// One token for `key`.
@@ -207,34 +152,24 @@ impl LeasedLimiter {
         if n == 0 || n > burst {
             return self.redis.check_n(key, n).await;
         }
-        let Some(lease) = self.lease(key) else {
+        let Some(lease) = self.table.lease(key) else {
             return self.unleased(key, n).await;
         };
-        if let Some(d) = self.spend(&lease, n) {
+        if let Some(d) = self.table.spend(&lease, n) {
             return Ok(d);
         }
         let _refilling = lease.refill.lock().await;
         // Another caller may have refilled while this one waited.
-        if let Some(d) = self.spend(&lease, n) {
+        if let Some(d) = self.table.spend(&lease, n) {
             return Ok(d);
         }
-        let now = self.now();
         // End the old generation: what is left of it (lapsed, or fewer than `n`) strands. A
         // lease spent before it lapsed doubles the next; one that lapsed unspent halves it.
-        let ended = lease.word.end(now);
-        let (left, lapsed) = (ended.left, ended.lapsed);
-        self.counters.stranded_tokens.fetch_add(left, Relaxed);
-        let size = match lease.size.load(Relaxed) {
-            0 => 1,
-            s if !lapsed => (s * 2).min(self.max_lease),
-            s if left > 0 => (s / 2).max(1),
-            s => s,
-        };
-        lease.size.store(size, Relaxed);
+        let (ended, size) = self.table.end(&lease, self.max_lease);
         let mut want = size.max(n).min(burst);
         let mut tries = 0;
         // The lease lives from before its request: its tokens were taken at or after `sent`.
-        let sent = self.now();
+        let sent = self.table.now();
         let (granted, decision) = loop {
             let answer = self.redis.decide_raw(key, want, true, None, n).await?;
             match answer {
@@ -257,64 +192,22 @@ impl LeasedLimiter {
                 }
             }
         };
-        self.counters.leases.fetch_add(1, Relaxed);
-        self.counters.leased_tokens.fetch_add(granted, Relaxed);
-        lease.reset_at.store(sent.saturating_add(nanos(decision.reset_after())), Relaxed);
-        lease.word.grant(ended, granted - n, sent.saturating_add(nanos(self.ttl)));
+        // A local decision reports the lease's tokens alone, and the shared bucket's reset as of
+        // the lease.
+        let reset_at = sent.saturating_add(nanos(decision.reset_after()));
+        let expires = sent.saturating_add(nanos(self.ttl));
+        self.table.grant(
+            &lease,
+            ended,
+            Grant { taken: granted, units: granted - n, expires, reset_at, shared_left: 0 },
+        );
         Ok(Decision::allowed(u32::try_from(granted - n).unwrap_or(u32::MAX), decision.reset_after()))
     }
 
     /// `n` tokens for `key` in one round trip, without a lease.
     async fn unleased(&self, key: &[u8], n: u64) -> Result<Decision, Error> {
         let d = self.redis.check_n(key, n).await?;
-        self.counters.unleased.fetch_add(1, Relaxed);
-        if d.is_allowed() {
-            self.counters.unleased_tokens.fetch_add(n, Relaxed);
-        }
+        self.table.unleased(if d.is_allowed() { n } else { 0 });
         Ok(d)
     }
-
-    /// `n` tokens from `lease`, if its current generation holds them and has not lapsed.
-    fn spend(&self, lease: &Lease, n: u64) -> Option<Decision> {
-        let (left, now) = lease.word.spend(n, || self.now())?;
-        self.counters.local.fetch_add(1, Relaxed);
-        let reset = lease.reset_at.load(Relaxed).saturating_sub(now);
-        Some(Decision::allowed(u32::try_from(left).unwrap_or(u32::MAX), Duration::from_nanos(reset)))
-    }
-
-    /// `key`'s lease, made if there is room; `None` when the table is full of live leases.
-    fn lease(&self, key: &[u8]) -> Option<Arc<Lease>> {
-        let mut leases = self.leases.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(l) = leases.get(key) {
-            return Some(Arc::clone(l));
-        }
-        if leases.len() >= self.max_keys {
-            // Lapsed leases make room; their tokens strand.
-            let now = self.now();
-            let stranded = &self.counters.stranded_tokens;
-            leases.retain(|_, l| {
-                let (tokens, lapsed) = l.word.current(now);
-                let live = !lapsed || Arc::strong_count(l) > 1;
-                if !live {
-                    stranded.fetch_add(tokens, Relaxed);
-                }
-                live
-            });
-            if leases.len() >= self.max_keys {
-                return None;
-            }
-        }
-        let lease = Arc::new(Lease {
-            word: LeaseWord::new(),
-            size: AtomicU64::new(0),
-            reset_at: AtomicU64::new(0),
-            refill: tokio::sync::Mutex::new(()),
-        });
-        leases.insert(key.to_vec(), Arc::clone(&lease));
-        Some(lease)
-    }
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

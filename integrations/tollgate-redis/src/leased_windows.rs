@@ -1,13 +1,12 @@
 //! Leased windows: units taken from shared fixed windows in batches, spent locally.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use tollgate::Decision;
 
-use crate::lease_word::{Ended, LeaseWord};
+use crate::lease_table::{nanos, Grant, Lease, LeaseTable};
+use crate::lease_word::Ended;
 use crate::windows::{Check, RedisWindows, WindowCheck};
 use crate::{Error, LeaseStats};
 
@@ -46,36 +45,8 @@ use crate::{Error, LeaseStats};
 #[derive(Debug)]
 pub struct LeasedWindows {
     windows: RedisWindows,
-    leases: Mutex<HashMap<Vec<u8>, Arc<Lease>>>,
+    table: LeaseTable,
     ttl: Duration,
-    max_keys: usize,
-    start: Instant,
-    counters: Counters,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    local: AtomicU64,
-    leases: AtomicU64,
-    leased: AtomicU64,
-    stranded: AtomicU64,
-    unleased: AtomicU64,
-    unleased_units: AtomicU64,
-}
-
-/// One key's lease.
-#[derive(Debug)]
-struct Lease {
-    /// The generation, its units and expiries: the lock-free part (`lease_word.rs`).
-    word: LeaseWord,
-    /// The next lease's size.
-    size: AtomicU64,
-    /// What the window had left in Redis just after the lease was taken.
-    shared_left: AtomicU64,
-    /// When the window ends, on this instance's clock (ns since `start`).
-    window_end: AtomicU64,
-    /// One refill at a time per key; the others wait for it and spend from it.
-    refill: tokio::sync::Mutex<()>,
 }
 
 impl LeasedWindows {
@@ -83,14 +54,7 @@ impl LeasedWindows {
     /// window; at most `max_keys` keys hold a lease at once (default 65,536; beyond it, plain
     /// round trips).
     pub fn new(windows: RedisWindows) -> LeasedWindows {
-        LeasedWindows {
-            windows,
-            leases: Mutex::new(HashMap::new()),
-            ttl: Duration::from_millis(50),
-            max_keys: 1 << 16,
-            start: Instant::now(),
-            counters: Counters::default(),
-        }
+        LeasedWindows { windows, table: LeaseTable::new(), ttl: Duration::from_millis(50) }
     }
 
     /// How long a lease's units may be spent, at most (its window's end comes first if sooner).
@@ -101,7 +65,7 @@ impl LeasedWindows {
 
     /// The most keys holding a lease at once.
     pub fn max_keys(mut self, keys: usize) -> Self {
-        self.max_keys = keys.max(1);
+        self.table.set_max_keys(keys);
         self
     }
 
@@ -112,28 +76,7 @@ impl LeasedWindows {
 
     /// What the leases did so far (in units: `leased_tokens` are units taken by leases).
     pub fn stats(&self) -> LeaseStats {
-        let c = &self.counters;
-        let now = self.now();
-        let (mut outstanding, mut lapsed) = (0u64, 0u64);
-        for l in self.leases.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values() {
-            match l.word.current(now) {
-                (units, false) => outstanding = outstanding.saturating_add(units),
-                (units, true) => lapsed = lapsed.saturating_add(units),
-            }
-        }
-        LeaseStats {
-            local: c.local.load(Relaxed),
-            leases: c.leases.load(Relaxed),
-            leased_tokens: c.leased.load(Relaxed),
-            stranded_tokens: c.stranded.load(Relaxed).saturating_add(lapsed),
-            outstanding_tokens: outstanding,
-            unleased: c.unleased.load(Relaxed),
-            unleased_tokens: c.unleased_units.load(Relaxed),
-        }
-    }
-
-    fn now(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        self.table.stats()
     }
 
     /// Decides every window check of `checks`: from its key's lease when it has the units,
@@ -159,8 +102,8 @@ impl LeasedWindows {
         let mut leases: Vec<Option<Arc<Lease>>> = vec![None; checks.len()];
         for (i, c) in checks.iter().enumerate() {
             let Some(c) = leasable(c) else { continue };
-            let Some(lease) = self.lease(c.key) else { continue };
-            match self.spend(&lease, c.n) {
+            let Some(lease) = self.table.lease(c.key) else { continue };
+            match self.table.spend(&lease, c.n) {
                 Some(d) => out[i] = Some(d),
                 None => leases[i] = Some(lease),
             }
@@ -175,7 +118,7 @@ impl LeasedWindows {
             let lease = leases[i].as_ref().expect("filtered above");
             guards.push(lease.refill.lock().await);
             let n = leasable(&checks[i]).expect("only leasable checks have leases").n;
-            if let Some(d) = self.spend(lease, n) {
+            if let Some(d) = self.table.spend(lease, n) {
                 out[i] = Some(d);
             }
         }
@@ -184,7 +127,6 @@ impl LeasedWindows {
             return Ok(out.into_iter().map(|d| d.expect("every check decided")).collect());
         }
         // End each refilled lease's generation (what is left of it strands) and size the next.
-        let now = self.now();
         let mut ended: Vec<Option<Ended>> = vec![None; checks.len()];
         let mut batch = Vec::with_capacity(wanted.len());
         for &i in &wanted {
@@ -195,26 +137,17 @@ impl LeasedWindows {
                     continue;
                 }
             };
-            let e = lease.word.end(now);
-            self.counters.stranded.fetch_add(e.left, Relaxed);
-            let size = match lease.size.load(Relaxed) {
-                0 => 1,
-                s if !e.lapsed => s.saturating_mul(2).min(c.up_to),
-                s if e.left > 0 => (s / 2).max(1),
-                s => s,
-            };
-            lease.size.store(size, Relaxed);
+            let (e, size) = self.table.end(lease, c.up_to);
             ended[i] = Some(e);
             let up_to = size.max(c.n);
             batch.push(Check::Window(WindowCheck { up_to, ..*c }));
         }
         // A lease lives from before it was asked for: its units were taken at or after `sent`.
-        let sent = self.now();
+        let sent = self.table.now();
         let taken = self.windows.decide_all(&batch).await?;
         for (&i, t) in wanted.iter().zip(taken) {
             let (Check::Window(c), Some(lease), Some(e)) = (&checks[i], &leases[i], ended[i]) else {
-                self.counters.unleased.fetch_add(1, Relaxed);
-                self.counters.unleased_units.fetch_add(t.units, Relaxed);
+                self.table.unleased(t.units);
                 out[i] = Some(t.decision);
                 continue;
             };
@@ -222,13 +155,14 @@ impl LeasedWindows {
                 out[i] = Some(t.decision);
                 continue;
             }
+            // The lease lapses at its TTL or when its window ends, whichever is sooner; a local
+            // decision reports the window's end and what Redis had left plus the lease's.
             let to_end = nanos(t.decision.reset_after());
             let left = t.units - c.n;
-            self.counters.leases.fetch_add(1, Relaxed);
-            self.counters.leased.fetch_add(t.units, Relaxed);
-            lease.shared_left.store(t.decision.remaining(), Relaxed);
-            lease.window_end.store(sent.saturating_add(to_end), Relaxed);
-            lease.word.grant(e, left, sent.saturating_add(to_end.min(nanos(self.ttl))));
+            let expires = sent.saturating_add(to_end.min(nanos(self.ttl)));
+            let reset_at = sent.saturating_add(to_end);
+            let shared_left = t.decision.remaining();
+            self.table.grant(lease, e, Grant { taken: t.units, units: left, expires, reset_at, shared_left });
             let remaining = t.decision.remaining().saturating_add(left);
             out[i] = Some(Decision::allowed(
                 u32::try_from(remaining).unwrap_or(u32::MAX),
@@ -237,48 +171,6 @@ impl LeasedWindows {
         }
         drop(guards);
         Ok(out.into_iter().map(|d| d.expect("every check decided")).collect())
-    }
-
-    /// `n` units from `lease`, if its current generation holds them and has not lapsed.
-    fn spend(&self, lease: &Lease, n: u64) -> Option<Decision> {
-        let (left, now) = lease.word.spend(n, || self.now())?;
-        self.counters.local.fetch_add(1, Relaxed);
-        let remaining = lease.shared_left.load(Relaxed).saturating_add(left);
-        let to_end = lease.window_end.load(Relaxed).saturating_sub(now);
-        Some(Decision::allowed(u32::try_from(remaining).unwrap_or(u32::MAX), Duration::from_nanos(to_end)))
-    }
-
-    /// `key`'s lease, made if there is room; `None` when the table is full of live leases.
-    fn lease(&self, key: &[u8]) -> Option<Arc<Lease>> {
-        let mut leases = self.leases.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(l) = leases.get(key) {
-            return Some(Arc::clone(l));
-        }
-        if leases.len() >= self.max_keys {
-            // Lapsed leases make room; their units strand.
-            let now = self.now();
-            let stranded = &self.counters.stranded;
-            leases.retain(|_, l| {
-                let (units, lapsed) = l.word.current(now);
-                let live = !lapsed || Arc::strong_count(l) > 1;
-                if !live {
-                    stranded.fetch_add(units, Relaxed);
-                }
-                live
-            });
-            if leases.len() >= self.max_keys {
-                return None;
-            }
-        }
-        let lease = Arc::new(Lease {
-            word: LeaseWord::new(),
-            size: AtomicU64::new(0),
-            shared_left: AtomicU64::new(0),
-            window_end: AtomicU64::new(0),
-            refill: tokio::sync::Mutex::new(()),
-        });
-        leases.insert(key.to_vec(), Arc::clone(&lease));
-        Some(lease)
     }
 }
 
@@ -289,8 +181,4 @@ fn leasable<'c, 'a>(c: &'c Check<'a>) -> Option<&'c WindowCheck<'a>> {
         Check::Window(w) if w.up_to > w.n && w.n > 0 && !w.window.charges_refusals() => Some(w),
         _ => None,
     }
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

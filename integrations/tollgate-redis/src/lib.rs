@@ -41,6 +41,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 mod error;
 mod failure;
+mod lease_table;
 mod lease_word;
 mod leased;
 mod leased_windows;

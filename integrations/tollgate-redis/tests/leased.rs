@@ -3,10 +3,13 @@
 //! shared bucket, and leases grow with demand.
 
 mod common;
+#[path = "common/demand.rs"]
+mod demand;
 
 use std::time::Duration;
 
 use common::Server;
+use demand::Op;
 use proptest::prelude::*;
 use tollgate::{Outcome, Rate, TokenBucket};
 use tollgate_redis::{LeasedLimiter, RedisLimiter};
@@ -32,14 +35,6 @@ async fn leased(
     LeasedLimiter::new(redis).max_lease(max_lease).lease_ttl(ttl)
 }
 
-#[derive(Clone, Debug)]
-enum Op {
-    /// Instance `i` asks for `n` tokens.
-    Check(usize, u64),
-    /// Time passes, in milliseconds.
-    Sleep(u64),
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
@@ -52,10 +47,7 @@ proptest! {
         instances in 1usize..=4,
         max_lease in 1u64..=8,
         ttl_ms in 1u64..=30,
-        ops in prop::collection::vec(prop_oneof![
-            8 => (0usize..4, 1u64..=3).prop_map(|(i, n)| Op::Check(i, n)),
-            1 => (0u64..=20).prop_map(Op::Sleep),
-        ], 1..150),
+        ops in demand::demand(),
     ) {
         let server = Server::start(&[]);
         let rt = rt();

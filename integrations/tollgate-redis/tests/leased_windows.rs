@@ -4,10 +4,13 @@
 //! taken), a hot key costs far fewer round trips than checks, and a lease ends with its window.
 
 mod common;
+#[path = "common/demand.rs"]
+mod demand;
 
 use std::time::Duration;
 
 use common::Server;
+use demand::Op;
 use proptest::prelude::*;
 use tollgate::FixedWindow;
 use tollgate_redis::{LeasedWindows, RedisWindows, WindowCheck};
@@ -42,14 +45,6 @@ async fn redis_count(url: &str, key: &str) -> u64 {
     })
 }
 
-#[derive(Clone, Debug)]
-enum Op {
-    /// Instance `i` asks for `n` units.
-    Check(usize, u64),
-    /// Time passes, in milliseconds.
-    Sleep(u64),
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
@@ -62,10 +57,7 @@ proptest! {
         limit in 1u64..=120,
         largest in 2u64..=16,
         ttl_ms in 1u64..=30,
-        ops in prop::collection::vec(prop_oneof![
-            8 => (0usize..4, 1u64..=3).prop_map(|(i, n)| Op::Check(i, n)),
-            1 => (0u64..=20).prop_map(Op::Sleep),
-        ], 1..150),
+        ops in demand::demand(),
     ) {
         let server = Server::start(&[]);
         rt().block_on(async {
