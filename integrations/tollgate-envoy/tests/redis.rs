@@ -43,6 +43,28 @@ async fn service(server: &Server, on_failure: OnRedisFailure, timeout: Duration)
     Limits::new(config(RULES), 1_000).unwrap().with_redis(RedisBackend::new(windows, on_failure))
 }
 
+/// `size` services on `rules`, sharing Redis at `urls` (a Cluster's nodes when `cluster`)
+/// under `prefix`, their leases living at most `lease_ttl`.
+async fn fleet(
+    size: usize,
+    urls: Vec<String>,
+    cluster: bool,
+    prefix: &str,
+    rules: &str,
+    lease_ttl: Duration,
+) -> Vec<Arc<Limits>> {
+    let mut fleet = Vec::new();
+    for _ in 0..size {
+        let builder = RedisWindows::builder().prefix(prefix).timeout(Duration::from_secs(2));
+        let builder = if cluster { builder.cluster(urls.clone()) } else { builder.url(urls[0].clone()) };
+        let leases =
+            tollgate_redis::LeasedWindows::new(builder.connect().await.unwrap()).lease_ttl(lease_ttl);
+        let backend = RedisBackend::with_leases(leases, OnRedisFailure::Error);
+        fleet.push(Arc::new(Limits::new(config(rules), 1_000).unwrap().with_redis(backend)));
+    }
+    fleet
+}
+
 fn request(entries: &[(&str, &str)]) -> Request {
     Request {
         domain: "fleet".into(),
@@ -149,11 +171,7 @@ fn nginx_on_redis_passes_its_burst_across_a_fleet() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let yaml = "domain: fleet\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: nginx, burst: 4}\n";
-        let mut fleet = Vec::new();
-        for _ in 0..2 {
-            let windows = RedisWindows::builder().url(server.url()).prefix("nginx-test:").connect().await.unwrap();
-            fleet.push(Limits::new(config(yaml), 10).unwrap().with_redis(RedisBackend::new(windows, OnRedisFailure::Error)));
-        }
+        let fleet = fleet(2, vec![server.url()], false, "nginx-test:", yaml, Duration::from_millis(50)).await;
         let started = Instant::now();
         let mut admitted = 0;
         for i in 0..20 {
@@ -231,19 +249,7 @@ fn leased_rules_stay_within_the_limit_with_few_round_trips() {
     let server = Server::start(&[]);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
-        let mut fleet = Vec::new();
-        for _ in 0..3 {
-            let windows = RedisWindows::builder()
-                .url(server.url())
-                .prefix("leased:")
-                .timeout(Duration::from_secs(2))
-                .connect()
-                .await
-                .unwrap();
-            let leases = tollgate_redis::LeasedWindows::new(windows).lease_ttl(Duration::from_secs(3600));
-            let backend = RedisBackend::with_leases(leases, OnRedisFailure::Error);
-            fleet.push(Arc::new(Limits::new(config(LEASED), 1_000).unwrap().with_redis(backend)));
-        }
+        let fleet = fleet(3, vec![server.url()], false, "leased:", LEASED, Duration::from_secs(3600)).await;
         let first_day = day();
         let mut tasks = Vec::new();
         for i in 0..60 {
@@ -288,19 +294,10 @@ fn a_fleet_on_a_redis_cluster_shares_one_limit() {
     let cluster = common::Cluster::start();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
-        let mut fleet = Vec::new();
-        for _ in 0..2 {
-            let windows = RedisWindows::builder()
-                .cluster(cluster.urls())
-                .prefix("envoy-cluster:")
-                .timeout(Duration::from_secs(2))
-                .connect()
-                .await
-                .unwrap();
-            let rules = format!("{RULES}  - key: tenant\n    rate_limit: {{unit: day, requests_per_unit: 600, lease: true}}\n");
-            let backend = RedisBackend::new(windows, OnRedisFailure::Error);
-            fleet.push(Arc::new(Limits::new(config(&rules), 1_000).unwrap().with_redis(backend)));
-        }
+        let rules = format!(
+            "{RULES}  - key: tenant\n    rate_limit: {{unit: day, requests_per_unit: 600, lease: true}}\n"
+        );
+        let fleet = fleet(2, cluster.urls(), true, "envoy-cluster:", &rules, Duration::from_millis(50)).await;
         let first_day = day();
         let mut tasks = Vec::new();
         for i in 0..20 {
@@ -358,18 +355,8 @@ descriptors:
   - key: user
     rate_limit: {unit: minute, requests_per_unit: 10, algorithm: sliding_window}
 ";
-        let mut fleet = Vec::new();
-        for _ in 0..3 {
-            let windows = RedisWindows::builder()
-                .url(server.url())
-                .prefix("bucket-test:")
-                .timeout(Duration::from_secs(2))
-                .connect()
-                .await
-                .unwrap();
-            let backend = RedisBackend::new(windows, OnRedisFailure::Error);
-            fleet.push(Arc::new(Limits::new(config(rules), 100).unwrap().with_redis(backend)));
-        }
+        let fleet =
+            fleet(3, vec![server.url()], false, "bucket-test:", rules, Duration::from_millis(50)).await;
         let started = Instant::now();
         let minute =
             || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 60;
