@@ -132,10 +132,18 @@ impl LeasedWindows {
         for &i in &wanted {
             let (c, lease) = match (&checks[i], &leases[i]) {
                 (Check::Window(c), Some(lease)) => (c, lease),
-                (c, _) => {
+                // A window check without a lease (the table full, or a window that counts
+                // refusals) takes exactly its units: sent with its `up_to`, the script would
+                // lease units nobody spends.
+                (Check::Window(c), None) => {
+                    batch.push(Check::Window(WindowCheck { up_to: 0, ..*c }));
+                    continue;
+                }
+                (c, None) => {
                     batch.push(*c);
                     continue;
                 }
+                (_, Some(_)) => unreachable!("only window checks lease"),
             };
             let (e, size) = self.table.end(lease, c.up_to);
             ended[i] = Some(e);

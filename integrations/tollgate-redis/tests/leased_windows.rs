@@ -175,7 +175,29 @@ fn a_batch_refills_and_decides_in_one_round_trip() {
         assert_eq!(w.windows().stats().redis, 1);
         let s = w.stats();
         assert_eq!((s.leases, s.unleased), (1, 2), "{s:?}");
+        // The counted window and the plain one took exactly their unit: nothing leased there.
+        assert_eq!(redis_count(&server.url(), "b").await, 1);
+        assert_eq!(redis_count(&server.url(), "c").await, 1);
         let twice = [batch[0], batch[0]];
         assert!(matches!(w.check_all(&twice).await, Err(tollgate_redis::Error::Batch { .. })));
+    });
+}
+
+/// With the lease table full, a window check on another key is a plain round trip that takes
+/// exactly its units, never a lease nobody spends.
+#[test]
+fn a_full_lease_table_takes_exactly_the_units() {
+    let server = Server::start(&[]);
+    rt().block_on(async {
+        let w = leased(server.url(), Duration::from_secs(3600)).await.max_keys(1);
+        let window = FixedWindow::new(100, CENTURY).unwrap();
+        let a = [WindowCheck { key: b"a", window, n: 1, up_to: 50 }];
+        let b = [WindowCheck { key: b"b", window, n: 1, up_to: 50 }];
+        for _ in 0..3 {
+            assert!(w.check_all(&a).await.unwrap()[0].is_allowed());
+            assert!(w.check_all(&b).await.unwrap()[0].is_allowed());
+        }
+        assert_eq!(redis_count(&server.url(), "b").await, 3, "b was leased although it holds no lease");
+        assert_eq!(w.stats().unleased_tokens, 3);
     });
 }
