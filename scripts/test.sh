@@ -6,7 +6,8 @@
 # On a Debian machine with only Rust, it first installs what the tests need and says so: with
 # apt-get, a C and a C++ compiler (the C ABI's test, libFuzzer), pkg-config, valgrind (the C
 # test runs under memcheck), redis-server and redis-cli (the Redis and server tests, against a
-# real Redis), python3 (the benchmark smoke checks); with rustup, rustfmt and clippy; with
+# real Redis), python3 (the benchmark smoke checks), libclang (bindgen, for the Redis module's
+# bindings); with rustup, rustfmt and clippy; with
 # cargo, cargo-fuzz and cargo-deny. Nothing already present is touched.
 #
 #     bash scripts/test.sh            # everything (about 30 minutes on 2 cores)
@@ -27,6 +28,8 @@ command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+# The Redis module's bindings are generated from redismodule.h by bindgen, which loads libclang.
+ldconfig -p 2>/dev/null | grep -Eq 'libclang(-[0-9]+)?\.so' || missing+=(libclang-dev)
 if ((${#missing[@]})); then
     echo "installing with apt-get: ${missing[*]}"
     sudo=""
@@ -48,7 +51,7 @@ if ! command -v cargo-deny >/dev/null 2>&1; then
     echo "installing with cargo: cargo-deny (licences and bans)"
     cargo install cargo-deny --locked
 fi
-echo "present: a C and C++ compiler, pkg-config, valgrind, redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), python3, rustfmt, clippy, cargo-fuzz, cargo-deny"
+echo "present: a C and C++ compiler, pkg-config, valgrind, redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), python3, libclang, rustfmt, clippy, cargo-fuzz, cargo-deny"
 
 step "licences, bans and sources of every dependency (deny.toml; advisories need the network)"
 cargo deny --workspace check licenses bans sources

@@ -1,0 +1,419 @@
+//! tollgate's engine inside Redis: a module that answers redis-cell's `CL.THROTTLE` reply for
+//! reply, and tollgate's own `TG.CHECK`, `TG.PEEK` and `TG.RESET`, each key's state a Redis
+//! key of the module's type (`tollgates`): persisted in RDB and AOF, replicated, migrated
+//! between Cluster slots, expired and deleted as any key.
+//!
+//! ```text
+//! redis-server --loadmodule /path/to/libtollgate_redis_module.so
+//! CL.THROTTLE key max_burst count period [quantity]   → limited, limit, remaining, retry_after, reset_after (s)
+//! TG.CHECK key "10/s burst=20" [n]                    → allowed, limit, remaining, retry_after_ms, reset_after_ms
+//! TG.PEEK key "10/s burst=20" [n]                     → the same, taking nothing
+//! TG.RESET key                                        → 1 if a state was removed (the bucket is full again)
+//! ```
+//!
+//! - Time is the server's clock. **Replication carries the effect**: a decision that takes
+//!   tokens replicates `TG.RESTORE key tat meta PXAT ms` (the state it wrote and its absolute
+//!   expiry), never the command, so a replica, a failover and an AOF replay hold the bucket the
+//!   primary held, whatever their own clocks read.
+//! - A key expires when its bucket is full again (its TAT): a missing key is a full bucket.
+//! - A key of another type is a `WRONGTYPE` error naming what it holds; a string that holds
+//!   redis-cell's state (its TAT, decimal nanoseconds) is read as that state, so that a key
+//!   redis-cell wrote carries over when this module replaces it. Nothing panics inside Redis.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+// The unit tests (of `state`) build without the module's entry point, which uses the rest.
+#![cfg_attr(test, allow(dead_code, unused_imports))]
+
+use std::ffi::CString;
+use std::os::raw::{c_int, c_void};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis_module::key::RedisKeyWritable;
+use redis_module::native_types::RedisType;
+use redis_module::{
+    raw, redis_module, Context, NotifyEvent, RedisError, RedisResult, RedisString, RedisValue, Status,
+};
+use tollgate::{Decision, TokenBucket};
+
+pub mod state;
+
+use state::State;
+
+/// The module's type: one per key, 16 bytes (see [`State`]).
+static TOLLGATE_TYPE: RedisType = RedisType::new(
+    "tollgates",
+    0,
+    raw::RedisModuleTypeMethods {
+        version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
+        rdb_load: Some(rdb_load),
+        rdb_save: Some(rdb_save),
+        aof_rewrite: Some(aof_rewrite),
+        free: Some(free),
+        mem_usage: Some(mem_usage),
+        digest: None,
+        aux_load: None,
+        aux_save: None,
+        aux_save2: None,
+        aux_save_triggers: 0,
+        free_effort: None,
+        unlink: None,
+        copy: Some(copy),
+        defrag: None,
+        copy2: None,
+        free_effort2: None,
+        mem_usage2: None,
+        unlink2: None,
+    },
+);
+
+/// # Safety
+/// `value` is a `State` this module boxed (`set_value`, `rdb_load`, `copy`).
+unsafe extern "C" fn free(value: *mut c_void) {
+    // SAFETY: the caller's.
+    drop(unsafe { Box::from_raw(value.cast::<State>()) });
+}
+
+unsafe extern "C" fn mem_usage(_value: *const c_void) -> usize {
+    std::mem::size_of::<State>()
+}
+
+/// # Safety
+/// `value` is a live `State`.
+unsafe extern "C" fn copy(
+    _from: *mut raw::RedisModuleString,
+    _to: *mut raw::RedisModuleString,
+    value: *const c_void,
+) -> *mut c_void {
+    // SAFETY: the caller's.
+    let state = unsafe { *value.cast::<State>() };
+    Box::into_raw(Box::new(state)).cast()
+}
+
+/// # Safety
+/// `value` is a live `State`; `rdb` an RDB being written.
+unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
+    // SAFETY: the caller's.
+    let state = unsafe { *value.cast::<State>() };
+    raw::save_unsigned(rdb, state.tat_ns);
+    raw::save_unsigned(rdb, state.meta);
+}
+
+/// # Safety
+/// `rdb` an RDB being read.
+unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    if encver != 0 {
+        return std::ptr::null_mut();
+    }
+    let (Ok(tat_ns), Ok(meta)) = (raw::load_unsigned(rdb), raw::load_unsigned(rdb)) else {
+        return std::ptr::null_mut();
+    };
+    match State::from_parts(tat_ns, meta) {
+        Some(state) => Box::into_raw(Box::new(state)).cast(),
+        None => std::ptr::null_mut(),
+    }
+}
+
+/// # Safety
+/// `value` is a live `State`; `aof` and `key` Redis's.
+unsafe extern "C" fn aof_rewrite(
+    aof: *mut raw::RedisModuleIO,
+    key: *mut raw::RedisModuleString,
+    value: *mut c_void,
+) {
+    // SAFETY: the caller's.
+    let state = unsafe { *value.cast::<State>() };
+    let (Ok(tat), Ok(meta)) = (i64::try_from(state.tat_ns), i64::try_from(state.meta)) else { return };
+    let (Ok(cmd), Ok(fmt)) = (CString::new("TG.RESTORE"), CString::new("sll")) else { return };
+    // SAFETY: the API table is written once, when the module loads, before any callback.
+    if let Some(emit) = unsafe { raw::RedisModule_EmitAOF } {
+        // SAFETY: the format names a RedisModuleString and two long longs, as passed. (The
+        // key's expiry is rewritten by Redis itself.)
+        unsafe { emit(aof, cmd.as_ptr(), fmt.as_ptr(), key, tat, meta) };
+    }
+}
+
+/// Nanoseconds since the Unix epoch on the server's clock.
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// What a key holds, for an error.
+fn what_it_holds(key_type: raw::KeyType) -> &'static str {
+    match key_type {
+        raw::KeyType::Empty => "nothing",
+        raw::KeyType::String => "a string",
+        raw::KeyType::List => "a list",
+        raw::KeyType::Hash => "a hash",
+        raw::KeyType::Set => "a set",
+        raw::KeyType::ZSet => "a sorted set",
+        raw::KeyType::Stream => "a stream",
+        raw::KeyType::Module => "another module's value",
+    }
+}
+
+/// The key's state: `None` for a missing key; redis-cell's string state read as this
+/// module's; any other content a `WRONGTYPE` error saying what the key holds.
+fn read_state(key: &RedisKeyWritable, name: &RedisString) -> Result<Option<State>, RedisError> {
+    match key.get_value::<State>(&TOLLGATE_TYPE) {
+        Ok(state) => return Ok(state.copied()),
+        Err(_) if key.key_type() == raw::KeyType::String => {}
+        Err(_) => {
+            return Err(RedisError::String(format!(
+                "WRONGTYPE {} holds {}, not a tollgate state",
+                name,
+                what_it_holds(key.key_type())
+            )))
+        }
+    }
+    let text = key.as_string_dma().map(|dma| dma.as_ref().to_vec()).unwrap_or_default();
+    match std::str::from_utf8(&text).ok().and_then(|t| strict_u64(t.as_bytes())) {
+        Some(tat_ns) => Ok(Some(State::from_redis_cell(tat_ns))),
+        None => Err(RedisError::String(format!(
+            "WRONGTYPE {} holds a string of {} bytes that is not a tollgate state (nor redis-cell's decimal TAT)",
+            name,
+            text.len()
+        ))),
+    }
+}
+
+/// Stores `state` in `key` until its bucket is full again, and replicates that effect.
+fn write_state(
+    ctx: &Context,
+    key: &RedisKeyWritable,
+    name: &RedisString,
+    state: State,
+    now: u64,
+) -> RedisResult {
+    if key.key_type() == raw::KeyType::String {
+        // redis-cell's value, read above: replaced by this module's.
+        key.delete()?;
+    }
+    match key.get_value::<State>(&TOLLGATE_TYPE)? {
+        Some(held) => *held = state,
+        None => key.set_value(&TOLLGATE_TYPE, state)?,
+    }
+    let full_at = state.full_at_ns();
+    // Whole ms, rounded up: never before the bucket is full.
+    let pxat_ms = full_at.div_ceil(1_000_000);
+    key.set_expire(Duration::from_millis(pxat_ms.saturating_sub(now / 1_000_000).max(1)))?;
+    let (tat, meta, pxat) = (state.tat_ns.to_string(), state.meta.to_string(), pxat_ms.to_string());
+    let args: [&[u8]; 5] = [name.as_slice(), tat.as_bytes(), meta.as_bytes(), b"PXAT", pxat.as_bytes()];
+    ctx.replicate("TG.RESTORE", &args[..]);
+    ctx.notify_keyspace_event(NotifyEvent::MODULE, "tg.take", name);
+    Ok(RedisValue::Null)
+}
+
+/// A non-negative decimal integer as Redis reads its own (digits only, no sign, no leading
+/// zero but `0` itself).
+fn strict_u64(a: &[u8]) -> Option<u64> {
+    if a.is_empty() || a.len() > 20 || !a.iter().all(u8::is_ascii_digit) || (a.len() > 1 && a[0] == b'0') {
+        return None;
+    }
+    std::str::from_utf8(a).ok()?.parse().ok()
+}
+
+/// Argument `i` of `args` (after the command's name) as a strict integer, or an error naming it.
+fn int_arg(args: &[RedisString], i: usize, name: &str) -> Result<u64, RedisError> {
+    let a = args[i].as_slice();
+    strict_u64(a).ok_or_else(|| {
+        let shown = String::from_utf8_lossy(&a[..a.len().min(32)]).into_owned();
+        RedisError::String(format!(
+            "ERR {name} must be a non-negative integer (decimal digits, no sign, no leading zero), got '{shown}'"
+        ))
+    })
+}
+
+/// The longest key the commands take: 64 KiB (a limiter's key is a client's name, not data).
+const MAX_KEY_BYTES: usize = 1 << 16;
+
+/// A key argument: not empty, at most [`MAX_KEY_BYTES`].
+fn key_arg(args: &[RedisString]) -> Result<&RedisString, RedisError> {
+    match args[1].as_slice().len() {
+        0 => Err(RedisError::Str("ERR the key must not be empty")),
+        n if n > MAX_KEY_BYTES => Err(RedisError::String(format!(
+            "ERR the key is {n} bytes, more than the {MAX_KEY_BYTES} a limiter's key may have"
+        ))),
+        _ => Ok(&args[1]),
+    }
+}
+
+/// `CL.THROTTLE key max_burst count period [quantity]`, as redis-cell answers it.
+fn cl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    if !(5..=6).contains(&args.len()) {
+        return Err(RedisError::WrongArity);
+    }
+    let name = key_arg(&args)?;
+    let (max_burst, count, period) =
+        (int_arg(&args, 2, "max_burst")?, int_arg(&args, 3, "count")?, int_arg(&args, 4, "period")?);
+    let quantity = if args.len() == 6 { int_arg(&args, 5, "quantity")? } else { 1 };
+    if count == 0 || period == 0 {
+        return Err(RedisError::Str("ERR Zero rates are not supported"));
+    }
+    let period = Duration::from_secs(period);
+    let quota = TokenBucket::redis_cell(max_burst, count, period).map_err(|e| {
+        RedisError::String(format!("ERR max_burst {max_burst}, count {count}, period {period:?}: {e}"))
+    })?;
+    let d = decide_on_key(ctx, name, &quota, quantity, true)?;
+    let r = d.cl_throttle(&quota);
+    Ok(RedisValue::Array(vec![
+        RedisValue::Integer(i64::from(r.limited)),
+        RedisValue::Integer(i64::try_from(r.limit).unwrap_or(i64::MAX)),
+        RedisValue::Integer(i64::try_from(r.remaining).unwrap_or(i64::MAX)),
+        RedisValue::Integer(r.retry_after),
+        RedisValue::Integer(r.reset_after),
+    ]))
+}
+
+/// Decides `n` tokens of `quota` on the key `name` at the server's time, storing what the
+/// decision took.
+fn decide_on_key(
+    ctx: &Context,
+    name: &RedisString,
+    quota: &TokenBucket,
+    n: u64,
+    take: bool,
+) -> Result<Decision, RedisError> {
+    let key = ctx.open_key_writable(name);
+    let held = read_state(&key, name)?;
+    let now = now_ns();
+    let (decision, next) = state::decide(quota, held, now, n, take)
+        .ok_or(RedisError::Str("ERR the engine refused its clock (a bug: please report it)"))?;
+    if let Some(next) = next {
+        write_state(ctx, &key, name, next, now)?;
+    }
+    Ok(decision)
+}
+
+/// The quota of a `TG.*` specification (`"10/s burst=20"`), or an error saying what is wrong.
+fn spec_arg(args: &[RedisString]) -> Result<TokenBucket, RedisError> {
+    let text = std::str::from_utf8(args[2].as_slice())
+        .map_err(|_| RedisError::Str("ERR the limit must be text, as \"10/s burst=20\""))?;
+    let quota: TokenBucket = text
+        .parse()
+        .map_err(|e| RedisError::String(format!("ERR the limit '{text}' is not a token bucket: {e}")))?;
+    if quota.initial() < quota.burst() {
+        return Err(RedisError::String(format!(
+            "ERR the limit '{text}' starts below its burst: a missing key is a full bucket here"
+        )));
+    }
+    Ok(quota)
+}
+
+/// `TG.CHECK` and `TG.PEEK`: `key spec [n]`.
+fn tg_decide(ctx: &Context, args: Vec<RedisString>, take: bool) -> RedisResult {
+    if !(3..=4).contains(&args.len()) {
+        return Err(RedisError::WrongArity);
+    }
+    let name = key_arg(&args)?;
+    let quota = spec_arg(&args)?;
+    let n = if args.len() == 4 { int_arg(&args, 3, "n")? } else { 1 };
+    let d = decide_on_key(ctx, name, &quota, n, take)?;
+    let ms = |ns: u64| i64::try_from(ns.div_ceil(1_000_000)).unwrap_or(i64::MAX);
+    let retry = match d.retry_after_nanos() {
+        Some(wait) if !d.is_allowed() => ms(wait.as_u64()),
+        _ => -1,
+    };
+    let fields = [
+        ("allowed", i64::from(d.is_allowed())),
+        ("limit", i64::try_from(quota.burst()).unwrap_or(i64::MAX)),
+        ("remaining", i64::try_from(d.remaining()).unwrap_or(i64::MAX)),
+        ("retry_after_ms", retry),
+        ("reset_after_ms", ms(d.reset_after_nanos().as_u64())),
+    ];
+    Ok(RedisValue::OrderedMap(
+        fields
+            .into_iter()
+            .map(|(k, v)| (redis_module::redisvalue::RedisValueKey::String(k.into()), RedisValue::Integer(v)))
+            .collect(),
+    ))
+}
+
+fn tg_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    tg_decide(ctx, args, true)
+}
+
+fn tg_peek(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    tg_decide(ctx, args, false)
+}
+
+/// `TG.RESET key`: the bucket full again (its state removed). 1 if there was one.
+fn tg_reset(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    if args.len() != 2 {
+        return Err(RedisError::WrongArity);
+    }
+    let name = key_arg(&args)?;
+    let key = ctx.open_key_writable(name);
+    if read_state(&key, name)?.is_none() {
+        return Ok(RedisValue::Integer(0));
+    }
+    key.delete()?;
+    ctx.replicate_verbatim();
+    ctx.notify_keyspace_event(NotifyEvent::MODULE, "tg.reset", name);
+    Ok(RedisValue::Integer(1))
+}
+
+/// `TG.RESTORE key tat meta [PXAT ms]`: a state as a decision wrote it (what replication and
+/// the AOF carry).
+fn tg_restore(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    if args.len() != 4 && args.len() != 6 {
+        return Err(RedisError::WrongArity);
+    }
+    let name = key_arg(&args)?;
+    let state = State::from_parts(int_arg(&args, 2, "tat")?, int_arg(&args, 3, "meta")?)
+        .ok_or(RedisError::Str("ERR tat and meta are not a tollgate state"))?;
+    let pxat = if args.len() == 6 {
+        if !args[4].as_slice().eq_ignore_ascii_case(b"PXAT") {
+            return Err(RedisError::Str("ERR the fifth argument must be PXAT"));
+        }
+        Some(int_arg(&args, 5, "PXAT")?)
+    } else {
+        None
+    };
+    let key = ctx.open_key_writable(name);
+    if key.key_type() != raw::KeyType::Empty && key.get_value::<State>(&TOLLGATE_TYPE).is_err() {
+        return Err(RedisError::String(format!(
+            "WRONGTYPE {} holds {}, not a tollgate state",
+            name,
+            what_it_holds(key.key_type())
+        )));
+    }
+    let now_ms = now_ns() / 1_000_000;
+    if pxat.is_some_and(|at| at <= now_ms) {
+        // Already full again: the key is gone, as a missing key is a full bucket.
+        key.delete()?;
+    } else {
+        match key.get_value::<State>(&TOLLGATE_TYPE)? {
+            Some(held) => *held = state,
+            None => key.set_value(&TOLLGATE_TYPE, state)?,
+        }
+        if let Some(at) = pxat {
+            key.set_expire(Duration::from_millis(at - now_ms))?;
+        }
+    }
+    ctx.replicate_verbatim();
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+fn init(_ctx: &Context, _args: &[RedisString]) -> Status {
+    Status::Ok
+}
+
+// The module's entry point and its allocator (Redis's, so that `INFO memory` counts the states):
+// not in the crate's own unit tests, which run outside Redis.
+#[cfg(not(test))]
+redis_module! {
+    name: "tollgate",
+    version: 1,
+    allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
+    data_types: [TOLLGATE_TYPE],
+    init: init,
+    commands: [
+        ["cl.throttle", cl_throttle, "write deny-oom", 1, 1, 1, ""],
+        ["tg.check", tg_check, "write deny-oom", 1, 1, 1, ""],
+        ["tg.peek", tg_peek, "readonly", 1, 1, 1, ""],
+        ["tg.reset", tg_reset, "write", 1, 1, 1, ""],
+        ["tg.restore", tg_restore, "write deny-oom", 1, 1, 1, ""],
+    ],
+}

@@ -1,0 +1,288 @@
+//! The module inside real `redis-server` processes on free local ports: redis-cell's replies,
+//! tollgate's commands, bad input answered with errors (the server keeps answering), the state
+//! kept by RDB and AOF restarts, carried to a replica as the state itself, and shared by
+//! clients on one key within the bound.
+
+#[path = "../../tollgate-redis/tests/common/mod.rs"]
+mod common;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::Server;
+use redis::{Connection, Value};
+
+/// The module the tests load: the one cargo built for this test run, beside this test binary
+/// (`target/<profile>/deps/`; the copy one level up is refreshed only by `cargo build`).
+fn module_path() -> String {
+    let exe = std::env::current_exe().unwrap();
+    let so = exe.parent().unwrap().join("libtollgate_redis_module.so");
+    assert!(
+        so.exists(),
+        "{} is missing: build the module first (cargo build -p tollgate-redis-module)",
+        so.display()
+    );
+    so.to_string_lossy().into_owned()
+}
+
+fn server(extra: &[&str]) -> Server {
+    let module = module_path();
+    let mut args = vec!["--loadmodule", module.as_str()];
+    args.extend_from_slice(extra);
+    Server::start(&args)
+}
+
+fn conn(s: &Server) -> Connection {
+    redis::Client::open(s.url()).unwrap().get_connection().unwrap()
+}
+
+fn throttle(c: &mut Connection, args: &[&str]) -> redis::RedisResult<Vec<i64>> {
+    redis::cmd("CL.THROTTLE").arg(args).query(c)
+}
+
+/// A `TG.*` reply (a map under RESP3, field-value pairs under RESP2) as (field, value) pairs.
+fn fields(v: Value) -> Vec<(String, i64)> {
+    let items: Vec<Value> = match v {
+        Value::Array(items) => items,
+        Value::Map(pairs) => pairs.into_iter().flat_map(|(k, v)| [k, v]).collect(),
+        other => panic!("not a map: {other:?}"),
+    };
+    items
+        .chunks(2)
+        .map(|kv| {
+            (redis::from_redis_value(kv[0].clone()).unwrap(), redis::from_redis_value(kv[1].clone()).unwrap())
+        })
+        .collect()
+}
+
+fn field(v: &[(String, i64)], name: &str) -> i64 {
+    v.iter().find(|(k, _)| k == name).unwrap_or_else(|| panic!("no {name} in {v:?}")).1
+}
+
+fn error_of<T: std::fmt::Debug>(r: redis::RedisResult<T>) -> String {
+    let e = r.unwrap_err();
+    format!("{} {}", e.code().unwrap_or(""), e.detail().unwrap_or(""))
+}
+
+#[test]
+fn redis_cells_replies_one_for_one() {
+    let s = server(&[]);
+    let mut c = conn(&s);
+    // redis-cell's README: a fresh key.
+    assert_eq!(throttle(&mut c, &["user123", "15", "30", "60"]).unwrap(), [0, 16, 15, -1, 2]);
+    // The burst: 16 in all at once (the first above), then limited, the retry about one
+    // emission interval (2 s) away and the bucket full again in about 32 s.
+    for i in 1..16 {
+        let r = throttle(&mut c, &["user123", "15", "30", "60"]).unwrap();
+        assert_eq!(&r[..3], [0, 16, 15 - i], "call {i}");
+    }
+    let r = throttle(&mut c, &["user123", "15", "30", "60"]).unwrap();
+    assert_eq!(&r[..3], [1, 16, 0]);
+    assert!((1..=2).contains(&r[3]) && (31..=32).contains(&r[4]), "{r:?}");
+    // A quantity above the limit never fits: limited, retry -1, as redis-cell.
+    let r = throttle(&mut c, &["big", "5", "10", "60", "7"]).unwrap();
+    assert_eq!((r[0], r[1], r[3]), (1, 6, -1));
+    // The key is the module's, and lives until the bucket is full again.
+    let kind: String = redis::cmd("TYPE").arg("user123").query(&mut c).unwrap();
+    assert_eq!(kind, "tollgates");
+    let pttl: i64 = redis::cmd("PTTL").arg("user123").query(&mut c).unwrap();
+    assert!((30_000..=32_001).contains(&pttl), "{pttl}");
+}
+
+#[test]
+fn tollgates_commands_check_peek_and_reset() {
+    let s = server(&[]);
+    let mut c = conn(&s);
+    let check = |c: &mut Connection, cmd: &str, n: &str| -> Vec<(String, i64)> {
+        fields(redis::cmd(cmd).arg("k").arg("10/s burst=20").arg(n).query(c).unwrap())
+    };
+    let d = check(&mut c, "TG.CHECK", "15");
+    assert_eq!((field(&d, "allowed"), field(&d, "limit"), field(&d, "remaining")), (1, 20, 5));
+    assert_eq!(field(&d, "retry_after_ms"), -1);
+    assert!((1_400..=1_500).contains(&field(&d, "reset_after_ms")), "{d:?}");
+    // A peek takes nothing: 5 would be allowed, and 5 are still there.
+    let d = check(&mut c, "TG.PEEK", "5");
+    assert_eq!((field(&d, "allowed"), field(&d, "remaining")), (1, 5));
+    let d = check(&mut c, "TG.CHECK", "10");
+    assert_eq!((field(&d, "allowed"), field(&d, "remaining")), (0, 5));
+    assert!((400..=500).contains(&field(&d, "retry_after_ms")), "{d:?}");
+    let reset: i64 = redis::cmd("TG.RESET").arg("k").query(&mut c).unwrap();
+    assert_eq!(reset, 1);
+    let d = check(&mut c, "TG.CHECK", "20");
+    assert_eq!(field(&d, "allowed"), 1, "full again after TG.RESET");
+    let reset: i64 = redis::cmd("TG.RESET").arg("missing").query(&mut c).unwrap();
+    assert_eq!(reset, 0);
+}
+
+#[test]
+fn bad_input_is_an_error_reply_and_the_server_keeps_answering() {
+    let s = server(&[]);
+    let mut c = conn(&s);
+    let _: () = redis::cmd("SET").arg("text").arg("abc").query(&mut c).unwrap();
+    let _: () = redis::cmd("RPUSH").arg("list").arg("a").query(&mut c).unwrap();
+    let _: () = redis::cmd("HSET").arg("hash").arg("f").arg("v").query(&mut c).unwrap();
+    let huge = "k".repeat(1 << 20);
+    for (args, want) in [
+        (vec!["k", "x", "10", "60"], "max_burst must be a non-negative integer"),
+        (vec!["k", "-1", "10", "60"], "got '-1'"),
+        (vec!["k", "5", "0", "60"], "Zero rates are not supported"),
+        (vec!["k", "5", "10", "0"], "Zero rates are not supported"),
+        (vec!["k", "5", "10", "60", "+1"], "quantity must be a non-negative integer"),
+        (vec!["k", "18446744073709551615", "1", "1"], "max_burst 18446744073709551615"),
+        (vec!["k", "5", "99999999999", "1"], "count 99999999999"),
+        (vec!["k", "5", "10", "99999999999999999999"], "period must be"),
+        (vec!["", "5", "10", "60"], "the key must not be empty"),
+        (vec![huge.as_str(), "5", "10", "60"], "more than the 65536"),
+        (
+            vec!["text", "5", "10", "60"],
+            "WRONGTYPE text holds a string of 3 bytes that is not a tollgate state",
+        ),
+        (vec!["list", "5", "10", "60"], "WRONGTYPE list holds a list"),
+        (vec!["hash", "5", "10", "60"], "WRONGTYPE hash holds a hash"),
+    ] {
+        let e = match throttle(&mut c, &args) {
+            Ok(r) => panic!(
+                "{:?}: answered {r:?}",
+                &args[..args.len().min(5)].iter().map(|a| &a[..a.len().min(20)]).collect::<Vec<_>>()
+            ),
+            e => error_of(e),
+        };
+        assert!(e.contains(want), "{:?}: {e}", &args[1..]);
+    }
+    let e = error_of(redis::cmd("CL.THROTTLE").arg("k").arg("1").query::<Value>(&mut c));
+    assert!(e.contains("wrong number of arguments"), "{e}");
+    let e = error_of(redis::cmd("TG.CHECK").arg("k").arg("often").query::<Value>(&mut c));
+    assert!(e.contains("the limit 'often' is not a token bucket"), "{e}");
+    let e = error_of(redis::cmd("TG.CHECK").arg("k").arg("10/s").arg("0x1").query::<Value>(&mut c));
+    assert!(e.contains("n must be a non-negative integer"), "{e}");
+    let e = error_of(redis::cmd("TG.RESTORE").arg("k").arg("1").arg("2").query::<Value>(&mut c));
+    assert!(e.contains("not a tollgate state"), "{e}");
+    // Nothing was written by a refused call; the server answers.
+    let exists: i64 = redis::cmd("EXISTS").arg("k").query(&mut c).unwrap();
+    assert_eq!(exists, 0);
+    let pong: String = redis::cmd("PING").query(&mut c).unwrap();
+    assert_eq!(pong, "PONG");
+}
+
+/// A key redis-cell wrote (its TAT, decimal ns) carries over: read as the same bucket.
+#[test]
+fn a_redis_cell_key_carries_over() {
+    let s = server(&[]);
+    let mut c = conn(&s);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64;
+    // 10 s ahead: with T = 2 s, five cells used of 16.
+    let tat = now + 10_000_000_000;
+    let _: () = redis::cmd("SET").arg("old").arg(tat.to_string()).query(&mut c).unwrap();
+    let r = throttle(&mut c, &["old", "15", "30", "60"]).unwrap();
+    assert_eq!(&r[..3], [0, 16, 10], "{r:?}");
+    let kind: String = redis::cmd("TYPE").arg("old").query(&mut c).unwrap();
+    assert_eq!(kind, "tollgates");
+}
+
+/// The state survives an RDB restart and an AOF restart, with its expiry.
+#[test]
+fn rdb_and_aof_keep_every_bucket() {
+    for persistence in [&["--appendonly", "no"][..], &["--appendonly", "yes", "--appendfsync", "always"][..]]
+    {
+        let mut s = server(persistence);
+        let mut c = conn(&s);
+        for _ in 0..6 {
+            throttle(&mut c, &["a", "9", "1", "3600"]).unwrap();
+        }
+        let before: Vec<u8> = redis::cmd("DUMP").arg("a").query(&mut c).unwrap();
+        if persistence[1] == "no" {
+            let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
+        }
+        drop(c);
+        s.kill();
+        s.restart();
+        let mut c = conn(&s);
+        let after: Vec<u8> = redis::cmd("DUMP").arg("a").query(&mut c).unwrap();
+        assert_eq!(before, after, "{persistence:?}");
+        let pttl: i64 = redis::cmd("PTTL").arg("a").query(&mut c).unwrap();
+        assert!(pttl > 6 * 3_600_000 - 60_000, "{persistence:?}: {pttl}");
+        // The bucket continues: 4 of 10 left.
+        let r = throttle(&mut c, &["a", "9", "1", "3600"]).unwrap();
+        assert_eq!(&r[..3], [0, 10, 3], "{persistence:?}");
+    }
+}
+
+/// A replica holds what the primary holds, byte for byte, after a run of decisions; promoted,
+/// it continues the bucket, never fuller than it was.
+#[test]
+fn a_replica_holds_the_primarys_buckets_and_continues_them() {
+    let primary = server(&[]);
+    let port = primary.port.to_string();
+    let replica = server(&["--replicaof", "127.0.0.1", port.as_str()]);
+    let mut p = conn(&primary);
+    let mut r = conn(&replica);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !replica.cli(&["INFO", "replication"]).unwrap_or_default().contains("master_link_status:up") {
+        assert!(std::time::Instant::now() < deadline, "the replica did not connect");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for i in 0..40 {
+        let key = format!("k{}", i % 4);
+        throttle(&mut p, &[key.as_str(), "19", "1", "60"]).unwrap();
+        let _: Value =
+            redis::cmd("TG.CHECK").arg(format!("t{}", i % 3)).arg("5/s burst=10").query(&mut p).unwrap();
+    }
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut p).unwrap();
+    assert_eq!(acked, 1);
+    for key in ["k0", "k1", "k2", "k3", "t0", "t1", "t2"] {
+        let a: Vec<u8> = redis::cmd("DUMP").arg(key).query(&mut p).unwrap();
+        let b: Vec<u8> = redis::cmd("DUMP").arg(key).query(&mut r).unwrap();
+        assert_eq!(a, b, "{key}");
+        let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut r).unwrap();
+        assert!(ttl > 0, "{key}: {ttl}");
+    }
+    // Promoted, the replica continues: k0 had 10 of 20 taken.
+    let _: () = redis::cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut r).unwrap();
+    let after = throttle(&mut r, &["k0", "19", "1", "60"]).unwrap();
+    assert_eq!(&after[..3], [0, 20, 9], "{after:?}");
+}
+
+/// `MULTI`/`EXEC` and Lua's `redis.call` run the commands as clients do.
+#[test]
+fn transactions_and_scripts_call_the_commands() {
+    let s = server(&[]);
+    let mut c = conn(&s);
+    let (a, b): (Vec<i64>, Vec<i64>) = redis::pipe()
+        .atomic()
+        .cmd("CL.THROTTLE")
+        .arg(&["m", "1", "1", "60"])
+        .cmd("CL.THROTTLE")
+        .arg(&["m", "1", "1", "60"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!((a[0], a[2], b[0], b[2]), (0, 1, 0, 0));
+    let r: Vec<i64> = redis::cmd("EVAL")
+        .arg("return redis.call('CL.THROTTLE', KEYS[1], 1, 1, 60)")
+        .arg(1)
+        .arg("m")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(&r[..3], [1, 2, 0]);
+}
+
+/// Four client processes (threads, each its own connection) on one key admit at most the
+/// bound: a burst of 100 refilling one an hour.
+#[test]
+fn clients_on_one_key_admit_at_most_the_bound() {
+    let s = server(&[]);
+    let url = s.url();
+    let admitted: i64 = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let url = url.clone();
+                scope.spawn(move || {
+                    let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+                    (0..60)
+                        .map(|_| i64::from(throttle(&mut c, &["shared", "99", "1", "3600"]).unwrap()[0] == 0))
+                        .sum::<i64>()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    assert_eq!(admitted, 100);
+}
