@@ -13,4 +13,4 @@ else
   local t = redis.call('TIME')
   now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-return tollgate_bucket(KEYS[1], ARGV[1], now_us, replay)
+return tollgate_bucket(KEYS[1], ARGV[1], now_us, replay, redis.call('GET', KEYS[1]))

@@ -56,10 +56,29 @@ local function checkword(w1, w2, w3, w4, w5, w6, w7)
   end
   return c
 end
+-- Why `raw` (a key's value) is not a tollgate bucket, or nil when it is one.
+local function tollgate_bucket_invalid(raw)
+  if #raw ~= 36 then
+    return 'the value is ' .. #raw .. ' bytes, not a tollgate bucket of 36'
+  end
+  if string.sub(raw, 1, 4) ~= 'tgb1' then
+    return 'the value does not begin with the tag tgb1 of a tollgate bucket'
+  end
+  local o1, o2, km, kh, kl, sh, sl, check = struct.unpack('>I4I4I4I4I4I4I4I4', raw, 5)
+  local want = checkword(o1, o2, km, kh, kl, sh, sl)
+  if check ~= want then
+    return string.format("the value's check word is %d, not the %d its fields give: not a tollgate bucket, or damaged", check, want)
+  end
+  if km < 1 or km > 64 then
+    return 'the value\'s clock counts ' .. km .. ' units per ns, not 1 to 64'
+  end
+  return nil
+end
+
 -- The decision on `key` under the 56-byte `arg` (ARGV[1] of bucket.lua: its `at` is not
--- read here) at `now_us`; `replay`: a replayed instant, so the key gets no expiry. Returns the
--- 20-byte reply, or an error reply.
-local function tollgate_bucket(key, arg, now_us, replay)
+-- read here) at `now_us`, the key holding `raw` (false when missing); `replay`: a replayed
+-- instant, so the key gets no expiry. Returns the 20-byte reply, or an error reply.
+local function tollgate_bucket(key, arg, now_us, replay, raw)
   local flags, ch, cl, m, oh, ol, fh, fl, last_h, last_l, lh, ll =
     struct.unpack('>I4I4I4I4I4I4I4I4I4I4I4I4', arg)
   local take = flags % 2 == 1
@@ -93,23 +112,13 @@ local function tollgate_bucket(key, arg, now_us, replay)
   -- The stored clock and stamp, or a new full bucket on a clock starting now.
   local origin, kh, kl, sh, sl = now_us, oh, ol, sub(oh, ol, fh, fl)
   local restarted = false
-  local raw = redis.call('GET', key)
   if raw then
-    if #raw ~= 36 then
-      return corrupt('the value is ' .. #raw .. ' bytes, not a tollgate bucket of 36')
+    local why = tollgate_bucket_invalid(raw)
+    if why then
+      return corrupt(why)
     end
-    if string.sub(raw, 1, 4) ~= 'tgb1' then
-      return corrupt('the value does not begin with the tag tgb1 of a tollgate bucket')
-    end
-    local o1, o2, km, check
-    o1, o2, km, kh, kl, sh, sl, check = struct.unpack('>I4I4I4I4I4I4I4I4', raw, 5)
-    local want = checkword(o1, o2, km, kh, kl, sh, sl)
-    if check ~= want then
-      return corrupt(string.format("the value's check word is %d, not the %d its fields give: not a tollgate bucket, or damaged", check, want))
-    end
-    if km < 1 or km > 64 then
-      return corrupt('the value\'s clock counts ' .. km .. ' units per ns, not 1 to 64')
-    end
+    local o1, o2, km
+    o1, o2, km, kh, kl, sh, sl = struct.unpack('>I4I4I4I4I4I4I4', raw, 5)
     origin = o1 * P + o2
     if km ~= m or lt(kh, kl, fh, fl) then
       -- A clock of another unit, or one with too little room for this quota's fill: the bucket

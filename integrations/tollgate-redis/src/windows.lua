@@ -75,18 +75,14 @@ else
   now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
-local function window(key, flags, limit, window, nh, nl, uh, ul)
+local function window(key, raw, flags, limit, window, nh, nl, uh, ul)
   local charge = flags % 2 == 1
   local w_us = window
   if math.floor(flags / 4) % 2 == 1 then w_us = window * 1000000 end
   local n = nh * P + nl
   local up_to = uh * P + ul
   local hi, lo = 0, 0
-  local raw = redis.call('GET', key)
   if raw then
-    if #raw ~= 12 or string.sub(raw, 1, 4) ~= 'tgw1' then
-      return redis.error_reply('TOLLGATE_CORRUPT ' .. key .. ' holds ' .. #raw .. ' bytes that are not a tollgate window (tgw1, 12 bytes)')
-    end
     hi, lo = struct.unpack('>I4I4', raw, 5)
   end
   local stored = hi * 256 + math.floor(lo / C)
@@ -140,17 +136,13 @@ local function mul(a, b)
   return a * b1 + carry, low - carry * P
 end
 
-local function sliding(key, flags, limit, window, nh, nl, mh, ml)
+local function sliding(key, raw, flags, limit, window, nh, nl, mh, ml)
   local w_us = window
   if math.floor(flags / 4) % 2 == 1 then w_us = window * 1000000 end
   local n = nh * P + nl
   local last = mh * P + ml
   local sh, sl, s_curr, s_prev = 0, 0, 0, 0
-  local raw = redis.call('GET', key)
   if raw then
-    if #raw ~= 20 or string.sub(raw, 1, 4) ~= 'tgs1' then
-      return redis.error_reply('TOLLGATE_CORRUPT ' .. key .. ' holds ' .. #raw .. ' bytes that are not a tollgate sliding window (tgs1, 20 bytes)')
-    end
     sh, sl, s_curr, s_prev = struct.unpack('>I4I4I4I4', raw, 5)
   end
   local stored = sh * P + sl
@@ -189,16 +181,12 @@ local function sliding(key, flags, limit, window, nh, nl, mh, ml)
   return struct.pack('>I4I4I4I4I4I4I4I4', sh, sl, s_curr, s_prev, wh, wl, wc, wp)
 end
 
-local function nginx(key, burst, rh, rl, nh, nl)
+local function nginx(key, raw, burst, rh, rl, nh, nl)
   local rate = rh * P + rl
   local n = nh * P + nl
   local now_ms = math.floor(now_us / 1000)
   local lh, ll, field = math.floor(now_ms / P), now_ms % P, 0
-  local raw = redis.call('GET', key)
   if raw then
-    if #raw ~= 16 or string.sub(raw, 1, 4) ~= 'tgn1' then
-      return redis.error_reply('TOLLGATE_CORRUPT ' .. key .. ' holds ' .. #raw .. ' bytes that are not a tollgate nginx limit (tgn1, 16 bytes)')
-    end
     lh, ll, field = struct.unpack('>I4I4I4', raw, 5)
   end
   local last = lh * P + ll
@@ -228,40 +216,69 @@ local function nginx(key, burst, rh, rl, nh, nl)
   return struct.pack('>I4I4I4I4I4I4', lh, ll, field, wh, wl, wf)
 end
 
-local out = { struct.pack('>I4I4', math.floor(now_us / P), now_us % P) }
--- Every key is read before it is written, one check after the other: a key named twice in one
--- batch would see the first check's write; the client refuses such batches.
-for _, key in ipairs(KEYS) do
-  if at > #args then
+-- Each check's kind and where its words start, and every key's value, all read (and checked)
+-- before anything is written: a key of the wrong type or content fails the whole batch with
+-- nothing changed, not after the keys before it were decided (a script's writes are not
+-- rolled back).
+local SHAPES = {
+  [1] = { words = 28, tag = 'tgw1', bytes = 12, what = 'a tollgate window' },
+  [2] = { words = 56 },
+  [3] = { words = 28, tag = 'tgs1', bytes = 20, what = 'a tollgate sliding window' },
+  [4] = { words = 28, tag = 'tgn1', bytes = 16, what = 'a tollgate nginx limit' },
+}
+local kinds, starts, values = {}, {}, {}
+for i, key in ipairs(KEYS) do
+  if at + 3 > #args then
     return redis.error_reply('TOLLGATE_ARGS the checks end before key ' .. key)
   end
   local kind
   kind, at = struct.unpack('>I4', args, at)
-  local reply
-  if kind == 1 and at + 27 <= #args then
-    local flags, limit, w, nh, nl, uh, ul
-    flags, limit, w, nh, nl, uh, ul, at = struct.unpack('>I4I4I4I4I4I4I4', args, at)
-    reply = window(key, flags, limit, w, nh, nl, uh, ul)
-  elseif kind == 3 and at + 27 <= #args then
-    local flags, limit, w, nh, nl, mh, ml
-    flags, limit, w, nh, nl, mh, ml, at = struct.unpack('>I4I4I4I4I4I4I4', args, at)
-    reply = sliding(key, flags, limit, w, nh, nl, mh, ml)
-  elseif kind == 4 and at + 27 <= #args then
-    local zero, burst, pad, rh, rl, nh, nl
-    zero, burst, pad, rh, rl, nh, nl, at = struct.unpack('>I4I4I4I4I4I4I4', args, at)
-    reply = nginx(key, burst, rh, rl, nh, nl)
-  elseif kind == 2 and at + 55 <= #args then
-    reply = tollgate_bucket(key, string.sub(args, at, at + 55), now_us, replay)
-    at = at + 56
-  else
+  local shape = SHAPES[kind]
+  if not shape or at + shape.words - 1 > #args then
     return redis.error_reply('TOLLGATE_ARGS check ' .. key .. ' is of kind ' .. kind .. ' or too short')
+  end
+  kinds[i], starts[i] = kind, at
+  at = at + shape.words
+  local raw = redis.call('GET', key)
+  if raw then
+    local why
+    if kind == 2 then
+      why = tollgate_bucket_invalid(raw)
+    elseif #raw ~= shape.bytes or string.sub(raw, 1, 4) ~= shape.tag then
+      why = 'holds ' .. #raw .. ' bytes that are not ' .. shape.what .. ' (' .. shape.tag .. ', ' .. shape.bytes .. ' bytes)'
+    end
+    if why then
+      return redis.error_reply('TOLLGATE_CORRUPT ' .. key .. ' ' .. why)
+    end
+  end
+  values[i] = raw
+end
+if at <= #args then
+  return redis.error_reply('TOLLGATE_ARGS ' .. (#args - at + 1) .. ' bytes after the last check')
+end
+
+local out = { struct.pack('>I4I4', math.floor(now_us / P), now_us % P) }
+-- One check after the other: a key named twice in one batch would see the first check's
+-- write; the client refuses such batches.
+for i, key in ipairs(KEYS) do
+  local kind, from, raw = kinds[i], starts[i], values[i]
+  local reply
+  if kind == 2 then
+    reply = tollgate_bucket(key, string.sub(args, from, from + 55), now_us, replay, raw)
+  else
+    local a, b, c, d, e, f, g = struct.unpack('>I4I4I4I4I4I4I4', args, from)
+    if kind == 1 then
+      reply = window(key, raw, a, b, c, d, e, f, g)
+    elseif kind == 3 then
+      reply = sliding(key, raw, a, b, c, d, e, f, g)
+    else
+      -- nginx's words: 0, burst, 0, rate (two limbs), n (two limbs).
+      reply = nginx(key, raw, b, d, e, f, g)
+    end
   end
   if type(reply) == 'table' then
     return reply
   end
   out[#out + 1] = reply
-end
-if at <= #args then
-  return redis.error_reply('TOLLGATE_ARGS ' .. (#args - at + 1) .. ' bytes after the last check')
 end
 return table.concat(out)

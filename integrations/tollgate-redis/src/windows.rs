@@ -366,7 +366,7 @@ impl RedisWindows {
         let replies = futures_util::future::join_all(calls).await;
         let mut decisions = vec![Taken { decision: Decision::untracked(), units: 0 }; checks.len()];
         for ((_, members), reply) in groups.iter().zip(replies) {
-            let reply = reply.map_err(corrupt_value)?;
+            let reply = reply.map_err(|e| corrupt_value(e, members.iter().map(|&i| keys[i].as_slice())))?;
             let first = &keys[members[0]];
             let corrupt =
                 |reason: String| Error::Corrupt { key: String::from_utf8_lossy(first).into_owned(), reason };
@@ -566,13 +566,18 @@ fn slot(key: &[u8]) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % SLOTS
 }
 
-/// The script's refusal of a value that is not a window (`TOLLGATE_CORRUPT`) as
-/// [`Error::Corrupt`]; any other error as it is.
-fn corrupt_value(e: Error) -> Error {
+/// The script's refusal of a value that is not the kind its check decides (`TOLLGATE_CORRUPT`,
+/// the key first) as [`Error::Corrupt`] naming that key, the longest of `keys` the message
+/// starts with (a key may hold spaces); any other error as it is.
+fn corrupt_value<'k>(e: Error, keys: impl Iterator<Item = &'k [u8]>) -> Error {
     match e {
         Error::Redis(e) if e.code() == Some("TOLLGATE_CORRUPT") => {
-            let detail = e.detail().unwrap_or("a key is not a tollgate window").to_owned();
-            let key = detail.split(' ').next().unwrap_or_default().to_owned();
+            let detail = e.detail().unwrap_or("a key is not a tollgate value").to_owned();
+            let key = keys
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+                .filter(|k| detail.strip_prefix(k.as_str()).is_some_and(|rest| rest.starts_with(' ')))
+                .max_by_key(String::len)
+                .unwrap_or_default();
             Error::Corrupt { key, reason: detail }
         }
         e => e,

@@ -118,6 +118,24 @@ fn bad_batches_and_values_are_typed_errors() {
             "{e}"
         );
         assert!(!e.is_transient());
+        // A bad key late in a batch fails it before anything is written: the healthy key
+        // before it is not counted. The error names the bad key, spaces and all.
+        server.cli(&["SET", "tollgate:w:a b", "x"]).unwrap();
+        let bucket = TokenBucket::per_second(5).unwrap();
+        let batch = [
+            Check::Window(WindowCheck { key: b"healthy", window: minute, n: 1, up_to: 0 }),
+            Check::Bucket(BucketCheck { key: b"bucket", quota: bucket, n: 1 }),
+            Check::Window(WindowCheck { key: b"a b", window: minute, n: 1, up_to: 0 }),
+        ];
+        let e = w.decide_all(&batch).await.unwrap_err();
+        assert!(matches!(&e, Error::Corrupt { key, .. } if key == "tollgate:w:a b"), "{e:?}");
+        assert_eq!(server.cli(&["EXISTS", "tollgate:w:healthy", "tollgate:w:bucket"]).unwrap().trim(), "0");
+        server.cli(&["SET", "tollgate:w:b2", "not a bucket"]).unwrap();
+        let e = w.decide_all(&[Check::Bucket(BucketCheck { key: b"b2", quota: bucket, n: 1 })]).await.unwrap_err();
+        assert!(
+            matches!(&e, Error::Corrupt { key, reason } if key == "tollgate:w:b2" && reason.contains("not a tollgate bucket of 36")),
+            "{e:?}"
+        );
         server.cli(&["RPUSH", "tollgate:w:list", "x"]).unwrap();
         let e =
             w.check_all(&[WindowCheck { key: b"list", window: minute, n: 1, up_to: 0 }]).await.unwrap_err();
