@@ -191,6 +191,16 @@ fn rdb_and_aof_keep_every_bucket() {
         let before: Vec<u8> = redis::cmd("DUMP").arg("a").query(&mut c).unwrap();
         if persistence[1] == "no" {
             let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
+        } else {
+            // A rewritten AOF holds the state as TG.RESTORE (and its expiry).
+            let _: Value = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !s.cli(&["INFO", "persistence"]).unwrap_or_default().contains("aof_rewrite_in_progress:0")
+                || s.cli(&["INFO", "persistence"]).unwrap_or_default().contains("aof_rewrite_scheduled:1")
+            {
+                assert!(std::time::Instant::now() < deadline, "the AOF rewrite did not finish");
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
         drop(c);
         s.kill();
@@ -285,4 +295,39 @@ fn clients_on_one_key_admit_at_most_the_bound() {
         handles.into_iter().map(|h| h.join().unwrap()).sum()
     });
     assert_eq!(admitted, 100);
+}
+
+/// The state is a key like any other: `COPY`, `DUMP`/`RESTORE`, keyspace notifications, and
+/// a map under RESP3.
+#[test]
+fn a_state_is_a_key_like_any_other() {
+    let s = server(&[]);
+    let mut c = conn(&s);
+    let _: () =
+        redis::cmd("CONFIG").arg("SET").arg("notify-keyspace-events").arg("Kd").query(&mut c).unwrap();
+    let mut sub = redis::Client::open(s.url()).unwrap().get_connection().unwrap();
+    let mut pubsub = sub.as_pubsub();
+    pubsub.psubscribe("__keyspace@0__:*").unwrap();
+    pubsub.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    throttle(&mut c, &["orig", "4", "1", "60"]).unwrap();
+    let msg = pubsub.get_message().unwrap();
+    assert_eq!(
+        (msg.get_channel_name(), msg.get_payload::<String>().unwrap().as_str()),
+        ("__keyspace@0__:orig", "tg.take")
+    );
+    let copied: i64 = redis::cmd("COPY").arg("orig").arg("copy").query(&mut c).unwrap();
+    assert_eq!(copied, 1);
+    let dump: Vec<u8> = redis::cmd("DUMP").arg("orig").query(&mut c).unwrap();
+    let _: () = redis::cmd("RESTORE").arg("restored").arg(60_000).arg(dump).query(&mut c).unwrap();
+    for key in ["copy", "restored"] {
+        let kind: String = redis::cmd("TYPE").arg(key).query(&mut c).unwrap();
+        assert_eq!(kind, "tollgates", "{key}");
+        let r = throttle(&mut c, &[key, "4", "1", "60"]).unwrap();
+        assert_eq!(&r[..3], [0, 5, 3], "{key} continues orig's bucket");
+    }
+    let mut resp3 =
+        redis::Client::open(format!("{}?protocol=resp3", s.url())).unwrap().get_connection().unwrap();
+    let v: Value = redis::cmd("TG.PEEK").arg("t").arg("10/s").query(&mut resp3).unwrap();
+    assert!(matches!(v, Value::Map(_)), "{v:?}");
+    assert_eq!(field(&fields(v), "remaining"), 10);
 }
