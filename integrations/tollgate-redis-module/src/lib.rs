@@ -37,7 +37,7 @@ use tollgate::{Decision, TokenBucket};
 
 pub mod state;
 
-use state::State;
+use state::{Limit, State};
 
 /// The module's type: one per key, 16 bytes (see [`State`]).
 static TOLLGATE_TYPE: RedisType = RedisType::new(
@@ -178,12 +178,14 @@ fn read_state(key: &RedisKeyWritable, name: &RedisString) -> Result<Option<State
     }
 }
 
-/// Stores `state` in `key` until its bucket is full again, and replicates that effect.
+/// Stores `state` in `key` until `expire_ns` (since the epoch: when it is as good as a missing
+/// key), and replicates that effect.
 fn write_state(
     ctx: &Context,
     key: &RedisKeyWritable,
     name: &RedisString,
     state: State,
+    expire_ns: u64,
     now: u64,
 ) -> RedisResult {
     if key.key_type() == raw::KeyType::String {
@@ -194,9 +196,8 @@ fn write_state(
         Some(held) => *held = state,
         None => key.set_value(&TOLLGATE_TYPE, state)?,
     }
-    let full_at = state.full_at_ns();
-    // Whole ms, rounded up: never before the bucket is full.
-    let pxat_ms = full_at.div_ceil(1_000_000);
+    // Whole ms, rounded up, and 1 ms more for Redis's millisecond clock: never early.
+    let pxat_ms = expire_ns.div_ceil(1_000_000).saturating_add(1);
     key.set_expire(Duration::from_millis(pxat_ms.saturating_sub(now / 1_000_000).max(1)))?;
     let (tat, meta, pxat) = (state.tat_ns.to_string(), state.meta.to_string(), pxat_ms.to_string());
     let args: [&[u8]; 5] = [name.as_slice(), tat.as_bytes(), meta.as_bytes(), b"PXAT", pxat.as_bytes()];
@@ -255,7 +256,7 @@ fn cl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let quota = TokenBucket::redis_cell(max_burst, count, period).map_err(|e| {
         RedisError::String(format!("ERR max_burst {max_burst}, count {count}, period {period:?}: {e}"))
     })?;
-    let d = decide_on_key(ctx, name, &quota, quantity, true)?;
+    let d = decide_on_key(ctx, name, &Limit::Bucket(quota), quantity, true)?;
     let r = d.cl_throttle(&quota);
     Ok(RedisValue::Array(vec![
         RedisValue::Integer(i64::from(r.limited)),
@@ -266,39 +267,41 @@ fn cl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     ]))
 }
 
-/// Decides `n` tokens of `quota` on the key `name` at the server's time, storing what the
+/// Decides `n` units of `limit` on the key `name` at the server's time, storing what the
 /// decision took.
 fn decide_on_key(
     ctx: &Context,
     name: &RedisString,
-    quota: &TokenBucket,
+    limit: &Limit,
     n: u64,
     take: bool,
 ) -> Result<Decision, RedisError> {
     let key = ctx.open_key_writable(name);
     let held = read_state(&key, name)?;
     let now = now_ns();
-    let (decision, next) = state::decide(quota, held, now, n, take)
+    let (decision, next) = state::decide_limit(limit, held, now, n, take)
+        .map_err(|state::Mismatch(why)| RedisError::String(format!("WRONGTYPE {name} {why}")))?
         .ok_or(RedisError::Str("ERR the engine refused its clock (a bug: please report it)"))?;
-    if let Some(next) = next {
-        write_state(ctx, &key, name, next, now)?;
+    if let Some((next, expire_ns)) = next {
+        write_state(ctx, &key, name, next, expire_ns, now)?;
     }
     Ok(decision)
 }
 
-/// The quota of a `TG.*` specification (`"10/s burst=20"`), or an error saying what is wrong.
-fn spec_arg(args: &[RedisString]) -> Result<TokenBucket, RedisError> {
+/// The limit of a `TG.*` specification (`"10/s burst=20"`, `"sliding 100/min"`), or an
+/// error saying what is wrong.
+fn spec_arg(args: &[RedisString]) -> Result<Limit, RedisError> {
     let text = std::str::from_utf8(args[2].as_slice())
         .map_err(|_| RedisError::Str("ERR the limit must be text, as \"10/s burst=20\""))?;
-    let quota: TokenBucket = text
-        .parse()
-        .map_err(|e| RedisError::String(format!("ERR the limit '{text}' is not a token bucket: {e}")))?;
-    if quota.initial() < quota.burst() {
-        return Err(RedisError::String(format!(
-            "ERR the limit '{text}' starts below its burst: a missing key is a full bucket here"
-        )));
+    let limit: Limit = text.parse().map_err(|e| RedisError::String(format!("ERR {e}")))?;
+    if let Limit::Bucket(q) = &limit {
+        if q.initial() < q.burst() {
+            return Err(RedisError::String(format!(
+                "ERR the limit '{text}' starts below its burst: a missing key is a full bucket here"
+            )));
+        }
     }
-    Ok(quota)
+    Ok(limit)
 }
 
 /// `TG.CHECK` and `TG.PEEK`: `key spec [n]`.
@@ -307,9 +310,9 @@ fn tg_decide(ctx: &Context, args: Vec<RedisString>, take: bool) -> RedisResult {
         return Err(RedisError::WrongArity);
     }
     let name = key_arg(&args)?;
-    let quota = spec_arg(&args)?;
+    let limit = spec_arg(&args)?;
     let n = if args.len() == 4 { int_arg(&args, 3, "n")? } else { 1 };
-    let d = decide_on_key(ctx, name, &quota, n, take)?;
+    let d = decide_on_key(ctx, name, &limit, n, take)?;
     let ms = |ns: u64| i64::try_from(ns.div_ceil(1_000_000)).unwrap_or(i64::MAX);
     let retry = match d.retry_after_nanos() {
         Some(wait) if !d.is_allowed() => ms(wait.as_u64()),
@@ -317,7 +320,7 @@ fn tg_decide(ctx: &Context, args: Vec<RedisString>, take: bool) -> RedisResult {
     };
     let fields = [
         ("allowed", i64::from(d.is_allowed())),
-        ("limit", i64::try_from(quota.burst()).unwrap_or(i64::MAX)),
+        ("limit", i64::try_from(limit.most_at_once()).unwrap_or(i64::MAX)),
         ("remaining", i64::try_from(d.remaining()).unwrap_or(i64::MAX)),
         ("retry_after_ms", retry),
         ("reset_after_ms", ms(d.reset_after_nanos().as_u64())),
@@ -381,8 +384,10 @@ fn tg_restore(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     }
     let now_ms = now_ns() / 1_000_000;
     if pxat.is_some_and(|at| at <= now_ms) {
-        // Already full again: the key is gone, as a missing key is a full bucket.
-        key.delete()?;
+        // Already as good as missing (a late replica, an old AOF): the key is gone.
+        if key.key_type() != raw::KeyType::Empty {
+            key.delete()?;
+        }
     } else {
         match key.get_value::<State>(&TOLLGATE_TYPE)? {
             Some(held) => *held = state,

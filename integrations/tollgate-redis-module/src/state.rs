@@ -13,10 +13,18 @@
 //! the next TAT. The key expires at its TAT, when the bucket is full again and a missing key
 //! means the same.
 
-use tollgate::{Decision, TokenBucket};
+use tollgate::{Decision, FixedWindow, Nanos, Nginx, Policy, SlidingWindow, TokenBucket};
 
 /// The kind of state in `meta`'s top byte: a token bucket's TAT.
 const KIND_BUCKET: u64 = 1;
+/// The other kinds hold the engine's own word (in `tat_ns`'s place) and, in `meta`, a
+/// fingerprint of what the word's meaning depends on (22 bits) and the word's clock's origin,
+/// whole seconds since the epoch (34 bits).
+const KIND_WINDOW: u64 = 2;
+const KIND_SLIDING: u64 = 3;
+const KIND_NGINX: u64 = 4;
+const ORIGIN_BITS: u32 = 34;
+const FP_BITS: u32 = 22;
 
 /// One key's state: 16 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,10 +37,25 @@ pub struct State {
 }
 
 impl State {
-    /// A bucket state from its fields, if they are one: `1 ≤ m ≤ 64`, the units below `m`.
+    /// A state from its fields, if they are one: a bucket's with `1 ≤ m ≤ 64` and the units
+    /// below `m`; or a word of another kind.
     pub fn from_parts(tat_ns: u64, meta: u64) -> Option<State> {
         let s = State { tat_ns, meta };
-        (meta >> 56 == KIND_BUCKET && (1..=64).contains(&s.m()) && s.sub_units() < s.m()).then_some(s)
+        match meta >> 56 {
+            KIND_BUCKET => ((1..=64).contains(&s.m()) && s.sub_units() < s.m()).then_some(s),
+            KIND_WINDOW | KIND_SLIDING | KIND_NGINX => Some(s),
+            _ => None,
+        }
+    }
+
+    /// What the state counts, for an error.
+    pub fn kind_name(self) -> &'static str {
+        match self.meta >> 56 {
+            KIND_BUCKET => "a token bucket",
+            KIND_WINDOW => "a fixed window",
+            KIND_SLIDING => "a sliding window",
+            _ => "an nginx limit",
+        }
     }
 
     /// redis-cell's value: the TAT as whole nanoseconds since the epoch.
@@ -107,6 +130,125 @@ pub fn decide(
     Some((decision, next))
 }
 
+/// A limit of `TG.*`: a token bucket (the default), or one of the engine's single-word
+/// algorithms, in tollgate's string forms after an optional algorithm word: `"10/s
+/// burst=20"`, `"window 100/min"`, `"sliding 100/min"`, `"nginx 10r/s burst=5 nodelay"`.
+#[derive(Clone, Copy, Debug)]
+pub enum Limit {
+    Bucket(TokenBucket),
+    Window(FixedWindow),
+    Sliding(SlidingWindow),
+    Nginx(Nginx),
+}
+
+impl std::str::FromStr for Limit {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Limit, String> {
+        let trimmed = text.trim_start();
+        let (word, rest) = trimmed.split_once(' ').unwrap_or((trimmed, ""));
+        let why = |what: &str, e: tollgate::ParseError| format!("the limit '{text}' is not a {what}: {e}");
+        Ok(match word {
+            "bucket" | "token_bucket" | "gcra" => {
+                Limit::Bucket(rest.parse().map_err(|e| why("token bucket", e))?)
+            }
+            "window" | "fixed_window" => Limit::Window(rest.parse().map_err(|e| why("fixed window", e))?),
+            "sliding" | "sliding_window" => {
+                Limit::Sliding(rest.parse().map_err(|e| why("sliding window", e))?)
+            }
+            "nginx" => Limit::Nginx(rest.parse().map_err(|e| why("nginx limit", e))?),
+            _ => Limit::Bucket(text.parse().map_err(|e| why("token bucket", e))?),
+        })
+    }
+}
+
+impl Limit {
+    /// The most units one decision can admit: what `TG.*` reports as `limit`.
+    pub fn most_at_once(&self) -> u64 {
+        match self {
+            Limit::Bucket(q) => q.burst(),
+            Limit::Window(w) => w.limit(),
+            Limit::Sliding(w) => w.limit(),
+            Limit::Nginx(l) => l.burst_size() + 1,
+        }
+    }
+
+    /// The kind, the fingerprint of what a stored word's meaning depends on (the window's
+    /// length; a sliding window's count width too; nothing for nginx, whose rate and burst may
+    /// change as when nginx reloads a zone), and whether its clock starts at the key's first
+    /// decision (else at the epoch: windows on the wall clock's grid).
+    fn word_kind(&self) -> (u64, u64, bool) {
+        let fp = |x: u64| x.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - FP_BITS);
+        let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        match self {
+            Limit::Bucket(_) => (KIND_BUCKET, 0, false),
+            Limit::Window(w) => (KIND_WINDOW, fp(ns(w.window())), false),
+            Limit::Sliding(w) => {
+                (KIND_SLIDING, fp(ns(w.window()) ^ u64::from(64 - w.limit().leading_zeros()) << 58), false)
+            }
+            Limit::Nginx(_) => (KIND_NGINX, 0, true),
+        }
+    }
+}
+
+/// A decision, and the state to store with the instant it is as good as missing.
+pub type Decided = (Decision, Option<(State, u64)>);
+
+/// Why a key's state cannot be decided under a limit: it counts something else.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mismatch(pub String);
+
+/// `n` units under `limit` at `now_ns` on `state`, as [`decide`] does for buckets: the
+/// decision, the state to store (when something was taken) and when it is as good as missing
+/// (ns since the epoch, never early). A state of another kind, or of a window of another
+/// length, is a [`Mismatch`], never read under the wrong meaning.
+pub fn decide_limit(
+    limit: &Limit,
+    state: Option<State>,
+    now_ns: u64,
+    n: u64,
+    take: bool,
+) -> Result<Option<Decided>, Mismatch> {
+    let (kind, fp, own_origin) = limit.word_kind();
+    if let Some(s) = state {
+        let (held_kind, held_fp) = (s.meta >> 56, (s.meta >> ORIGIN_BITS) & ((1 << FP_BITS) - 1));
+        if held_kind != kind || (kind != KIND_BUCKET && held_fp != fp) {
+            let what = if held_kind == kind { " of another length or width" } else { "" };
+            return Err(Mismatch(format!("holds {}{what}, not what this limit counts", s.kind_name())));
+        }
+    }
+    if let Limit::Bucket(q) = limit {
+        return Ok(decide(q, state, now_ns, n, take).map(|(d, next)| (d, next.map(|s| (s, s.full_at_ns())))));
+    }
+    let origin_s = match state {
+        Some(s) => s.meta & ((1 << ORIGIN_BITS) - 1),
+        None if own_origin => (now_ns / 1_000_000_000).min((1 << ORIGIN_BITS) - 1),
+        None => 0,
+    };
+    let meta = kind << 56 | fp << ORIGIN_BITS | origin_s;
+    let word = state.map_or(0, |s| s.tat_ns);
+    let elapsed = Nanos::new(now_ns.saturating_sub(origin_s.saturating_mul(1_000_000_000)));
+    let (next, decision) = match limit {
+        Limit::Window(w) => w.decide(word, elapsed, n),
+        Limit::Sliding(w) => w.decide(word, elapsed, n),
+        Limit::Nginx(l) => l.decide(word, elapsed, n),
+        Limit::Bucket(_) => unreachable!("decided above"),
+    };
+    let next = next.filter(|_| take).map(|w| {
+        // When the state is as good as a missing key: a window's when its counts have aged
+        // out (the decision's reset, after an admission), nginx's when its whole field (the
+        // excess and the one request's 1,000) has leaked.
+        let until = match limit {
+            Limit::Nginx(l) => {
+                (w & ((1 << 24) - 1)).saturating_mul(1_000_000_000).div_ceil(l.millirequests_per_second())
+            }
+            _ => decision.reset_after_nanos().as_u64(),
+        };
+        (State { tat_ns: w, meta }, now_ns.saturating_add(until))
+    });
+    Ok(Some((decision, next)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +316,70 @@ mod tests {
         assert_eq!(State::from_parts(fine.tat_ns, fine.meta), Some(fine));
         assert_eq!(State::from_parts(10, 0), None);
         assert_eq!(State::from_parts(10, 1 << 56 | 3 << 48 | 3), None);
+    }
+
+    /// Windows and nginx through the module's states: every decision a local limiter's, on a
+    /// clock whose origin is the epoch (windows) or the key's first decision (nginx).
+    #[test]
+    fn word_kinds_decide_as_local_limiters() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        };
+        for spec in [
+            "window 7/s",
+            "window 100/min",
+            "sliding 9/2s",
+            "sliding 3000/min",
+            "nginx 5r/s burst=3 nodelay",
+            "nginx 30r/m burst=2",
+        ] {
+            let limit: Limit = spec.parse().unwrap();
+            let mut state: Option<State> = None;
+            let mut word = 0u64;
+            let mut at = T0;
+            for _ in 0..2000 {
+                at += next() % 700_000_000;
+                let n = next() % 4;
+                let take = next() % 4 != 0;
+                let (d, stored) = decide_limit(&limit, state, at, n, take).unwrap().unwrap();
+                let origin = state.map_or(
+                    if matches!(limit, Limit::Nginx(_)) { at / 1_000_000_000 * 1_000_000_000 } else { 0 },
+                    |s| (s.meta & ((1 << ORIGIN_BITS) - 1)) * 1_000_000_000,
+                );
+                let elapsed = Nanos::new(at - origin);
+                let (w, want) = match limit {
+                    Limit::Window(p) => p.decide(word, elapsed, n),
+                    Limit::Sliding(p) => p.decide(word, elapsed, n),
+                    Limit::Nginx(p) => p.decide(word, elapsed, n),
+                    Limit::Bucket(_) => unreachable!(),
+                };
+                assert_eq!(d, want, "{spec} at {at}: n {n}");
+                if take {
+                    if let Some(w) = w {
+                        word = w;
+                    }
+                }
+                if let Some((s, until)) = stored {
+                    assert!(until > at || n == 0, "{spec}: a state that expires at once");
+                    state = Some(s);
+                }
+            }
+        }
+        // A state of another kind or another window is refused, never misread.
+        let w: Limit = "window 10/s".parse().unwrap();
+        let (_, stored) = decide_limit(&w, None, T0, 1, true).unwrap().unwrap();
+        let s = stored.unwrap().0;
+        let other: Limit = "window 10/min".parse().unwrap();
+        assert!(decide_limit(&other, Some(s), T0, 1, true).is_err());
+        let bucket: Limit = "10/s".parse().unwrap();
+        assert_eq!(
+            decide_limit(&bucket, Some(s), T0, 1, true).unwrap_err().0,
+            "holds a fixed window, not what this limit counts"
+        );
+        assert!("sliding often".parse::<Limit>().unwrap_err().contains("is not a sliding window"));
     }
 }

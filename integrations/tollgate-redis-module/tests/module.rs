@@ -331,3 +331,47 @@ fn a_state_is_a_key_like_any_other() {
     assert!(matches!(v, Value::Map(_)), "{v:?}");
     assert_eq!(field(&fields(v), "remaining"), 10);
 }
+
+/// The windows and nginx's forms: each decides as its algorithm (a window of 3 a minute admits
+/// 3; nginx's `burst=2 nodelay` passes 3 at once), lives until its state is as good as
+/// missing, and a key counted one way is not read another.
+#[test]
+fn windows_and_nginx_forms() {
+    let s = server(&[]);
+    let mut c = conn(&s);
+    for (spec, admits, limit) in [
+        ("window 3/min", 3, 3),
+        ("fixed_window 3/min", 3, 3),
+        ("sliding 3/min", 3, 3),
+        ("nginx 1r/s burst=2 nodelay", 3, 3),
+    ] {
+        let key = format!("w:{spec}");
+        let minute = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() / 60;
+        let first = minute();
+        let allowed: Vec<i64> = (0..5)
+            .map(|_| {
+                let d = fields(redis::cmd("TG.CHECK").arg(&key).arg(spec).query(&mut c).unwrap());
+                assert_eq!(field(&d, "limit"), limit, "{spec}");
+                field(&d, "allowed")
+            })
+            .collect();
+        // (Windows sit on the wall clock's minutes: a run across one's edge proves nothing.)
+        if minute() == first {
+            assert_eq!(allowed.iter().sum::<i64>(), admits, "{spec}: {allowed:?}");
+            assert_eq!(allowed[..admits as usize], vec![1; admits as usize][..], "{spec}");
+        }
+        let kind: String = redis::cmd("TYPE").arg(&key).query(&mut c).unwrap();
+        assert_eq!(kind, "tollgates");
+        let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut c).unwrap();
+        assert!(pttl > 0, "{spec}: {pttl}");
+    }
+    // A window's key asked as a bucket, or as a window of another length: an error.
+    let e = error_of(redis::cmd("TG.CHECK").arg("w:window 3/min").arg("3/min").query::<Value>(&mut c));
+    assert!(e.contains("WRONGTYPE w:window 3/min holds a fixed window, not what this limit counts"), "{e}");
+    let e = error_of(redis::cmd("TG.CHECK").arg("w:window 3/min").arg("window 3/s").query::<Value>(&mut c));
+    assert!(e.contains("holds a fixed window of another length or width"), "{e}");
+    let e = error_of(throttle(&mut c, &["w:sliding 3/min", "5", "10", "60"]));
+    assert!(e.contains("holds a sliding window"), "{e}");
+    let e = error_of(redis::cmd("TG.CHECK").arg("k").arg("sliding 100/fortnight").query::<Value>(&mut c));
+    assert!(e.contains("is not a sliding window"), "{e}");
+}
