@@ -375,3 +375,56 @@ fn windows_and_nginx_forms() {
     let e = error_of(redis::cmd("TG.CHECK").arg("k").arg("sliding 100/fortnight").query::<Value>(&mut c));
     assert!(e.contains("is not a sliding window"), "{e}");
 }
+
+/// On a 3-master Cluster with the module on each: keys on every master, and a slot migrated
+/// mid-run (`MIGRATE` carries the state, as `DUMP`/`RESTORE` do): the bucket continues on its
+/// new master, never fuller than it was.
+#[test]
+fn a_cluster_keeps_each_bucket_across_a_slot_migration() {
+    let module = module_path();
+    let cluster = common::Cluster::start_with(&["--loadmodule", module.as_str()]);
+    // Every command through redis-cli's cluster mode, which follows MOVED and ASK.
+    let call = |args: &[&str]| -> Vec<i64> {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-c", "-p", &cluster.nodes[0].port.to_string()])
+            .args(args)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines().map(|l| l.trim().parse().unwrap_or_else(|_| panic!("{args:?}: {text}"))).collect()
+    };
+    let keys: Vec<String> = (0..12).map(|i| format!("tenant-{i}")).collect();
+    for key in &keys {
+        for left in [4, 3] {
+            assert_eq!(call(&["CL.THROTTLE", key, "4", "1", "3600"])[2], left, "{key}");
+        }
+    }
+    let used = cluster.nodes.iter().filter(|n| n.cli(&["DBSIZE"]).unwrap().trim() != "0").count();
+    assert_eq!(used, 3, "keys on every master");
+    let key = keys[0].as_str();
+    let slot = cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", key]).unwrap().trim().to_owned();
+    let ids: Vec<String> =
+        cluster.nodes.iter().map(|n| n.cli(&["CLUSTER", "MYID"]).unwrap().trim().to_owned()).collect();
+    let src = cluster
+        .nodes
+        .iter()
+        .position(|n| n.cli(&["CLUSTER", "COUNTKEYSINSLOT", &slot]).unwrap().trim() != "0")
+        .unwrap();
+    let dst = (src + 1) % 3;
+    let (s_node, d_node) = (&cluster.nodes[src], &cluster.nodes[dst]);
+    assert_eq!(d_node.cli(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &ids[src]]).unwrap().trim(), "OK");
+    assert_eq!(s_node.cli(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &ids[dst]]).unwrap().trim(), "OK");
+    assert_eq!(call(&["CL.THROTTLE", key, "4", "1", "3600"])[2], 2, "on the source while migrating");
+    let port = d_node.port.to_string();
+    assert_eq!(
+        s_node.cli(&["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS", key]).unwrap().trim(),
+        "OK"
+    );
+    for node in &cluster.nodes {
+        node.cli(&["CLUSTER", "SETSLOT", &slot, "NODE", &ids[dst]]).unwrap();
+    }
+    assert_eq!(d_node.cli(&["TYPE", key]).unwrap().trim(), "tollgates");
+    assert_eq!(call(&["CL.THROTTLE", key, "4", "1", "3600"])[2], 1, "continued on the destination");
+    assert_eq!(call(&["CL.THROTTLE", key, "4", "1", "3600"])[2], 0);
+    assert_eq!(call(&["CL.THROTTLE", key, "4", "1", "3600"])[0], 1, "limited, never fuller than it was");
+}

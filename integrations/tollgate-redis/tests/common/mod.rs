@@ -149,20 +149,24 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start() -> Cluster {
+        Cluster::start_with(&[])
+    }
+
+    /// Three masters, each started with `extra` arguments too (`--loadmodule path`, …).
+    pub fn start_with(extra: &[&str]) -> Cluster {
         let nodes: Vec<Server> = (0..3)
             .map(|_| {
                 // A node also listens on its port + 10000 (the cluster bus).
-                Server::start_with(
-                    free_cluster_port,
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "2000",
-                    ],
-                )
+                let mut args = vec![
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ];
+                args.extend_from_slice(extra);
+                Server::start_with(free_cluster_port, &args)
             })
             .collect();
         let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
