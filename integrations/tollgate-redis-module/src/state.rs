@@ -258,6 +258,16 @@ mod tests {
     /// A day in 2026, in ns since the epoch.
     const T0: u64 = 1_780_000_000_000_000_000;
 
+    /// xorshift64*: the tests' random numbers, from `seed`.
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+    }
+
     #[test]
     fn redis_cells_readme_vector() {
         // CL.THROTTLE user123 15 30 60 on a fresh key: 0, 16, 15, -1, 2.
@@ -276,13 +286,7 @@ mod tests {
     /// started at the first instant, including quotas with fractional nanoseconds per token.
     #[test]
     fn every_decision_is_a_local_limiters() {
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = || {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        };
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
         for (rate, burst) in [("3/s", 5), ("7/min", 2), ("1000/s", 50), ("1/h", 1), ("13/7s", 4)] {
             let q: TokenBucket = format!("{rate} burst={burst}").parse().unwrap();
             let clock = ManualClock::new();
@@ -322,13 +326,7 @@ mod tests {
     /// clock whose origin is the epoch (windows) or the key's first decision (nginx).
     #[test]
     fn word_kinds_decide_as_local_limiters() {
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = || {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            x.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        };
+        let mut next = xorshift(0x2545_F491_4F6C_DD1D);
         for spec in [
             "window 7/s",
             "window 100/min",
