@@ -296,7 +296,7 @@ mod tests {
             for _ in 0..2000 {
                 at += next() % (q.fill_time().as_u64() / 3 + 1);
                 let n = next() % (burst + 2);
-                let take = next() % 4 != 0;
+                let take = !next().is_multiple_of(4);
                 clock.set(Nanos::new(at));
                 let want = if take { local.check_n(n) } else { local.peek_n(n) };
                 let (got, stored) = decide(&q, state, T0 + at, n, take).unwrap();
@@ -342,7 +342,7 @@ mod tests {
             for _ in 0..2000 {
                 at += next() % 700_000_000;
                 let n = next() % 4;
-                let take = next() % 4 != 0;
+                let take = !next().is_multiple_of(4);
                 let (d, stored) = decide_limit(&limit, state, at, n, take).unwrap().unwrap();
                 let origin = state.map_or(
                     if matches!(limit, Limit::Nginx(_)) { at / 1_000_000_000 * 1_000_000_000 } else { 0 },
