@@ -282,6 +282,44 @@ mod tests {
         assert_eq!(next.unwrap().full_at_ns(), T0 + 2_000_000_000);
     }
 
+    /// redis-cell's own test (`it_rate_limits` in its src/cell/mod.rs): a burst of 5, one a
+    /// second; (ms after the start, quantity, remaining, reset after ms, retry after ms or -1,
+    /// limited), each exact.
+    #[test]
+    fn redis_cells_own_vectors() {
+        let q = TokenBucket::redis_cell(4, 1, Duration::from_secs(1)).unwrap();
+        let cases: [(u64, u64, u64, u64, i64, bool); 15] = [
+            (0, 6, 5, 0, -1, true),
+            (0, 1, 4, 1000, -1, false),
+            (0, 1, 3, 2000, -1, false),
+            (0, 1, 2, 3000, -1, false),
+            (0, 1, 1, 4000, -1, false),
+            (0, 1, 0, 5000, -1, false),
+            (0, 1, 0, 5000, 1000, true),
+            (3000, 1, 2, 3000, -1, false),
+            (3100, 1, 1, 3900, -1, false),
+            (4000, 1, 1, 4000, -1, false),
+            (8000, 1, 4, 1000, -1, false),
+            (9500, 1, 4, 1000, -1, false),
+            (9500, 0, 4, 1000, -1, false),
+            (9500, 2, 2, 3000, -1, false),
+            (9500, 5, 2, 3000, 3000, true),
+        ];
+        let mut state = None;
+        for (i, &(at_ms, n, remaining, reset_ms, retry_ms, limited)) in cases.iter().enumerate() {
+            let (d, next) = decide(&q, state, T0 + at_ms * 1_000_000, n, true).unwrap();
+            let retry = match d.retry_after_nanos() {
+                Some(wait) if !d.is_allowed() => i64::try_from(wait.as_u64() / 1_000_000).unwrap(),
+                _ => -1,
+            };
+            let got = (d.remaining(), d.reset_after_nanos().as_u64() / 1_000_000, retry, !d.is_allowed());
+            assert_eq!(got, (remaining, reset_ms, retry_ms, limited), "redis-cell's case {i}");
+            if let Some(s) = next {
+                state = Some(s);
+            }
+        }
+    }
+
     /// Random traffic at random instants: every decision equals a local limiter's on a clock
     /// started at the first instant, including quotas with fractional nanoseconds per token.
     #[test]
