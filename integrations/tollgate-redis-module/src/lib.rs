@@ -28,10 +28,10 @@ use std::ffi::CString;
 use std::os::raw::{c_int, c_void};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis_module::key::RedisKeyWritable;
 use redis_module::native_types::RedisType;
 use redis_module::{
-    raw, redis_module, Context, NotifyEvent, RedisError, RedisResult, RedisString, RedisValue, Status,
+    raw, redis_module, Context, ContextFlags, NotifyEvent, RedisError, RedisResult, RedisString, RedisValue,
+    Status,
 };
 use tollgate::{Decision, TokenBucket};
 
@@ -122,13 +122,20 @@ unsafe extern "C" fn aof_rewrite(
 ) {
     // SAFETY: the caller's.
     let state = unsafe { *value.cast::<State>() };
-    let (Ok(tat), Ok(meta)) = (i64::try_from(state.tat_ns), i64::try_from(state.meta)) else { return };
-    let (Ok(cmd), Ok(fmt)) = (CString::new("TG.RESTORE"), CString::new("sll")) else { return };
+    // Decimal text: a window's word reaches 2^63 and more, beyond a long long.
+    let (Ok(cmd), Ok(fmt), Ok(tat), Ok(meta)) = (
+        CString::new("TG.RESTORE"),
+        CString::new("scc"),
+        CString::new(state.tat_ns.to_string()),
+        CString::new(state.meta.to_string()),
+    ) else {
+        return;
+    };
     // SAFETY: the API table is written once, when the module loads, before any callback.
     if let Some(emit) = unsafe { raw::RedisModule_EmitAOF } {
-        // SAFETY: the format names a RedisModuleString and two long longs, as passed. (The
+        // SAFETY: the format names a RedisModuleString and two C strings, as passed. (The
         // key's expiry is rewritten by Redis itself.)
-        unsafe { emit(aof, cmd.as_ptr(), fmt.as_ptr(), key, tat, meta) };
+        unsafe { emit(aof, cmd.as_ptr(), fmt.as_ptr(), key, tat.as_ptr(), meta.as_ptr()) };
     }
 }
 
@@ -137,6 +144,32 @@ fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// An error reply of `message`, every character outside printable ASCII escaped (`\u{100}`):
+/// the replies carry what clients sent (keys, arguments), and the module API aborts the server
+/// on a reply holding a NUL, which a non-ASCII character can turn into.
+fn error(message: String) -> RedisError {
+    let mut out = String::with_capacity(message.len());
+    for c in message.chars() {
+        if c == ' ' || c.is_ascii_graphic() {
+            out.push(c);
+        } else {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        }
+    }
+    RedisError::String(out)
+}
+
+/// A key's name for an error: at most 64 bytes of it, lossily.
+fn shown(name: &RedisString) -> String {
+    let bytes = name.as_slice();
+    let head = String::from_utf8_lossy(&bytes[..bytes.len().min(64)]).into_owned();
+    if bytes.len() > 64 {
+        format!("{head}...")
+    } else {
+        head
+    }
 }
 
 /// What a key holds, for an error.
@@ -153,57 +186,97 @@ fn what_it_holds(key_type: raw::KeyType) -> &'static str {
     }
 }
 
-/// The key's state: `None` for a missing key; redis-cell's string state read as this
-/// module's; any other content a `WRONGTYPE` error saying what the key holds.
-fn read_state(key: &RedisKeyWritable, name: &RedisString) -> Result<Option<State>, RedisError> {
+/// The key's state, read without opening it for writing (so that a peek or a refusal does
+/// not touch the key for `WATCH` or client-side caching): `None` for a missing key;
+/// redis-cell's string state read as this module's; any other content a `WRONGTYPE` error
+/// saying what the key holds.
+fn read_state(ctx: &Context, name: &RedisString) -> Result<Option<State>, RedisError> {
+    let key = ctx.open_key(name);
     match key.get_value::<State>(&TOLLGATE_TYPE) {
         Ok(state) => return Ok(state.copied()),
         Err(_) if key.key_type() == raw::KeyType::String => {}
         Err(_) => {
-            return Err(RedisError::String(format!(
+            return Err(error(format!(
                 "WRONGTYPE {} holds {}, not a tollgate state",
-                name,
+                shown(name),
                 what_it_holds(key.key_type())
             )))
         }
     }
-    let text = key.as_string_dma().map(|dma| dma.as_ref().to_vec()).unwrap_or_default();
-    match std::str::from_utf8(&text).ok().and_then(|t| strict_u64(t.as_bytes())) {
+    let text = key.read()?.unwrap_or_default();
+    match strict_u64(text) {
         Some(tat_ns) => Ok(Some(State::from_redis_cell(tat_ns))),
-        None => Err(RedisError::String(format!(
+        None => Err(error(format!(
             "WRONGTYPE {} holds a string of {} bytes that is not a tollgate state (nor redis-cell's decimal TAT)",
-            name,
+            shown(name),
             text.len()
         ))),
     }
 }
 
-/// Stores `state` in `key` until `expire_ns` (since the epoch: when it is as good as a missing
-/// key), and replicates that effect.
+/// The most milliseconds since the epoch an expiry may be: 2^53 (285,000 years), far inside
+/// Redis's signed arithmetic on expiries.
+const MAX_PXAT_MS: u64 = 1 << 53;
+
+/// Sets `name`'s expiry to `pxat_ms` (ms since the epoch): absolute where Redis has
+/// `RedisModule_SetAbsExpire` (7.2 and later, whose relative expiries count from a script's or a
+/// transaction's start and would come early), else relative to now (7.0's count from now).
+fn set_expire_at(ctx: &Context, name: &RedisString, pxat_ms: u64, now_ms: u64) -> Result<(), RedisError> {
+    let pxat = i64::try_from(pxat_ms.min(MAX_PXAT_MS)).unwrap_or(i64::MAX);
+    // SAFETY: the API table is written once, when the module loads, before any command.
+    let (abs, open, close) =
+        unsafe { (raw::RedisModule_SetAbsExpire, raw::RedisModule_OpenKey, raw::RedisModule_CloseKey) };
+    if let (Some(set_abs), Some(open), Some(close)) = (abs, open, close) {
+        // SAFETY: the context and the key's name are this command's; the key is opened for
+        // writing, used once and closed before returning.
+        let status = unsafe {
+            let key = open(ctx.ctx, name.inner, raw::REDISMODULE_WRITE as c_int);
+            if key.is_null() {
+                return Err(RedisError::Str("ERR the key could not be opened to set its expiry"));
+            }
+            let status = set_abs(key, pxat);
+            close(key);
+            status
+        };
+        return if status == raw::REDISMODULE_OK as c_int {
+            Ok(())
+        } else {
+            Err(RedisError::Str("ERR the key's expiry could not be set"))
+        };
+    }
+    let key = ctx.open_key_writable(name);
+    key.set_expire(Duration::from_millis(pxat_ms.saturating_sub(now_ms).max(1)))?;
+    Ok(())
+}
+
+/// Stores `state` in `name` until `expire_ns` (since the epoch: when it is as good as a
+/// missing key), and replicates that effect: the state and its absolute expiry.
 fn write_state(
     ctx: &Context,
-    key: &RedisKeyWritable,
     name: &RedisString,
     state: State,
     expire_ns: u64,
     now: u64,
-) -> RedisResult {
+) -> Result<(), RedisError> {
+    let key = ctx.open_key_writable(name);
     if key.key_type() == raw::KeyType::String {
-        // redis-cell's value, read above: replaced by this module's.
+        // redis-cell's value, read as this module's: replaced, on the replicas too.
         key.delete()?;
+        ctx.replicate("DEL", &[name.as_slice()][..]);
     }
     match key.get_value::<State>(&TOLLGATE_TYPE)? {
         Some(held) => *held = state,
         None => key.set_value(&TOLLGATE_TYPE, state)?,
     }
+    drop(key);
     // Whole ms, rounded up, and 1 ms more for Redis's millisecond clock: never early.
-    let pxat_ms = expire_ns.div_ceil(1_000_000).saturating_add(1);
-    key.set_expire(Duration::from_millis(pxat_ms.saturating_sub(now / 1_000_000).max(1)))?;
+    let pxat_ms = expire_ns.div_ceil(1_000_000).saturating_add(1).min(MAX_PXAT_MS);
+    set_expire_at(ctx, name, pxat_ms, now / 1_000_000)?;
     let (tat, meta, pxat) = (state.tat_ns.to_string(), state.meta.to_string(), pxat_ms.to_string());
     let args: [&[u8]; 5] = [name.as_slice(), tat.as_bytes(), meta.as_bytes(), b"PXAT", pxat.as_bytes()];
     ctx.replicate("TG.RESTORE", &args[..]);
     ctx.notify_keyspace_event(NotifyEvent::MODULE, "tg.take", name);
-    Ok(RedisValue::Null)
+    Ok(())
 }
 
 /// A non-negative decimal integer as Redis reads its own (digits only, no sign, no leading
@@ -220,7 +293,7 @@ fn int_arg(args: &[RedisString], i: usize, name: &str) -> Result<u64, RedisError
     let a = args[i].as_slice();
     strict_u64(a).ok_or_else(|| {
         let shown = String::from_utf8_lossy(&a[..a.len().min(32)]).into_owned();
-        RedisError::String(format!(
+        error(format!(
             "ERR {name} must be a non-negative integer (decimal digits, no sign, no leading zero), got '{shown}'"
         ))
     })
@@ -233,7 +306,7 @@ const MAX_KEY_BYTES: usize = 1 << 16;
 fn key_arg(args: &[RedisString]) -> Result<&RedisString, RedisError> {
     match args[1].as_slice().len() {
         0 => Err(RedisError::Str("ERR the key must not be empty")),
-        n if n > MAX_KEY_BYTES => Err(RedisError::String(format!(
+        n if n > MAX_KEY_BYTES => Err(error(format!(
             "ERR the key is {n} bytes, more than the {MAX_KEY_BYTES} a limiter's key may have"
         ))),
         _ => Ok(&args[1]),
@@ -253,9 +326,8 @@ fn cl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         return Err(RedisError::Str("ERR Zero rates are not supported"));
     }
     let period = Duration::from_secs(period);
-    let quota = TokenBucket::redis_cell(max_burst, count, period).map_err(|e| {
-        RedisError::String(format!("ERR max_burst {max_burst}, count {count}, period {period:?}: {e}"))
-    })?;
+    let quota = TokenBucket::redis_cell(max_burst, count, period)
+        .map_err(|e| error(format!("ERR max_burst {max_burst}, count {count}, period {period:?}: {e}")))?;
     let d = decide_on_key(ctx, name, &Limit::Bucket(quota), quantity, true)?;
     let r = d.cl_throttle(&quota);
     Ok(RedisValue::Array(vec![
@@ -276,14 +348,13 @@ fn decide_on_key(
     n: u64,
     take: bool,
 ) -> Result<Decision, RedisError> {
-    let key = ctx.open_key_writable(name);
-    let held = read_state(&key, name)?;
+    let held = read_state(ctx, name)?;
     let now = now_ns();
     let (decision, next) = state::decide_limit(limit, held, now, n, take)
-        .map_err(|state::Mismatch(why)| RedisError::String(format!("WRONGTYPE {name} {why}")))?
+        .map_err(|state::Mismatch(why)| error(format!("WRONGTYPE {} {why}", shown(name))))?
         .ok_or(RedisError::Str("ERR the engine refused its clock (a bug: please report it)"))?;
     if let Some((next, expire_ns)) = next {
-        write_state(ctx, &key, name, next, expire_ns, now)?;
+        write_state(ctx, name, next, expire_ns, now)?;
     }
     Ok(decision)
 }
@@ -293,10 +364,10 @@ fn decide_on_key(
 fn spec_arg(args: &[RedisString]) -> Result<Limit, RedisError> {
     let text = std::str::from_utf8(args[2].as_slice())
         .map_err(|_| RedisError::Str("ERR the limit must be text, as \"10/s burst=20\""))?;
-    let limit: Limit = text.parse().map_err(|e| RedisError::String(format!("ERR {e}")))?;
+    let limit: Limit = text.parse().map_err(|e| error(format!("ERR {e}")))?;
     if let Limit::Bucket(q) = &limit {
         if q.initial() < q.burst() {
-            return Err(RedisError::String(format!(
+            return Err(error(format!(
                 "ERR the limit '{text}' starts below its burst: a missing key is a full bucket here"
             )));
         }
@@ -324,6 +395,8 @@ fn tg_decide(ctx: &Context, args: Vec<RedisString>, take: bool) -> RedisResult {
         ("remaining", i64::try_from(d.remaining()).unwrap_or(i64::MAX)),
         ("retry_after_ms", retry),
         ("reset_after_ms", ms(d.reset_after_nanos().as_u64())),
+        // nginx's queue without `nodelay`: admitted, to be served this much later.
+        ("delay_ms", ms(u64::try_from(d.delay().as_nanos()).unwrap_or(u64::MAX))),
     ];
     Ok(RedisValue::OrderedMap(
         fields
@@ -341,24 +414,25 @@ fn tg_peek(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     tg_decide(ctx, args, false)
 }
 
-/// `TG.RESET key`: the bucket full again (its state removed). 1 if there was one.
+/// `TG.RESET key`: the state removed (as good as missing again). 1 if there was one.
 fn tg_reset(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() != 2 {
         return Err(RedisError::WrongArity);
     }
     let name = key_arg(&args)?;
-    let key = ctx.open_key_writable(name);
-    if read_state(&key, name)?.is_none() {
+    if read_state(ctx, name)?.is_none() {
         return Ok(RedisValue::Integer(0));
     }
-    key.delete()?;
+    ctx.open_key_writable(name).delete()?;
     ctx.replicate_verbatim();
     ctx.notify_keyspace_event(NotifyEvent::MODULE, "tg.reset", name);
     Ok(RedisValue::Integer(1))
 }
 
 /// `TG.RESTORE key tat meta [PXAT ms]`: a state as a decision wrote it (what replication and
-/// the AOF carry).
+/// the AOF carry). Applied from a primary or an AOF, it is stored as sent, with its absolute
+/// expiry, as Redis applies `PEXPIREAT` (a replica's own clock decides nothing); called by a
+/// client on a primary with an expiry already past, the key is deleted (and `DEL` replicated).
 fn tg_restore(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() != 4 && args.len() != 6 {
         return Err(RedisError::WrongArity);
@@ -370,32 +444,48 @@ fn tg_restore(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         if !args[4].as_slice().eq_ignore_ascii_case(b"PXAT") {
             return Err(RedisError::Str("ERR the fifth argument must be PXAT"));
         }
-        Some(int_arg(&args, 5, "PXAT")?)
+        let at = int_arg(&args, 5, "PXAT")?;
+        if at > MAX_PXAT_MS {
+            return Err(error(format!("ERR PXAT {at} is beyond {MAX_PXAT_MS} ms since the epoch")));
+        }
+        Some(at)
     } else {
         None
     };
+    let flags = ctx.get_flags();
+    let applied = flags.contains(ContextFlags::REPLICATED) || flags.contains(ContextFlags::LOADING);
     let key = ctx.open_key_writable(name);
-    if key.key_type() != raw::KeyType::Empty && key.get_value::<State>(&TOLLGATE_TYPE).is_err() {
-        return Err(RedisError::String(format!(
-            "WRONGTYPE {} holds {}, not a tollgate state",
-            name,
-            what_it_holds(key.key_type())
-        )));
+    let kind = key.key_type();
+    if kind != raw::KeyType::Empty && key.get_value::<State>(&TOLLGATE_TYPE).is_err() {
+        if !(applied && kind == raw::KeyType::String) {
+            return Err(error(format!(
+                "WRONGTYPE {} holds {}, not a tollgate state",
+                shown(name),
+                what_it_holds(kind)
+            )));
+        }
+        // A redis-cell string the primary replaced: replaced here too.
+        key.delete()?;
     }
     let now_ms = now_ns() / 1_000_000;
-    if pxat.is_some_and(|at| at <= now_ms) {
-        // Already as good as missing (a late replica, an old AOF): the key is gone.
+    if !applied && pxat.is_some_and(|at| at <= now_ms) {
+        // Already as good as missing: the key is gone, here and on the replicas.
         if key.key_type() != raw::KeyType::Empty {
             key.delete()?;
+            ctx.replicate("DEL", &[name.as_slice()][..]);
         }
-    } else {
-        match key.get_value::<State>(&TOLLGATE_TYPE)? {
-            Some(held) => *held = state,
-            None => key.set_value(&TOLLGATE_TYPE, state)?,
-        }
-        if let Some(at) = pxat {
-            key.set_expire(Duration::from_millis(at - now_ms))?;
-        }
+        return Ok(RedisValue::SimpleStringStatic("OK"));
+    }
+    match key.get_value::<State>(&TOLLGATE_TYPE)? {
+        Some(held) => *held = state,
+        None => key.set_value(&TOLLGATE_TYPE, state)?,
+    }
+    if pxat.is_none() {
+        key.remove_expire()?;
+    }
+    drop(key);
+    if let Some(at) = pxat {
+        set_expire_at(ctx, name, at, now_ms)?;
     }
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))

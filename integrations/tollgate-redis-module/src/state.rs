@@ -25,6 +25,12 @@ const KIND_SLIDING: u64 = 3;
 const KIND_NGINX: u64 = 4;
 const ORIGIN_BITS: u32 = 34;
 const FP_BITS: u32 = 22;
+/// Where windows count from: 2020-01-01T00:00:00Z, in seconds since the Unix epoch (a whole
+/// number of days: a window that divides a day keeps the epoch's grid). From 1970, a fixed
+/// window's 40-bit index would already be spent for windows under 1.6 ms.
+pub const WINDOW_EPOCH_S: u64 = 1_577_836_800;
+/// The shortest fixed window: its 2^40 indices last 100 years from [`WINDOW_EPOCH_S`].
+pub const MIN_FIXED_WINDOW: std::time::Duration = std::time::Duration::from_millis(3);
 
 /// One key's state: 16 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,7 +158,16 @@ impl std::str::FromStr for Limit {
             "bucket" | "token_bucket" | "gcra" => {
                 Limit::Bucket(rest.parse().map_err(|e| why("token bucket", e))?)
             }
-            "window" | "fixed_window" => Limit::Window(rest.parse().map_err(|e| why("fixed window", e))?),
+            "window" | "fixed_window" => {
+                let w: FixedWindow = rest.parse().map_err(|e| why("fixed window", e))?;
+                if w.window() < MIN_FIXED_WINDOW {
+                    return Err(format!(
+                        "the limit '{text}' is a fixed window of {:?}: at least {MIN_FIXED_WINDOW:?} (its windows' count runs out within 100 years otherwise)",
+                        w.window()
+                    ));
+                }
+                Limit::Window(w)
+            }
             "sliding" | "sliding_window" => {
                 Limit::Sliding(rest.parse().map_err(|e| why("sliding window", e))?)
             }
@@ -174,9 +189,9 @@ impl Limit {
     }
 
     /// The kind, the fingerprint of what a stored word's meaning depends on (the window's
-    /// length; a sliding window's count width too; nothing for nginx, whose rate and burst may
-    /// change as when nginx reloads a zone), and whether its clock starts at the key's first
-    /// decision (else at the epoch: windows on the wall clock's grid).
+    /// length; a sliding window's count width too; nginx's rate, which its key's expiry
+    /// depends on), and whether its clock starts at the key's first decision (else at
+    /// [`WINDOW_EPOCH_S`]: windows on the wall clock's grid).
     fn word_kind(&self) -> (u64, u64, bool) {
         let fp = |x: u64| x.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - FP_BITS);
         let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
@@ -186,7 +201,7 @@ impl Limit {
             Limit::Sliding(w) => {
                 (KIND_SLIDING, fp(ns(w.window()) ^ u64::from(64 - w.limit().leading_zeros()) << 58), false)
             }
-            Limit::Nginx(_) => (KIND_NGINX, 0, true),
+            Limit::Nginx(l) => (KIND_NGINX, fp(l.millirequests_per_second()), true),
         }
     }
 }
@@ -223,7 +238,7 @@ pub fn decide_limit(
     let origin_s = match state {
         Some(s) => s.meta & ((1 << ORIGIN_BITS) - 1),
         None if own_origin => (now_ns / 1_000_000_000).min((1 << ORIGIN_BITS) - 1),
-        None => 0,
+        None => WINDOW_EPOCH_S,
     };
     let meta = kind << 56 | fp << ORIGIN_BITS | origin_s;
     let word = state.map_or(0, |s| s.tat_ns);
@@ -236,15 +251,20 @@ pub fn decide_limit(
     };
     let next = next.filter(|_| take).map(|w| {
         // When the state is as good as a missing key: a window's when its counts have aged
-        // out (the decision's reset, after an admission), nginx's when its whole field (the
-        // excess and the one request's 1,000) has leaked.
-        let until = match limit {
+        // out (the decision's reset, after an admission); nginx's when its whole field (the
+        // excess and the one request's 1,000) has leaked, counted from its last request, which
+        // a clock stepped back leaves ahead of now.
+        let expires = match limit {
             Limit::Nginx(l) => {
-                (w & ((1 << 24) - 1)).saturating_mul(1_000_000_000).div_ceil(l.millirequests_per_second())
+                let last_ns = (origin_s * 1000 + (w >> 24)).saturating_mul(1_000_000);
+                let leak = (w & ((1 << 24) - 1))
+                    .saturating_mul(1_000_000_000)
+                    .div_ceil(l.millirequests_per_second());
+                now_ns.max(last_ns).saturating_add(leak)
             }
-            _ => decision.reset_after_nanos().as_u64(),
+            _ => now_ns.saturating_add(decision.reset_after_nanos().as_u64()),
         };
-        (State { tat_ns: w, meta }, now_ns.saturating_add(until))
+        (State { tat_ns: w, meta }, expires)
     });
     Ok(Some((decision, next)))
 }
@@ -383,9 +403,9 @@ mod tests {
                 let take = !next().is_multiple_of(4);
                 let (d, stored) = decide_limit(&limit, state, at, n, take).unwrap().unwrap();
                 let origin = state.map_or(
-                    if matches!(limit, Limit::Nginx(_)) { at / 1_000_000_000 * 1_000_000_000 } else { 0 },
-                    |s| (s.meta & ((1 << ORIGIN_BITS) - 1)) * 1_000_000_000,
-                );
+                    if matches!(limit, Limit::Nginx(_)) { at / 1_000_000_000 } else { WINDOW_EPOCH_S },
+                    |s| s.meta & ((1 << ORIGIN_BITS) - 1),
+                ) * 1_000_000_000;
                 let elapsed = Nanos::new(at - origin);
                 let (w, want) = match limit {
                     Limit::Window(p) => p.decide(word, elapsed, n),
@@ -417,5 +437,14 @@ mod tests {
             "holds a fixed window, not what this limit counts"
         );
         assert!("sliding often".parse::<Limit>().unwrap_err().contains("is not a sliding window"));
+        assert!("window 5/2ms".parse::<Limit>().unwrap_err().contains("at least 3ms"));
+        // nginx's key lives until its field has leaked from its last request, even when the
+        // clock stepped back behind it.
+        let l: Limit = "nginx 1r/s burst=4 nodelay".parse().unwrap();
+        let (_, first) = decide_limit(&l, None, T0, 5, true).unwrap().unwrap();
+        let (s, expires) = first.unwrap();
+        assert_eq!(expires, T0 + 5_000_000_000);
+        let faster: Limit = "nginx 2r/s burst=4 nodelay".parse().unwrap();
+        assert!(decide_limit(&faster, Some(s), T0, 1, true).is_err(), "a rate change would move the expiry");
     }
 }

@@ -188,7 +188,13 @@ fn rdb_and_aof_keep_every_bucket() {
         for _ in 0..6 {
             throttle(&mut c, &["a", "9", "1", "3600"]).unwrap();
         }
-        let before: Vec<u8> = redis::cmd("DUMP").arg("a").query(&mut c).unwrap();
+        let _: Value = redis::cmd("TG.CHECK").arg("w").arg("sliding 1000000/200s").query(&mut c).unwrap();
+        let _: Value =
+            redis::cmd("TG.CHECK").arg("n").arg("nginx 1r/m burst=5 nodelay").query(&mut c).unwrap();
+        let dumps = |c: &mut Connection| -> Vec<Vec<u8>> {
+            ["a", "w", "n"].iter().map(|k| redis::cmd("DUMP").arg(*k).query(c).unwrap()).collect()
+        };
+        let before = dumps(&mut c);
         if persistence[1] == "no" {
             let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
         } else {
@@ -206,8 +212,7 @@ fn rdb_and_aof_keep_every_bucket() {
         s.kill();
         s.restart();
         let mut c = conn(&s);
-        let after: Vec<u8> = redis::cmd("DUMP").arg("a").query(&mut c).unwrap();
-        assert_eq!(before, after, "{persistence:?}");
+        assert_eq!(before, dumps(&mut c), "{persistence:?}");
         let pttl: i64 = redis::cmd("PTTL").arg("a").query(&mut c).unwrap();
         assert!(pttl > 6 * 3_600_000 - 60_000, "{persistence:?}: {pttl}");
         // The bucket continues: 4 of 10 left.
@@ -230,6 +235,10 @@ fn a_replica_holds_the_primarys_buckets_and_continues_them() {
         assert!(std::time::Instant::now() < deadline, "the replica did not connect");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // A redis-cell key, replaced by the module's type on the primary: replaced on the replica.
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let _: () = redis::cmd("SET").arg("cell").arg((now + 4_000_000_000).to_string()).query(&mut p).unwrap();
+    throttle(&mut p, &["cell", "15", "30", "60"]).unwrap();
     for i in 0..40 {
         let key = format!("k{}", i % 4);
         throttle(&mut p, &[key.as_str(), "19", "1", "60"]).unwrap();
@@ -238,7 +247,7 @@ fn a_replica_holds_the_primarys_buckets_and_continues_them() {
     }
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut p).unwrap();
     assert_eq!(acked, 1);
-    for key in ["k0", "k1", "k2", "k3", "t0", "t1", "t2"] {
+    for key in ["cell", "k0", "k1", "k2", "k3", "t0", "t1", "t2"] {
         let a: Vec<u8> = redis::cmd("DUMP").arg(key).query(&mut p).unwrap();
         let b: Vec<u8> = redis::cmd("DUMP").arg(key).query(&mut r).unwrap();
         assert_eq!(a, b, "{key}");
@@ -427,4 +436,56 @@ fn a_cluster_keeps_each_bucket_across_a_slot_migration() {
     assert_eq!(call(&["CL.THROTTLE", key, "4", "1", "3600"])[2], 1, "continued on the destination");
     assert_eq!(call(&["CL.THROTTLE", key, "4", "1", "3600"])[2], 0);
     assert_eq!(call(&["CL.THROTTLE", key, "4", "1", "3600"])[0], 1, "limited, never fuller than it was");
+}
+
+/// Keys and arguments are clients' bytes: any of them in an error reply is escaped, never a
+/// crash (the module API aborts the server on a reply holding a NUL). A peek or a refusal does
+/// not touch the key for `WATCH`. An expiry past range is refused before anything is written.
+/// nginx's queue (without `nodelay`) reports its delay.
+#[test]
+fn clients_bytes_in_errors_watch_and_delays() {
+    let s = server(&[]);
+    let mut c = conn(&s);
+    let e = error_of(throttle(&mut c, &["k", "\u{100}", "1", "1"]));
+    assert!(e.contains("got '\\u{100}'"), "{e}");
+    let e = error_of(redis::cmd("TG.CHECK").arg("k").arg("\u{1F600}").query::<Value>(&mut c));
+    assert!(e.contains("\\u{1f600}"), "{e}");
+    let _: () = redis::cmd("RPUSH").arg("\u{100}\u{2500}").arg("x").query(&mut c).unwrap();
+    let e = error_of(redis::cmd("TG.CHECK").arg("\u{100}\u{2500}").arg("10/s").query::<Value>(&mut c));
+    assert!(e.contains("WRONGTYPE \\u{100}\\u{2500} holds a list"), "{e}");
+    let pong: String = redis::cmd("PING").query(&mut c).unwrap();
+    assert_eq!(pong, "PONG");
+
+    // WATCH survives a peek and a refusal on the watched key.
+    throttle(&mut c, &["watched", "0", "1", "3600"]).unwrap();
+    let _: () = redis::cmd("WATCH").arg("watched").query(&mut c).unwrap();
+    let mut other = conn(&s);
+    let _: Value = redis::cmd("TG.PEEK").arg("watched").arg("1/h").query(&mut other).unwrap();
+    assert_eq!(throttle(&mut other, &["watched", "0", "1", "3600"]).unwrap()[0], 1);
+    let done: Option<Vec<Value>> = redis::pipe().atomic().cmd("SET").arg("x").arg(1).query(&mut c).unwrap();
+    assert!(done.is_some(), "the transaction was aborted by a peek or a refusal");
+
+    let e = error_of(
+        redis::cmd("TG.RESTORE")
+            .arg("r")
+            .arg(1)
+            .arg(72339069014638592u64)
+            .arg("PXAT")
+            .arg(u64::MAX)
+            .query::<Value>(&mut c),
+    );
+    assert!(e.contains("is beyond"), "{e}");
+    let exists: i64 = redis::cmd("EXISTS").arg("r").query(&mut c).unwrap();
+    assert_eq!(exists, 0);
+
+    let delays: Vec<i64> = (0..3)
+        .map(|_| {
+            field(
+                &fields(redis::cmd("TG.CHECK").arg("q").arg("nginx 1r/s burst=2").query(&mut c).unwrap()),
+                "delay_ms",
+            )
+        })
+        .collect();
+    assert_eq!(delays[0], 0);
+    assert!((900..=1000).contains(&delays[1]) && (1900..=2000).contains(&delays[2]), "{delays:?}");
 }
