@@ -219,8 +219,8 @@ fn read_state(ctx: &Context, name: &RedisString) -> Result<Option<State>, RedisE
 const MAX_PXAT_MS: u64 = 1 << 53;
 
 /// Sets `name`'s expiry to `pxat_ms` (ms since the epoch): absolute where Redis has
-/// `RedisModule_SetAbsExpire` (7.2 and later, whose relative expiries count from a script's or a
-/// transaction's start and would come early), else relative to now (7.0's count from now).
+/// `RedisModule_SetAbsExpire` (where relative expiries count from a script's or a
+/// transaction's start, a relative one would come early), else relative to now.
 fn set_expire_at(ctx: &Context, name: &RedisString, pxat_ms: u64, now_ms: u64) -> Result<(), RedisError> {
     let pxat = i64::try_from(pxat_ms.min(MAX_PXAT_MS)).unwrap_or(i64::MAX);
     // SAFETY: the API table is written once, when the module loads, before any command.
