@@ -18,7 +18,7 @@ use tollgate_redis::{
     BucketCheck, Check, LeasedWindows, NginxCheck, RedisWindows, SlidingCheck, WindowCheck,
 };
 
-use crate::service::{Code, Limits, Pending, RequestError, Step, MAX_COUNT};
+use crate::service::{Code, Limits, Pending, RequestError, Step};
 
 /// What a request gets when Redis cannot answer in time (a timeout, a refused connection,
 /// the breaker open).
@@ -193,14 +193,7 @@ fn limit_of(p: &Pending<'_>) -> Limit {
         crate::Algorithm::Nginx => return Limit::Nginx { limit: spec.nginx().expect(MADE), n: p.hits },
         _ => {}
     }
-    let length = std::time::Duration::from_secs(spec.window);
-    let made = if spec.counted() {
-        FixedWindow::new(MAX_COUNT, length)
-    } else {
-        FixedWindow::new(u64::from(p.limit.requests_per_unit), length)
-    };
-    let n = if spec.counted() { p.hits.min(MAX_COUNT) } else { p.hits };
-    Limit::Window { window: made.expect(MADE), n, up_to: p.table.max_lease() }
+    Limit::Window { window: spec.fixed_window().expect(MADE), n: p.units(), up_to: p.table.max_lease() }
 }
 
 /// A step's Redis key (after the backend's prefix): the table (rule or per-request limits),

@@ -118,6 +118,13 @@ impl Spec {
         Ok(rate?.burst(u64::from(self.burst))?.nodelay())
     }
 
+    /// The fixed window of a `fixed_window` rule: upstream's counts every hit up to the largest
+    /// count (the rule's limit is compared with the count); tollgate's has the rule's limit.
+    pub(crate) fn fixed_window(self) -> Result<FixedWindow, tollgate::ConfigError> {
+        let limit = if self.counted() { MAX_COUNT } else { u64::from(self.quota) };
+        FixedWindow::new(limit, Duration::from_secs(self.window))
+    }
+
     /// The sliding window of a `sliding_window` rule.
     pub(crate) fn sliding(self) -> Result<SlidingWindow, tollgate::ConfigError> {
         SlidingWindow::new(u64::from(self.quota), Duration::from_secs(self.window))
@@ -143,8 +150,6 @@ impl Spec {
 
     /// A table of `capacity` values made at `now_ns`, or what is wrong with the quota.
     fn table(self, capacity: usize, now_ns: u64) -> Result<Table, tollgate::ConfigError> {
-        let window = Duration::from_secs(self.window);
-        let quota = u64::from(self.quota);
         // Windows start on multiples of the window since the Unix epoch, as upstream's.
         let aligned = now_ns - now_ns % (self.window.saturating_mul(1_000_000_000)).max(1);
         fn build<A: tollgate::KeyedAlgorithm>(
@@ -157,10 +162,8 @@ impl Spec {
                 .build_with_clock(ManualClock::new())
         }
         Ok(match self.algorithm {
-            _ if self.counted() => Table::Counted(build(FixedWindow::new(MAX_COUNT, window)?, capacity)?),
-            Algorithm::FixedWindow => {
-                Table::Window(build(FixedWindow::new(quota, window)?, capacity)?, aligned)
-            }
+            _ if self.counted() => Table::Counted(build(self.fixed_window()?, capacity)?),
+            Algorithm::FixedWindow => Table::Window(build(self.fixed_window()?, capacity)?, aligned),
             Algorithm::SlidingWindow => Table::Sliding(build(self.sliding()?, capacity)?, aligned),
             Algorithm::TokenBucket => Table::Bucket(build(self.bucket()?, capacity)?, now_ns),
             Algorithm::Nginx => Table::Nginx(build(self.nginx()?, capacity)?, now_ns),
@@ -277,6 +280,18 @@ pub(crate) struct Pending<'r> {
     pub(crate) hits: u64,
     pub(crate) stats: StatsRef<'r>,
     pub(crate) shadow: bool,
+}
+
+impl Pending<'_> {
+    /// The units the decision asks for: the hits, held at the largest count in upstream's
+    /// counted window (which counts them all and compares the count with the rule's limit).
+    pub(crate) fn units(&self) -> u64 {
+        if self.table.spec().counted() {
+            self.hits.min(MAX_COUNT)
+        } else {
+            self.hits
+        }
+    }
 }
 
 /// A request's answer code.
@@ -870,8 +885,7 @@ impl Limits {
         if p.limit.requests_per_unit == 0 {
             return None;
         }
-        let n = if p.table.spec().counted() { p.hits.min(MAX_COUNT) } else { p.hits };
-        Some(self.check(p.table, &p.key, now_ns, n))
+        Some(self.check(p.table, &p.key, now_ns, p.units()))
     }
 
     /// One descriptor's status when its decision could not be made: `code`, by the failure

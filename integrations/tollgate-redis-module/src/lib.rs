@@ -28,6 +28,7 @@ use std::ffi::CString;
 use std::os::raw::{c_int, c_void};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use redis_module::key::RedisKeyWritable;
 use redis_module::native_types::RedisType;
 use redis_module::{
     raw, redis_module, Context, ContextFlags, NotifyEvent, RedisError, RedisResult, RedisString, RedisValue,
@@ -172,6 +173,20 @@ fn shown(name: &RedisString) -> String {
     }
 }
 
+/// The error for a key of another type: what it holds.
+fn wrong_type(name: &RedisString, kind: raw::KeyType) -> RedisError {
+    error(format!("WRONGTYPE {} holds {}, not a tollgate state", shown(name), what_it_holds(kind)))
+}
+
+/// `state` in the key (of this module's type, or empty): in place, or as a new value.
+fn store(key: &RedisKeyWritable, state: State) -> Result<(), RedisError> {
+    match key.get_value::<State>(&TOLLGATE_TYPE)? {
+        Some(held) => *held = state,
+        None => key.set_value(&TOLLGATE_TYPE, state)?,
+    }
+    Ok(())
+}
+
 /// What a key holds, for an error.
 fn what_it_holds(key_type: raw::KeyType) -> &'static str {
     match key_type {
@@ -195,13 +210,7 @@ fn read_state(ctx: &Context, name: &RedisString) -> Result<Option<State>, RedisE
     match key.get_value::<State>(&TOLLGATE_TYPE) {
         Ok(state) => return Ok(state.copied()),
         Err(_) if key.key_type() == raw::KeyType::String => {}
-        Err(_) => {
-            return Err(error(format!(
-                "WRONGTYPE {} holds {}, not a tollgate state",
-                shown(name),
-                what_it_holds(key.key_type())
-            )))
-        }
+        Err(_) => return Err(wrong_type(name, key.key_type())),
     }
     let text = key.read()?.unwrap_or_default();
     match strict_u64(text) {
@@ -264,10 +273,7 @@ fn write_state(
         key.delete()?;
         ctx.replicate("DEL", &[name.as_slice()][..]);
     }
-    match key.get_value::<State>(&TOLLGATE_TYPE)? {
-        Some(held) => *held = state,
-        None => key.set_value(&TOLLGATE_TYPE, state)?,
-    }
+    store(&key, state)?;
     drop(key);
     // Whole ms, rounded up, and 1 ms more for Redis's millisecond clock: never early.
     let pxat_ms = expire_ns.div_ceil(1_000_000).saturating_add(1).min(MAX_PXAT_MS);
@@ -458,11 +464,7 @@ fn tg_restore(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let kind = key.key_type();
     if kind != raw::KeyType::Empty && key.get_value::<State>(&TOLLGATE_TYPE).is_err() {
         if !(applied && kind == raw::KeyType::String) {
-            return Err(error(format!(
-                "WRONGTYPE {} holds {}, not a tollgate state",
-                shown(name),
-                what_it_holds(kind)
-            )));
+            return Err(wrong_type(name, kind));
         }
         // A redis-cell string the primary replaced: replaced here too.
         key.delete()?;
@@ -476,10 +478,7 @@ fn tg_restore(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
         return Ok(RedisValue::SimpleStringStatic("OK"));
     }
-    match key.get_value::<State>(&TOLLGATE_TYPE)? {
-        Some(held) => *held = state,
-        None => key.set_value(&TOLLGATE_TYPE, state)?,
-    }
+    store(&key, state)?;
     if pxat.is_none() {
         key.remove_expire()?;
     }

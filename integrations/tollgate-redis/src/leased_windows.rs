@@ -7,7 +7,7 @@ use tollgate::Decision;
 
 use crate::lease_table::{nanos, Grant, Lease, LeaseTable};
 use crate::lease_word::Ended;
-use crate::windows::{Check, RedisWindows, WindowCheck};
+use crate::windows::{refuse_repeats, Check, RedisWindows, WindowCheck};
 use crate::{Error, LeaseStats};
 
 /// [`RedisWindows`] whose hot keys take their window's units in batches (*leases*), one round
@@ -91,13 +91,7 @@ impl LeasedWindows {
     /// [`check_all`](LeasedWindows::check_all) for windows and token buckets together (a
     /// bucket never leases).
     pub async fn decide_all(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, Error> {
-        let mut sorted: Vec<&[u8]> = checks.iter().map(Check::key).collect();
-        sorted.sort_unstable();
-        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
-            return Err(Error::Batch {
-                reason: format!("the key {:?} is named twice in one batch", String::from_utf8_lossy(w[0])),
-            });
-        }
+        refuse_repeats(checks.iter().map(Check::key))?;
         let mut out: Vec<Option<Decision>> = vec![None; checks.len()];
         let mut leases: Vec<Option<Arc<Lease>>> = vec![None; checks.len()];
         for (i, c) in checks.iter().enumerate() {

@@ -283,27 +283,25 @@ impl RedisWindows {
         let mut args: Vec<Vec<u8>> = Vec::with_capacity(checks.len());
         let mut takes = vec![false; checks.len()];
         for (i, (c, key)) in checks.iter().zip(&keys).enumerate() {
+            let odd_length = |what: &str, window: Duration| {
+                Error::Batch {
+                reason: format!(
+                    "the {what} of {:?} is {window:?}: not whole microseconds up to 2^32 µs, nor whole seconds up to 2^32 s",
+                    String::from_utf8_lossy(key)
+                ),
+            }
+            };
             let mut arg = Vec::with_capacity(4 + BUCKET_BYTES);
             match c {
                 Check::Window(w) => {
                     arg.extend_from_slice(&1u32.to_be_bytes());
-                    arg.extend_from_slice(&encode(w).ok_or_else(|| Error::Batch {
-                        reason: format!(
-                            "the window of {:?} is {:?}: not whole microseconds up to 2^32 µs, nor whole seconds up to 2^32 s",
-                            String::from_utf8_lossy(key),
-                            w.window.window()
-                        ),
-                    })?);
+                    arg.extend_from_slice(&encode(w).ok_or_else(|| odd_length("window", w.window.window()))?);
                 }
                 Check::Sliding(w) => {
                     arg.extend_from_slice(&3u32.to_be_bytes());
-                    arg.extend_from_slice(&encode_sliding(w).ok_or_else(|| Error::Batch {
-                        reason: format!(
-                            "the sliding window of {:?} is {:?}: not whole microseconds up to 2^32 µs, nor whole seconds up to 2^32 s",
-                            String::from_utf8_lossy(key),
-                            w.window.window()
-                        ),
-                    })?);
+                    arg.extend_from_slice(
+                        &encode_sliding(w).ok_or_else(|| odd_length("sliding window", w.window.window()))?,
+                    );
                 }
                 Check::Nginx(c) => {
                     let rate = c.limit.millirequests_per_second();
@@ -335,13 +333,7 @@ impl RedisWindows {
             }
             args.push(arg);
         }
-        let mut sorted: Vec<&Vec<u8>> = keys.iter().collect();
-        sorted.sort();
-        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
-            return Err(Error::Batch {
-                reason: format!("the key {:?} is named twice in one batch", String::from_utf8_lossy(w[0])),
-            });
-        }
+        refuse_repeats(keys.iter().map(Vec::as_slice))?;
         // One call per hash slot on a Cluster (a script's keys must share one); one in all on a
         // single server.
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
@@ -441,6 +433,19 @@ impl RedisWindows {
             Counters::bump(&inner.link.counters.redis);
         }
         Ok(decisions)
+    }
+}
+
+/// Refuses a batch that names one key twice (its checks would see each other's writes, and a
+/// leasing caller would wait on its own refill).
+pub(crate) fn refuse_repeats<'k>(keys: impl Iterator<Item = &'k [u8]>) -> Result<(), Error> {
+    let mut sorted: Vec<&[u8]> = keys.collect();
+    sorted.sort_unstable();
+    match sorted.windows(2).find(|w| w[0] == w[1]) {
+        Some(w) => Err(Error::Batch {
+            reason: format!("the key {:?} is named twice in one batch", String::from_utf8_lossy(w[0])),
+        }),
+        None => Ok(()),
     }
 }
 
