@@ -24,20 +24,21 @@
 // The unit tests (of `state`) build without the module's entry point, which uses the rest.
 #![cfg_attr(test, allow(dead_code, unused_imports))]
 
+use std::cell::{Cell, RefCell};
 use std::ffi::CString;
 use std::os::raw::{c_int, c_void};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis_module::key::RedisKeyWritable;
 use redis_module::native_types::RedisType;
-use redis_module::{
-    raw, redis_module, Context, ContextFlags, NotifyEvent, RedisError, RedisResult, RedisString, RedisValue,
-    Status,
-};
+use redis_module::raw::ModuleOptions;
+use redis_module::{raw, redis_module, Context, RedisError, RedisString, Status};
 use tollgate::{Decision, TokenBucket};
 
+mod api;
+mod replication;
 pub mod state;
 
+use api::{Args, Key, MAX_PXAT_MS};
 use state::{Limit, State};
 
 /// The module's type: one per key, 16 bytes (see [`State`]).
@@ -162,141 +163,26 @@ fn error(message: String) -> RedisError {
     RedisError::String(out)
 }
 
-/// A key's name for an error: at most 64 bytes of it, lossily.
-fn shown(name: &RedisString) -> String {
-    let bytes = name.as_slice();
-    let head = String::from_utf8_lossy(&bytes[..bytes.len().min(64)]).into_owned();
-    if bytes.len() > 64 {
-        format!("{head}...")
-    } else {
-        head
-    }
-}
-
-/// The error for a key of another type: what it holds.
-fn wrong_type(name: &RedisString, kind: raw::KeyType) -> RedisError {
-    error(format!("WRONGTYPE {} holds {}, not a tollgate state", shown(name), what_it_holds(kind)))
-}
-
-/// `state` in the key (of this module's type, or empty): in place, or as a new value.
-fn store(key: &RedisKeyWritable, state: State) -> Result<(), RedisError> {
-    match key.get_value::<State>(&TOLLGATE_TYPE)? {
-        Some(held) => *held = state,
-        None => key.set_value(&TOLLGATE_TYPE, state)?,
-    }
-    Ok(())
-}
-
-/// What a key holds, for an error.
-fn what_it_holds(key_type: raw::KeyType) -> &'static str {
-    match key_type {
-        raw::KeyType::Empty => "nothing",
-        raw::KeyType::String => "a string",
-        raw::KeyType::List => "a list",
-        raw::KeyType::Hash => "a hash",
-        raw::KeyType::Set => "a set",
-        raw::KeyType::ZSet => "a sorted set",
-        raw::KeyType::Stream => "a stream",
-        raw::KeyType::Module => "another module's value",
-    }
-}
-
-/// The key's state, read without opening it for writing (so that a peek or a refusal does
-/// not touch the key for `WATCH` or client-side caching): `None` for a missing key;
-/// redis-cell's string state read as this module's; any other content a `WRONGTYPE` error
-/// saying what the key holds.
-fn read_state(ctx: &Context, name: &RedisString) -> Result<Option<State>, RedisError> {
-    let key = ctx.open_key(name);
-    match key.get_value::<State>(&TOLLGATE_TYPE) {
-        Ok(state) => return Ok(state.copied()),
-        Err(_) if key.key_type() == raw::KeyType::String => {}
-        Err(_) => return Err(wrong_type(name, key.key_type())),
-    }
-    let text = key.read()?.unwrap_or_default();
-    match strict_u64(text) {
-        Some(tat_ns) => Ok(Some(State::from_redis_cell(tat_ns))),
-        None => Err(error(format!(
-            "WRONGTYPE {} holds a string of {} bytes that is not a tollgate state (nor redis-cell's decimal TAT)",
-            shown(name),
-            text.len()
-        ))),
-    }
-}
-
-/// The most milliseconds since the epoch an expiry may be: 2^53 (285,000 years), far inside
-/// Redis's signed arithmetic on expiries.
-const MAX_PXAT_MS: u64 = 1 << 53;
-
-/// Sets `name`'s expiry to `pxat_ms` (ms since the epoch): absolute where Redis has
-/// `RedisModule_SetAbsExpire` (where relative expiries count from a script's or a
-/// transaction's start, a relative one would come early), else relative to now.
-fn set_expire_at(ctx: &Context, name: &RedisString, pxat_ms: u64, now_ms: u64) -> Result<(), RedisError> {
-    let pxat = i64::try_from(pxat_ms.min(MAX_PXAT_MS)).unwrap_or(i64::MAX);
-    // SAFETY: the API table is written once, when the module loads, before any command.
-    let (abs, open, close) =
-        unsafe { (raw::RedisModule_SetAbsExpire, raw::RedisModule_OpenKey, raw::RedisModule_CloseKey) };
-    if let (Some(set_abs), Some(open), Some(close)) = (abs, open, close) {
-        // SAFETY: the context and the key's name are this command's; the key is opened for
-        // writing, used once and closed before returning.
-        let status = unsafe {
-            let key = open(ctx.ctx, name.inner, raw::REDISMODULE_WRITE as c_int);
-            if key.is_null() {
-                return Err(RedisError::Str("ERR the key could not be opened to set its expiry"));
-            }
-            let status = set_abs(key, pxat);
-            close(key);
-            status
-        };
-        return if status == raw::REDISMODULE_OK as c_int {
-            Ok(())
-        } else {
-            Err(RedisError::Str("ERR the key's expiry could not be set"))
-        };
-    }
-    let key = ctx.open_key_writable(name);
-    key.set_expire(Duration::from_millis(pxat_ms.saturating_sub(now_ms).max(1)))?;
-    Ok(())
-}
-
-/// Stores `state` in `name` until `expire_ns` (since the epoch: when it is as good as a
-/// missing key), and replicates that effect: the state and its absolute expiry.
-fn write_state(
-    ctx: &Context,
-    name: &RedisString,
-    state: State,
-    expire_ns: u64,
-    now: u64,
-) -> Result<(), RedisError> {
-    let key = ctx.open_key_writable(name);
-    if key.key_type() == raw::KeyType::String {
-        // redis-cell's value, read as this module's: replaced, on the replicas too.
-        key.delete()?;
-        ctx.replicate("DEL", &[name.as_slice()][..]);
-    }
-    store(&key, state)?;
-    drop(key);
-    // Whole ms, rounded up, and 1 ms more for Redis's millisecond clock: never early.
-    let pxat_ms = expire_ns.div_ceil(1_000_000).saturating_add(1).min(MAX_PXAT_MS);
-    set_expire_at(ctx, name, pxat_ms, now / 1_000_000)?;
-    let (tat, meta, pxat) = (state.tat_ns.to_string(), state.meta.to_string(), pxat_ms.to_string());
-    let args: [&[u8]; 5] = [name.as_slice(), tat.as_bytes(), meta.as_bytes(), b"PXAT", pxat.as_bytes()];
-    ctx.replicate("TG.RESTORE", &args[..]);
-    ctx.notify_keyspace_event(NotifyEvent::MODULE, "tg.take", name);
-    Ok(())
-}
-
 /// A non-negative decimal integer as Redis reads its own (digits only, no sign, no leading
 /// zero but `0` itself).
 fn strict_u64(a: &[u8]) -> Option<u64> {
-    if a.is_empty() || a.len() > 20 || !a.iter().all(u8::is_ascii_digit) || (a.len() > 1 && a[0] == b'0') {
+    if a.is_empty() || a.len() > 20 || (a.len() > 1 && a[0] == b'0') {
         return None;
     }
-    std::str::from_utf8(a).ok()?.parse().ok()
+    let mut v: u64 = 0;
+    for &c in a {
+        let digit = c.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add(u64::from(digit))?;
+    }
+    Some(v)
 }
 
-/// Argument `i` of `args` (after the command's name) as a strict integer, or an error naming it.
-fn int_arg(args: &[RedisString], i: usize, name: &str) -> Result<u64, RedisError> {
-    let a = args[i].as_slice();
+/// Argument `i` as a strict integer, or an error naming it.
+fn int_arg(args: &Args, i: usize, name: &str) -> Result<u64, RedisError> {
+    let a = args.bytes(i);
     strict_u64(a).ok_or_else(|| {
         let shown = String::from_utf8_lossy(&a[..a.len().min(32)]).into_owned();
         error(format!(
@@ -308,67 +194,98 @@ fn int_arg(args: &[RedisString], i: usize, name: &str) -> Result<u64, RedisError
 /// The longest key the commands take: 64 KiB (a limiter's key is a client's name, not data).
 const MAX_KEY_BYTES: usize = 1 << 16;
 
-/// A key argument: not empty, at most [`MAX_KEY_BYTES`].
-fn key_arg(args: &[RedisString]) -> Result<&RedisString, RedisError> {
-    match args[1].as_slice().len() {
+/// Checks the key argument: not empty, at most [`MAX_KEY_BYTES`].
+fn key_arg(args: &Args) -> Result<(), RedisError> {
+    match args.bytes(1).len() {
         0 => Err(RedisError::Str("ERR the key must not be empty")),
         n if n > MAX_KEY_BYTES => Err(error(format!(
             "ERR the key is {n} bytes, more than the {MAX_KEY_BYTES} a limiter's key may have"
         ))),
-        _ => Ok(&args[1]),
+        _ => Ok(()),
     }
+}
+
+/// `CL.THROTTLE`'s max_burst, count and period.
+type ThrottleArgs = (u64, u64, u64);
+
+thread_local! {
+    /// The last `CL.THROTTLE` quota and its arguments: a client's calls repeat them, and the
+    /// quota's construction (its divisions) costs more than the decision. Commands run on
+    /// Redis's main thread.
+    static LAST_QUOTA: Cell<Option<(ThrottleArgs, TokenBucket)>> = const { Cell::new(None) };
+    /// The last `TG.*` limit and its text, for the same reason.
+    static LAST_LIMIT: RefCell<(Vec<u8>, Option<Limit>)> = const { RefCell::new((Vec::new(), None)) };
 }
 
 /// `CL.THROTTLE key max_burst count period [quantity]`, as redis-cell answers it.
-fn cl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+fn cl_throttle(ctx: *mut raw::RedisModuleCtx, args: &Args) -> Result<(), RedisError> {
     if !(5..=6).contains(&args.len()) {
         return Err(RedisError::WrongArity);
     }
-    let name = key_arg(&args)?;
+    key_arg(args)?;
     let (max_burst, count, period) =
-        (int_arg(&args, 2, "max_burst")?, int_arg(&args, 3, "count")?, int_arg(&args, 4, "period")?);
-    let quantity = if args.len() == 6 { int_arg(&args, 5, "quantity")? } else { 1 };
+        (int_arg(args, 2, "max_burst")?, int_arg(args, 3, "count")?, int_arg(args, 4, "period")?);
+    let quantity = if args.len() == 6 { int_arg(args, 5, "quantity")? } else { 1 };
     if count == 0 || period == 0 {
         return Err(RedisError::Str("ERR Zero rates are not supported"));
     }
-    let period = Duration::from_secs(period);
-    let quota = TokenBucket::redis_cell(max_burst, count, period)
-        .map_err(|e| error(format!("ERR max_burst {max_burst}, count {count}, period {period:?}: {e}")))?;
-    let d = decide_on_key(ctx, name, &Limit::Bucket(quota), quantity, true)?;
+    let quota = match LAST_QUOTA.get() {
+        Some((last, quota)) if last == (max_burst, count, period) => quota,
+        _ => {
+            let quota =
+                TokenBucket::redis_cell(max_burst, count, Duration::from_secs(period)).map_err(|e| {
+                    error(format!("ERR max_burst {max_burst}, count {count}, period {period}s: {e}"))
+                })?;
+            LAST_QUOTA.set(Some(((max_burst, count, period), quota)));
+            quota
+        }
+    };
+    let d = decide_on_key(ctx, args.string(1), &Limit::Bucket(quota), quantity, true)?;
     let r = d.cl_throttle(&quota);
-    Ok(RedisValue::Array(vec![
-        RedisValue::Integer(i64::from(r.limited)),
-        RedisValue::Integer(i64::try_from(r.limit).unwrap_or(i64::MAX)),
-        RedisValue::Integer(i64::try_from(r.remaining).unwrap_or(i64::MAX)),
-        RedisValue::Integer(r.retry_after),
-        RedisValue::Integer(r.reset_after),
-    ]))
+    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    api::reply_integers(
+        ctx,
+        &[i64::from(r.limited), int(r.limit), int(r.remaining), r.retry_after, r.reset_after],
+    );
+    Ok(())
 }
 
-/// Decides `n` units of `limit` on the key `name` at the server's time, storing what the
-/// decision took.
+/// Decides `n` units of `limit` on the key `name` at the server's time (taking them when
+/// `take`), on one handle: the key is read, and written only when the decision took
+/// something, with its expiry, its replication and its signals.
 fn decide_on_key(
-    ctx: &Context,
-    name: &RedisString,
+    ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
     limit: &Limit,
     n: u64,
     take: bool,
 ) -> Result<Decision, RedisError> {
-    let held = read_state(ctx, name)?;
+    let key = Key::open(ctx, name, take);
+    let held = key.state()?;
     let now = now_ns();
     let (decision, next) = state::decide_limit(limit, held, now, n, take)
-        .map_err(|state::Mismatch(why)| error(format!("WRONGTYPE {} {why}", shown(name))))?
+        .map_err(|state::Mismatch(why)| error(format!("WRONGTYPE {} {why}", key.shown())))?
         .ok_or(RedisError::Str("ERR the engine refused its clock (a bug: please report it)"))?;
     if let Some((next, expire_ns)) = next {
-        write_state(ctx, name, next, expire_ns, now)?;
+        if key.kind() == raw::KeyType::String {
+            // redis-cell's value, read as this module's: replaced, on the replicas too.
+            key.delete()?;
+            key.replicate_delete();
+        }
+        key.store(next)?;
+        // Whole ms, rounded up, and 1 ms more for Redis's millisecond clock: never early.
+        let pxat_ms = expire_ns.div_ceil(1_000_000).saturating_add(1).min(MAX_PXAT_MS);
+        key.expire_at(Some(pxat_ms), now / 1_000_000)?;
+        key.replicate_state(next, pxat_ms);
+        key.written(c"tg.take");
     }
     Ok(decision)
 }
 
 /// The limit of a `TG.*` specification (`"10/s burst=20"`, `"sliding 100/min"`), or an
 /// error saying what is wrong.
-fn spec_arg(args: &[RedisString]) -> Result<Limit, RedisError> {
-    let text = std::str::from_utf8(args[2].as_slice())
+fn parse_limit(bytes: &[u8]) -> Result<Limit, RedisError> {
+    let text = std::str::from_utf8(bytes)
         .map_err(|_| RedisError::Str("ERR the limit must be text, as \"10/s burst=20\""))?;
     let limit: Limit = text.parse().map_err(|e| error(format!("ERR {e}")))?;
     if let Limit::Bucket(q) = &limit {
@@ -381,76 +298,93 @@ fn spec_arg(args: &[RedisString]) -> Result<Limit, RedisError> {
     Ok(limit)
 }
 
+/// The limit argument of a `TG.*` command: the last one's again when the text is the same.
+fn limit_arg(args: &Args) -> Result<Limit, RedisError> {
+    let bytes = args.bytes(2);
+    LAST_LIMIT.with_borrow_mut(|(text, last)| match last {
+        Some(limit) if text[..] == *bytes => Ok(*limit),
+        _ => {
+            let limit = parse_limit(bytes)?;
+            text.clear();
+            text.extend_from_slice(bytes);
+            *last = Some(limit);
+            Ok(limit)
+        }
+    })
+}
+
 /// `TG.CHECK` and `TG.PEEK`: `key spec [n]`.
-fn tg_decide(ctx: &Context, args: Vec<RedisString>, take: bool) -> RedisResult {
+fn tg_decide(ctx: *mut raw::RedisModuleCtx, args: &Args, take: bool) -> Result<(), RedisError> {
     if !(3..=4).contains(&args.len()) {
         return Err(RedisError::WrongArity);
     }
-    let name = key_arg(&args)?;
-    let limit = spec_arg(&args)?;
-    let n = if args.len() == 4 { int_arg(&args, 3, "n")? } else { 1 };
-    let d = decide_on_key(ctx, name, &limit, n, take)?;
+    key_arg(args)?;
+    let limit = limit_arg(args)?;
+    let n = if args.len() == 4 { int_arg(args, 3, "n")? } else { 1 };
+    let d = decide_on_key(ctx, args.string(1), &limit, n, take)?;
     let ms = |ns: u64| i64::try_from(ns.div_ceil(1_000_000)).unwrap_or(i64::MAX);
     let retry = match d.retry_after_nanos() {
         Some(wait) if !d.is_allowed() => ms(wait.as_u64()),
         _ => -1,
     };
-    let fields = [
-        ("allowed", i64::from(d.is_allowed())),
-        ("limit", i64::try_from(limit.most_at_once()).unwrap_or(i64::MAX)),
-        ("remaining", i64::try_from(d.remaining()).unwrap_or(i64::MAX)),
-        ("retry_after_ms", retry),
-        ("reset_after_ms", ms(d.reset_after_nanos().as_u64())),
-        // nginx's queue without `nodelay`: admitted, to be served this much later.
-        ("delay_ms", ms(u64::try_from(d.delay().as_nanos()).unwrap_or(u64::MAX))),
-    ];
-    Ok(RedisValue::OrderedMap(
-        fields
-            .into_iter()
-            .map(|(k, v)| (redis_module::redisvalue::RedisValueKey::String(k.into()), RedisValue::Integer(v)))
-            .collect(),
-    ))
+    api::reply_fields(
+        ctx,
+        &[
+            ("allowed", i64::from(d.is_allowed())),
+            ("limit", i64::try_from(limit.most_at_once()).unwrap_or(i64::MAX)),
+            ("remaining", i64::try_from(d.remaining()).unwrap_or(i64::MAX)),
+            ("retry_after_ms", retry),
+            ("reset_after_ms", ms(d.reset_after_nanos().as_u64())),
+            // nginx's queue without `nodelay`: admitted, to be served this much later.
+            ("delay_ms", ms(u64::try_from(d.delay().as_nanos()).unwrap_or(u64::MAX))),
+        ],
+    );
+    Ok(())
 }
 
-fn tg_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+fn tg_check(ctx: *mut raw::RedisModuleCtx, args: &Args) -> Result<(), RedisError> {
     tg_decide(ctx, args, true)
 }
 
-fn tg_peek(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+fn tg_peek(ctx: *mut raw::RedisModuleCtx, args: &Args) -> Result<(), RedisError> {
     tg_decide(ctx, args, false)
 }
 
-/// `TG.RESET key`: the state removed (as good as missing again). 1 if there was one.
-fn tg_reset(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+/// `TG.RESET key`: the state removed (as good as missing again), `DEL` replicated. 1 if there
+/// was one.
+fn tg_reset(ctx: *mut raw::RedisModuleCtx, args: &Args) -> Result<(), RedisError> {
     if args.len() != 2 {
         return Err(RedisError::WrongArity);
     }
-    let name = key_arg(&args)?;
-    if read_state(ctx, name)?.is_none() {
-        return Ok(RedisValue::Integer(0));
+    key_arg(args)?;
+    let key = Key::open(ctx, args.string(1), true);
+    if key.state()?.is_none() {
+        raw::reply_with_long_long(ctx, 0);
+        return Ok(());
     }
-    ctx.open_key_writable(name).delete()?;
-    ctx.replicate_verbatim();
-    ctx.notify_keyspace_event(NotifyEvent::MODULE, "tg.reset", name);
-    Ok(RedisValue::Integer(1))
+    key.delete()?;
+    key.replicate_delete();
+    key.written(c"tg.reset");
+    raw::reply_with_long_long(ctx, 1);
+    Ok(())
 }
 
 /// `TG.RESTORE key tat meta [PXAT ms]`: a state as a decision wrote it (what replication and
 /// the AOF carry). Applied from a primary or an AOF, it is stored as sent, with its absolute
 /// expiry, as Redis applies `PEXPIREAT` (a replica's own clock decides nothing); called by a
 /// client on a primary with an expiry already past, the key is deleted (and `DEL` replicated).
-fn tg_restore(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+fn tg_restore(ctx: *mut raw::RedisModuleCtx, args: &Args) -> Result<(), RedisError> {
     if args.len() != 4 && args.len() != 6 {
         return Err(RedisError::WrongArity);
     }
-    let name = key_arg(&args)?;
-    let state = State::from_parts(int_arg(&args, 2, "tat")?, int_arg(&args, 3, "meta")?)
+    key_arg(args)?;
+    let state = State::from_parts(int_arg(args, 2, "tat")?, int_arg(args, 3, "meta")?)
         .ok_or(RedisError::Str("ERR tat and meta are not a tollgate state"))?;
     let pxat = if args.len() == 6 {
-        if !args[4].as_slice().eq_ignore_ascii_case(b"PXAT") {
+        if !args.bytes(4).eq_ignore_ascii_case(b"PXAT") {
             return Err(RedisError::Str("ERR the fifth argument must be PXAT"));
         }
-        let at = int_arg(&args, 5, "PXAT")?;
+        let at = int_arg(args, 5, "PXAT")?;
         if at > MAX_PXAT_MS {
             return Err(error(format!("ERR PXAT {at} is beyond {MAX_PXAT_MS} ms since the epoch")));
         }
@@ -458,13 +392,14 @@ fn tg_restore(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     } else {
         None
     };
-    let flags = ctx.get_flags();
-    let applied = flags.contains(ContextFlags::REPLICATED) || flags.contains(ContextFlags::LOADING);
-    let key = ctx.open_key_writable(name);
-    let kind = key.key_type();
-    if kind != raw::KeyType::Empty && key.get_value::<State>(&TOLLGATE_TYPE).is_err() {
+    // SAFETY: the API table is written when the module loads; the context is the command's.
+    let flags = unsafe { raw::RedisModule_GetContextFlags.unwrap()(ctx) } as u32;
+    let applied = flags & (raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING) != 0;
+    let key = Key::open(ctx, args.string(1), true);
+    let kind = key.kind();
+    if kind != raw::KeyType::Empty && !key.holds_state() {
         if !(applied && kind == raw::KeyType::String) {
-            return Err(wrong_type(name, kind));
+            return Err(key.wrong_type(kind));
         }
         // A redis-cell string the primary replaced: replaced here too.
         key.delete()?;
@@ -472,25 +407,79 @@ fn tg_restore(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let now_ms = now_ns() / 1_000_000;
     if !applied && pxat.is_some_and(|at| at <= now_ms) {
         // Already as good as missing: the key is gone, here and on the replicas.
-        if key.key_type() != raw::KeyType::Empty {
+        if key.kind() != raw::KeyType::Empty {
             key.delete()?;
-            ctx.replicate("DEL", &[name.as_slice()][..]);
+            key.replicate_delete();
+            key.written(c"del");
         }
-        return Ok(RedisValue::SimpleStringStatic("OK"));
+        api::reply_ok(ctx);
+        return Ok(());
     }
-    store(&key, state)?;
-    if pxat.is_none() {
-        key.remove_expire()?;
-    }
-    drop(key);
-    if let Some(at) = pxat {
-        set_expire_at(ctx, name, at, now_ms)?;
-    }
-    ctx.replicate_verbatim();
-    Ok(RedisValue::SimpleStringStatic("OK"))
+    key.store(state)?;
+    key.expire_at(pxat, now_ms)?;
+    // SAFETY: the context is the command's.
+    unsafe { raw::RedisModule_ReplicateVerbatim.unwrap()(ctx) };
+    key.written(c"tg.restore");
+    api::reply_ok(ctx);
+    Ok(())
 }
 
-fn init(_ctx: &Context, _args: &[RedisString]) -> Status {
+/// Redis's entry point for a command: its arguments borrowed, `handler` run, its error (if
+/// any) replied.
+macro_rules! entry {
+    ($handler:ident) => {{
+        extern "C" fn entry(
+            ctx: *mut raw::RedisModuleCtx,
+            argv: *mut *mut raw::RedisModuleString,
+            argc: c_int,
+        ) -> c_int {
+            // SAFETY: Redis passes `argc` strings that live for the call.
+            let args = unsafe { Args::new(argv, argc) };
+            match $handler(ctx, &args) {
+                Ok(()) => raw::REDISMODULE_OK as c_int,
+                Err(e) => Context::new(ctx).reply(Err(e)) as c_int,
+            }
+        }
+        entry
+    }};
+}
+
+type Entry = extern "C" fn(*mut raw::RedisModuleCtx, *mut *mut raw::RedisModuleString, c_int) -> c_int;
+
+/// The commands: name, entry, flags (their one key is the first argument: Cluster routes on
+/// it, ACL key patterns apply to it).
+const COMMANDS: [(&std::ffi::CStr, Entry, &std::ffi::CStr); 5] = [
+    (c"cl.throttle", entry!(cl_throttle), c"write deny-oom fast"),
+    (c"tg.check", entry!(tg_check), c"write deny-oom fast"),
+    (c"tg.peek", entry!(tg_peek), c"readonly fast"),
+    (c"tg.reset", entry!(tg_reset), c"write fast"),
+    (c"tg.restore", entry!(tg_restore), c"write deny-oom"),
+];
+
+/// Registers the commands, and asks Redis not to signal a key modified when a handle opened
+/// for writing closes: a command signals the keys it writes ([`Key::written`]), so that a
+/// refusal leaves `WATCH` and client caches alone.
+fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    ctx.set_module_options(ModuleOptions::NO_IMPLICIT_SIGNAL_MODIFIED);
+    replication::start(ctx.ctx);
+    for (name, entry, flags) in COMMANDS {
+        // SAFETY: the API table is written before `init`; the names and flags are C strings.
+        let status = unsafe {
+            raw::RedisModule_CreateCommand.unwrap()(
+                ctx.ctx,
+                name.as_ptr(),
+                Some(entry),
+                flags.as_ptr(),
+                1,
+                1,
+                1,
+            )
+        };
+        if status != raw::REDISMODULE_OK as c_int {
+            ctx.log_warning(&format!("tollgate: the command {name:?} could not be registered"));
+            return Status::Err;
+        }
+    }
     Status::Ok
 }
 
@@ -503,11 +492,5 @@ redis_module! {
     allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
     data_types: [TOLLGATE_TYPE],
     init: init,
-    commands: [
-        ["cl.throttle", cl_throttle, "write deny-oom", 1, 1, 1, ""],
-        ["tg.check", tg_check, "write deny-oom", 1, 1, 1, ""],
-        ["tg.peek", tg_peek, "readonly", 1, 1, 1, ""],
-        ["tg.reset", tg_reset, "write", 1, 1, 1, ""],
-        ["tg.restore", tg_restore, "write deny-oom", 1, 1, 1, ""],
-    ],
+    commands: [],
 }

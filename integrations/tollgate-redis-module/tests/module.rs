@@ -261,6 +261,115 @@ fn a_replica_holds_the_primarys_buckets_and_continues_them() {
     assert_eq!(&after[..3], [0, 20, 9], "{after:?}");
 }
 
+/// An `INFO` field's integer.
+fn info_field(s: &Server, section: &str, name: &str) -> i64 {
+    let info = s.cli(&["INFO", section]).unwrap_or_default();
+    let line =
+        info.lines().find_map(|l| l.strip_prefix(&format!("{name}:"))).unwrap_or_else(|| panic!("no {name}"));
+    line.trim().parse().unwrap()
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}: not within 20 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A server without replicas or AOF replicates nothing (after its first second), yet counts
+/// each write toward its save points; a replica attached later (a diskless sync with a delay,
+/// decisions running throughout) holds every bucket as the primary does; after `FAILOVER` the
+/// former replica continues each bucket, never fuller than it was; AOF turned on at runtime
+/// holds every bucket across a reload.
+#[test]
+fn replication_follows_its_consumers_as_they_come() {
+    let primary = server(&[
+        "--repl-diskless-sync",
+        "yes",
+        "--repl-diskless-sync-delay",
+        "1",
+        "--enable-debug-command",
+        "yes",
+    ]);
+    let replica = server(&[]);
+    let mut p = conn(&primary);
+    // Past the module's first check: nothing consumes replication here.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let dirty = info_field(&primary, "persistence", "rdb_changes_since_last_save");
+    for i in 0..50 {
+        throttle(&mut p, &[&format!("k{}", i % 5), "49", "1", "3600"]).unwrap();
+    }
+    assert!(
+        info_field(&primary, "persistence", "rdb_changes_since_last_save") >= dirty + 50,
+        "writes count toward save points"
+    );
+    // A replica attaches while decisions run: before, during and after its sync.
+    let port = primary.port.to_string();
+    let _: () =
+        redis::cmd("REPLICAOF").arg("127.0.0.1").arg(port.as_str()).query(&mut conn(&replica)).unwrap();
+    let mut i = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !replica.cli(&["INFO", "replication"]).unwrap_or_default().contains("master_link_status:up") {
+        assert!(std::time::Instant::now() < deadline, "the replica did not connect");
+        throttle(&mut p, &[&format!("k{}", i % 5), "49", "1", "3600"]).unwrap();
+        let _: Value =
+            redis::cmd("TG.CHECK").arg(format!("w{}", i % 3)).arg("window 1000/h").query(&mut p).unwrap();
+        i += 1;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    for j in 0..30 {
+        throttle(&mut p, &[&format!("k{}", j % 5), "49", "1", "3600"]).unwrap();
+    }
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut p).unwrap();
+    assert_eq!(acked, 1);
+    let mut r = conn(&replica);
+    let keys = ["k0", "k1", "k2", "k3", "k4", "w0", "w1", "w2"];
+    for key in keys {
+        let a: Vec<u8> = redis::cmd("DUMP").arg(key).query(&mut p).unwrap();
+        let b: Vec<u8> = redis::cmd("DUMP").arg(key).query(&mut r).unwrap();
+        assert_eq!(a, b, "{key} after {i} decisions during the sync");
+    }
+    // FAILOVER: the replica becomes the primary and continues each bucket.
+    let before = throttle(&mut p, &["k0", "49", "1", "3600"]).unwrap();
+    let _: () = redis::cmd("FAILOVER").query(&mut p).unwrap();
+    wait_for("the failover", || replica.cli(&["ROLE"]).unwrap_or_default().starts_with("master"));
+    let after = throttle(&mut r, &["k0", "49", "1", "3600"]).unwrap();
+    assert_eq!((after[0], after[2]), (0, before[2] - 1), "{before:?} then {after:?}");
+    // The former primary, now a replica, follows: the same bucket there.
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut r).unwrap();
+    assert_eq!(acked, 1);
+    let a: Vec<u8> = redis::cmd("DUMP").arg("k0").query(&mut r).unwrap();
+    let b: Vec<u8> = redis::cmd("DUMP").arg("k0").query(&mut conn(&primary)).unwrap();
+    assert_eq!(a, b);
+
+    // AOF turned on at runtime, on a server that replicated nothing until then.
+    let solo = server(&["--enable-debug-command", "yes"]);
+    let mut c = conn(&solo);
+    std::thread::sleep(Duration::from_millis(1_500));
+    for i in 0..20 {
+        throttle(&mut c, &[&format!("a{}", i % 4), "49", "1", "3600"]).unwrap();
+    }
+    let _: () = redis::cmd("CONFIG").arg("SET").arg("appendonly").arg("yes").query(&mut c).unwrap();
+    for i in 0..20 {
+        throttle(&mut c, &[&format!("a{}", i % 4), "49", "1", "3600"]).unwrap();
+        let _: Value = redis::cmd("TG.CHECK").arg("b").arg("sliding 100/h").query(&mut c).unwrap();
+    }
+    wait_for("the AOF rewrite", || {
+        info_field(&solo, "persistence", "aof_rewrite_in_progress") == 0
+            && info_field(&solo, "persistence", "aof_rewrite_scheduled") == 0
+    });
+    for i in 0..20 {
+        throttle(&mut c, &[&format!("a{}", i % 4), "49", "1", "3600"]).unwrap();
+    }
+    let dumps = |c: &mut Connection| -> Vec<Vec<u8>> {
+        ["a0", "a1", "a2", "a3", "b"].iter().map(|k| redis::cmd("DUMP").arg(*k).query(c).unwrap()).collect()
+    };
+    let held = dumps(&mut c);
+    let _: () = redis::cmd("DEBUG").arg("LOADAOF").query(&mut c).unwrap();
+    assert_eq!(dumps(&mut c), held, "the AOF holds every bucket");
+}
+
 /// `MULTI`/`EXEC` and Lua's `redis.call` run the commands as clients do.
 #[test]
 fn transactions_and_scripts_call_the_commands() {
