@@ -5,6 +5,7 @@ pub(crate) mod bucket;
 pub(crate) mod compat;
 pub(crate) mod limiter;
 pub(crate) mod log;
+pub(crate) mod meter;
 pub(crate) mod nginx;
 pub(crate) mod parse;
 pub(crate) mod policy;

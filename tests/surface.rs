@@ -171,6 +171,12 @@ fn configurations_deserialize_from_their_strings() {
     let e = serde_json::from_str::<TokenBucket>(r#""100/fortnight""#).unwrap_err().to_string();
     assert!(e.contains("fortnight"), "{e}");
     assert!(serde_json::from_str::<TokenBucket>("100").is_err());
+    let m: tollgate::Meter =
+        serde_json::from_str(r#""trtcm cir=1Gbit/s cbs=64KiB pir=2Gbit/s pbs=128KiB""#).unwrap();
+    assert_eq!(m, tollgate::Meter::trtcm(125_000_000, 65_536, 250_000_000, 131_072).unwrap());
+    let e =
+        serde_json::from_str::<tollgate::Meter>(r#""srtcm cir=1Gbit/s cbs=64KiB""#).unwrap_err().to_string();
+    assert!(e.contains("ebs="), "{e}");
 }
 
 /// Every keyed algorithm through one generic function: one type, one set of methods.

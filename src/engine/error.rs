@@ -215,6 +215,24 @@ pub enum ConfigError {
     },
     /// The coarse clock's upkeep thread could not be started.
     Upkeep(String),
+    /// A meter's rate or bucket of zero where it must pass something.
+    MeterZero {
+        /// The meter: `"srtcm"`, `"trtcm"` or `"rfc4115"`.
+        meter: &'static str,
+        /// The parameter: `"cir"`, `"cbs"`, `"pir"`, ...
+        what: &'static str,
+    },
+    /// A meter's rate or bucket above what it counts exactly.
+    MeterTooLarge {
+        /// The meter.
+        meter: &'static str,
+        /// The parameter.
+        what: &'static str,
+        /// The value asked for (bytes per second, or bytes).
+        value: u64,
+        /// The largest supported.
+        max: u64,
+    },
     /// A [`Pacer`](crate::Pacer)'s interval between requests is longer than it can schedule.
     IntervalTooLong {
         /// The interval asked for, in nanoseconds.
@@ -321,6 +339,12 @@ impl fmt::Display for ConfigError {
                  it needs at least {min_nanos} ns to last 100 years"
             ),
             ConfigError::Upkeep(why) => write!(f, "could not start the coarse clock: {why}"),
+            ConfigError::MeterZero { meter, what } => {
+                write!(f, "{meter}'s {what} of 0 would pass nothing: it must be at least 1")
+            }
+            ConfigError::MeterTooLarge { meter, what, value, max } => {
+                write!(f, "{meter}'s {what} of {value} exceeds the maximum of {max}")
+            }
             ConfigError::IntervalTooLong { nanos, max_nanos } => write!(
                 f,
                 "an interval of {nanos} ns between paced requests exceeds the maximum of {max_nanos} ns"

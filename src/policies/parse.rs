@@ -73,6 +73,19 @@ pub enum ParseError {
     },
     /// The string reads, but its values do not make a limit.
     Invalid(ConfigError),
+    /// A meter's rate or size without a unit this grammar knows (or a bit rate that is not a
+    /// whole number of bytes per second).
+    BadMeterUnit {
+        /// What the value configures: `"cir"`, `"cbs"`, ...
+        what: &'static str,
+        /// The value as given.
+        value: String,
+    },
+    /// A meter this grammar does not know (`srtcm`, `trtcm` and `rfc4115` are).
+    UnknownMeter {
+        /// The name as given.
+        meter: String,
+    },
 }
 
 impl fmt::Display for ParseError {
@@ -101,6 +114,14 @@ impl fmt::Display for ParseError {
             }
             ParseError::DuplicateOption { option } => write!(f, "the option `{option}` is given twice"),
             ParseError::Invalid(e) => write!(f, "invalid limit: {e}"),
+            ParseError::BadMeterUnit { what, value } => write!(
+                f,
+                "the {what} `{value}` is not a whole number with a unit: rates as `100Mbit/s` or `12500000B/s` \
+                 (bit rates in whole bytes per second), sizes as `16KiB` or `2048`"
+            ),
+            ParseError::UnknownMeter { meter } => {
+                write!(f, "unknown meter `{meter}`: expected srtcm, trtcm or rfc4115")
+            }
         }
     }
 }
@@ -335,7 +356,7 @@ mod de {
 
     use serde::de::{Deserialize, Deserializer, Error, Visitor};
 
-    use crate::{FixedWindow, Nginx, Queued, SlidingLog, SlidingWindow, TokenBucket};
+    use crate::{FixedWindow, Meter, Nginx, Queued, SlidingLog, SlidingWindow, TokenBucket};
 
     struct FromString<T>(PhantomData<T>);
 
@@ -361,7 +382,7 @@ mod de {
             }
         )*};
     }
-    deserialize_from_str!(TokenBucket, Queued, Nginx, FixedWindow, SlidingWindow, SlidingLog);
+    deserialize_from_str!(TokenBucket, Queued, Nginx, FixedWindow, SlidingWindow, SlidingLog, Meter);
 }
 
 #[cfg(all(test, not(tollgate_loom)))]

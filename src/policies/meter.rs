@@ -1,0 +1,603 @@
+//! Three-colour meters: RFC 2697's single-rate (srTCM), RFC 2698's two-rate (trTCM) and
+//! RFC 4115's, colour-blind and colour-aware, in bytes, as DPDK's `rte_meter`, VPP's policer and
+//! `tc police` run them.
+//!
+//! # Semantics
+//!
+//! A meter has two buckets, both full at its origin. Its rates credit **whole bytes**: a bucket
+//! of rate `r` bytes/s receives its `k`-th byte at `k / r` seconds after the origin (the RFCs'
+//! "incremented `r` times per second", and DPDK's stepwise credit). srTCM's two buckets share
+//! the CIR, a byte going to C until C is full, then to E; trTCM's (P at PIR, C at CIR) and
+//! RFC 4115's (C at CIR, E at EIR) fill independently. A packet of `B` bytes:
+//!
+//! | meter | colour-blind | colour-aware (input colour `c`) |
+//! |---|---|---|
+//! | srTCM | green if `Tc ≥ B` (`Tc −= B`); else yellow if `Te ≥ B` (`Te −= B`); else red | green if `c` green and `Tc ≥ B`; else yellow if `c` not red and `Te ≥ B`; else red |
+//! | trTCM | red if `Tp < B`; else yellow if `Tc < B` (`Tp −= B`); else green (`Tp −= B`, `Tc −= B`) | red if `c` red or `Tp < B`; else yellow if `c` yellow or `Tc < B`; else green |
+//! | RFC 4115 | green if `Tc ≥ B` (`Tc −= B`); else yellow if `Te ≥ B` (`Te −= B`); else red | green if `c` green and `Tc ≥ B`; else yellow if `c` not red and `Te ≥ B`; else red |
+//!
+//! RFC 4115's text compares `Tc(t−) − B > 0` where its figure (and RFCs 2697 and 2698, and
+//! DPDK) use `B ≤ Tc`: here `B ≤ Tc`, as everywhere else.
+//!
+//! # State
+//!
+//! A flow's state is two words: for each bucket, the byte-tick of its rate at which it is full
+//! again (`F`; a bucket is full at tick `k` when `F ≤ k`, and holds `size − (F − k)` bytes
+//! otherwise). Taking `B` bytes moves `F` to `max(F, k) + B`; refilling is the clock moving.
+//! srTCM's E fills only once C is full: E is full at `F_e`, counted from `max(F_c, k)`, and
+//! a green packet that moves C's full tick moves E's by as much. The integers are exact: no
+//! rate is rounded, no byte credited early. Ticks are counted from the origin in 64 bits, up
+//! to 2^63 bytes of a rate (23 years at 100 Gbit/s, 2.3 at 1 Tbit/s); past that a meter's
+//! clock stands still and its buckets no longer refill (toward red).
+
+use core::fmt;
+use core::str::FromStr;
+
+use crate::{ConfigError, Nanos, ParseError};
+
+/// A packet's colour, as the RFCs (and DPDK's `enum rte_color`: green 0, yellow 1, red 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Color {
+    /// Within the committed rate.
+    Green = 0,
+    /// Above the committed rate, within the excess (srTCM, RFC 4115) or peak (trTCM).
+    Yellow = 1,
+    /// Beyond both.
+    Red = 2,
+}
+
+impl Color {
+    /// The colour of DPDK's value (`0`, `1`, `2`); `None` for any other.
+    pub const fn from_u8(v: u8) -> Option<Color> {
+        match v {
+            0 => Some(Color::Green),
+            1 => Some(Color::Yellow),
+            2 => Some(Color::Red),
+            _ => None,
+        }
+    }
+
+    /// The colour's name: `"green"`, `"yellow"`, `"red"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Color::Green => "green",
+            Color::Yellow => "yellow",
+            Color::Red => "red",
+        }
+    }
+}
+
+impl fmt::Display for Color {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which of the three meters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MeterKind {
+    /// RFC 2697: CIR, CBS, EBS (E filled by C's overflow).
+    SrTcm,
+    /// RFC 2698: CIR, CBS, PIR, PBS.
+    TrTcm,
+    /// RFC 4115: CIR, CBS, EIR, EBS (filled independently).
+    Rfc4115,
+}
+
+impl MeterKind {
+    /// The name in a meter's string form: `"srtcm"`, `"trtcm"`, `"rfc4115"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            MeterKind::SrTcm => "srtcm",
+            MeterKind::TrTcm => "trtcm",
+            MeterKind::Rfc4115 => "rfc4115",
+        }
+    }
+}
+
+/// A meter's profile: its kind, rates (bytes per second) and bucket sizes (bytes). Shared by
+/// every flow it meters; each flow keeps a [`MeterState`].
+///
+/// ```
+/// use tollgate::{Color, Meter, MeterState, Nanos};
+///
+/// let m: Meter = "srtcm cir=100Mbit/s cbs=16KiB ebs=32KiB".parse()?;
+/// let mut flow = MeterState::new();
+/// assert_eq!(flow.check(&m, Nanos::ZERO, 1_500), Color::Green);
+/// // Colour-aware: a packet marked yellow upstream is never green here.
+/// assert_eq!(flow.check_aware(&m, Nanos::ZERO, 1_500, Color::Yellow), Color::Yellow);
+/// # Ok::<(), tollgate::ParseError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Meter {
+    kind: MeterKind,
+    /// C: the committed bucket (every meter's first).
+    committed: Bucket,
+    /// E (srTCM, RFC 4115) or P (trTCM).
+    second: Bucket,
+}
+
+/// One bucket of a profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Bucket {
+    /// Bytes per second.
+    rate: u64,
+    /// Bytes.
+    size: u64,
+}
+
+impl Bucket {
+    /// The whole bytes this bucket's rate has credited by `elapsed` since the origin: byte `k`
+    /// arrives at `k / rate` s, so `⌊elapsed · rate / 10^9⌋`, held at [`MAX_TICK`].
+    #[inline]
+    fn tick(&self, elapsed: Nanos) -> u64 {
+        let k = u128::from(elapsed.as_u64()) * u128::from(self.rate) / 1_000_000_000;
+        if k > u128::from(MAX_TICK) {
+            MAX_TICK
+        } else {
+            // At most MAX_TICK, checked above.
+            #[expect(clippy::cast_possible_truncation, reason = "at most MAX_TICK")]
+            let k = k as u64;
+            k
+        }
+    }
+
+    /// The bytes the bucket holds at tick `k` if it is full at `full`.
+    #[inline]
+    fn level(&self, full: u64, k: u64) -> u64 {
+        self.size - full.saturating_sub(k).min(self.size)
+    }
+}
+
+/// The last byte-tick a meter counts: 2^63 (see the module's docs).
+const MAX_TICK: u64 = 1 << 63;
+
+impl Meter {
+    /// The fastest rate: 2^37 bytes/s (1.1 Tbit/s).
+    pub const MAX_RATE: u64 = 1 << 37;
+    /// The largest bucket: 2^40 bytes (1 TiB).
+    pub const MAX_SIZE: u64 = 1 << 40;
+
+    /// RFC 2697's single-rate three-colour marker: `cir` bytes/s, buckets of `cbs` and `ebs`
+    /// bytes. `ebs` may be 0 (no yellow); `cbs` may not.
+    pub fn srtcm(cir: u64, cbs: u64, ebs: u64) -> Result<Meter, ConfigError> {
+        Meter::build(MeterKind::SrTcm, (cir, cbs), (cir, ebs), ("cir", "cbs"), ("cir", "ebs"))
+    }
+
+    /// RFC 2698's two-rate three-colour marker: committed `cir`/`cbs`, peak `pir`/`pbs`
+    /// (bytes/s, bytes). RFC 2698 asks for `pir ≥ cir`; a lower PIR is allowed, as DPDK allows it
+    /// (green then needs both buckets, as always).
+    pub fn trtcm(cir: u64, cbs: u64, pir: u64, pbs: u64) -> Result<Meter, ConfigError> {
+        Meter::build(MeterKind::TrTcm, (cir, cbs), (pir, pbs), ("cir", "cbs"), ("pir", "pbs"))
+    }
+
+    /// RFC 4115's two-rate marker: committed `cir`/`cbs` and excess `eir`/`ebs`, filled
+    /// independently (bytes/s, bytes). `eir` and `ebs` may be 0 (no yellow).
+    pub fn rfc4115(cir: u64, cbs: u64, eir: u64, ebs: u64) -> Result<Meter, ConfigError> {
+        Meter::build(MeterKind::Rfc4115, (cir, cbs), (eir, ebs), ("cir", "cbs"), ("eir", "ebs"))
+    }
+
+    fn build(
+        kind: MeterKind,
+        (rate_a, size_a): (u64, u64),
+        (rate_b, size_b): (u64, u64),
+        (rate_a_name, size_a_name): (&'static str, &'static str),
+        (rate_b_name, size_b_name): (&'static str, &'static str),
+    ) -> Result<Meter, ConfigError> {
+        let meter = kind.name();
+        // The committed bucket must be able to pass something; the second may be empty for the
+        // meters whose second bucket only adds yellow (srTCM's E, RFC 4115's E), never for
+        // trTCM's P, which every non-red packet needs.
+        let second_may_be_empty = kind != MeterKind::TrTcm;
+        for (what, value, max, may_be_zero) in [
+            (rate_a_name, rate_a, Meter::MAX_RATE, false),
+            (size_a_name, size_a, Meter::MAX_SIZE, false),
+            (rate_b_name, rate_b, Meter::MAX_RATE, second_may_be_empty),
+            (size_b_name, size_b, Meter::MAX_SIZE, second_may_be_empty),
+        ] {
+            if value == 0 && !may_be_zero {
+                return Err(ConfigError::MeterZero { meter, what });
+            }
+            if value > max {
+                return Err(ConfigError::MeterTooLarge { meter, what, value, max });
+            }
+        }
+        Ok(Meter {
+            kind,
+            committed: Bucket { rate: rate_a, size: size_a },
+            second: Bucket { rate: rate_b, size: size_b },
+        })
+    }
+
+    /// Which meter.
+    pub const fn kind(&self) -> MeterKind {
+        self.kind
+    }
+
+    /// The committed rate and bucket: CIR (bytes/s) and CBS (bytes).
+    pub const fn committed(&self) -> (u64, u64) {
+        (self.committed.rate, self.committed.size)
+    }
+
+    /// The second rate and bucket (bytes/s, bytes): srTCM's CIR and EBS, trTCM's PIR and PBS,
+    /// RFC 4115's EIR and EBS.
+    pub const fn second(&self) -> (u64, u64) {
+        (self.second.rate, self.second.size)
+    }
+
+    /// The colour of `bytes` at `elapsed` since the origin on the state `[F_c, F_2]` (the
+    /// committed bucket's full tick, the second's), given the packet's colour on arrival
+    /// (`None`: colour-blind): the colour and the state to keep. Pure (no clock, no atomic),
+    /// so that every form a meter takes decides through it.
+    #[inline]
+    pub(crate) fn decide(
+        &self,
+        [fc, f2]: [u64; 2],
+        elapsed: Nanos,
+        bytes: u64,
+        input: Option<Color>,
+    ) -> ([u64; 2], Color) {
+        let (green_ok, yellow_ok) = match input {
+            None | Some(Color::Green) => (true, true),
+            Some(Color::Yellow) => (false, true),
+            Some(Color::Red) => (false, false),
+        };
+        let c = &self.committed;
+        let kc = c.tick(elapsed);
+        match self.kind {
+            MeterKind::SrTcm => {
+                // E's ticks are C's (one rate); E fills from the tick C is full.
+                let c_full = fc.max(kc);
+                let e_deficit = f2.saturating_sub(c_full);
+                if green_ok && c.level(fc, kc) >= bytes {
+                    let fc = c_full + bytes;
+                    ([fc, fc + e_deficit], Color::Green)
+                } else if yellow_ok && self.second.size - e_deficit.min(self.second.size) >= bytes {
+                    ([fc, c_full + e_deficit + bytes], Color::Yellow)
+                } else {
+                    ([fc, f2], Color::Red)
+                }
+            }
+            MeterKind::TrTcm => {
+                let p = &self.second;
+                let kp = p.tick(elapsed);
+                if !yellow_ok || p.level(f2, kp) < bytes {
+                    ([fc, f2], Color::Red)
+                } else if !green_ok || c.level(fc, kc) < bytes {
+                    ([fc, f2.max(kp) + bytes], Color::Yellow)
+                } else {
+                    ([fc.max(kc) + bytes, f2.max(kp) + bytes], Color::Green)
+                }
+            }
+            MeterKind::Rfc4115 => {
+                let e = &self.second;
+                if green_ok && c.level(fc, kc) >= bytes {
+                    ([fc.max(kc) + bytes, f2], Color::Green)
+                } else {
+                    let ke = e.tick(elapsed);
+                    if yellow_ok && e.level(f2, ke) >= bytes {
+                        ([fc, f2.max(ke) + bytes], Color::Yellow)
+                    } else {
+                        ([fc, f2], Color::Red)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The bytes each bucket holds on `state` at `elapsed`: (committed, second).
+    pub fn levels(&self, state: &MeterState, elapsed: Nanos) -> (u64, u64) {
+        let [fc, f2] = state.full;
+        let kc = self.committed.tick(elapsed);
+        let second = match self.kind {
+            MeterKind::SrTcm => {
+                let deficit = f2.saturating_sub(fc.max(kc));
+                self.second.size - deficit.min(self.second.size)
+            }
+            MeterKind::TrTcm | MeterKind::Rfc4115 => self.second.level(f2, self.second.tick(elapsed)),
+        };
+        (self.committed.level(fc, kc), second)
+    }
+}
+
+/// One flow's state under a [`Meter`]: two words, both buckets full when new. Owned by one
+/// thread (a flow pinned to a core), it is updated with no atomic at all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MeterState {
+    full: [u64; 2],
+}
+
+impl MeterState {
+    /// Both buckets full.
+    pub const fn new() -> MeterState {
+        MeterState { full: [0; 2] }
+    }
+
+    /// Colour-blind: the colour of a packet of `bytes` at `elapsed` since the meter's origin,
+    /// taking its bytes from the buckets its colour takes them from. A time earlier than one
+    /// already seen finds the buckets as full as they were then, less than later: a clock
+    /// that steps back never refills a meter (DPDK's refills it completely).
+    #[inline]
+    pub fn check(&mut self, meter: &Meter, elapsed: Nanos, bytes: u64) -> Color {
+        let (next, color) = meter.decide(self.full, elapsed, bytes, None);
+        self.full = next;
+        color
+    }
+
+    /// Colour-aware: as [`check`](MeterState::check), for a packet that arrives coloured
+    /// `input` (it never leaves greener than it came).
+    #[inline]
+    pub fn check_aware(&mut self, meter: &Meter, elapsed: Nanos, bytes: u64, input: Color) -> Color {
+        let (next, color) = meter.decide(self.full, elapsed, bytes, Some(input));
+        self.full = next;
+        color
+    }
+}
+
+impl fmt::Display for Meter {
+    /// The string form [`FromStr`] reads: `"srtcm cir=12500000B/s cbs=16384B ebs=32768B"`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (r2, s2) = match self.kind {
+            MeterKind::SrTcm => ("", "ebs"),
+            MeterKind::TrTcm => ("pir", "pbs"),
+            MeterKind::Rfc4115 => ("eir", "ebs"),
+        };
+        write!(f, "{} cir={}B/s cbs={}B", self.kind.name(), self.committed.rate, self.committed.size)?;
+        if !r2.is_empty() {
+            write!(f, " {r2}={}B/s", self.second.rate)?;
+        }
+        write!(f, " {s2}={}B", self.second.size)
+    }
+}
+
+/// A rate in bytes per second: `"100Mbit/s"`, `"12500000B/s"`, `"1.5Gbit/s"` is not accepted
+/// (whole numbers only), `"10MB/s"`, `"8kbit/s"`. Bit rates must be whole bytes per second.
+fn parse_rate(what: &'static str, text: &str) -> Result<u64, ParseError> {
+    let bad = || ParseError::BadNumber { what, number: text.to_owned() };
+    let per_second = text
+        .strip_suffix("/s")
+        .or_else(|| text.strip_suffix("ps"))
+        .ok_or_else(|| ParseError::BadMeterUnit { what, value: text.to_owned() })?;
+    let split = per_second.find(|c: char| !c.is_ascii_digit()).unwrap_or(per_second.len());
+    let (digits, unit) = per_second.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let (scale, bits) = match unit {
+        "B" | "Bps" => (1, false),
+        "kB" => (1_000, false),
+        "MB" => (1_000_000, false),
+        "GB" => (1_000_000_000, false),
+        "KiB" => (1 << 10, false),
+        "MiB" => (1 << 20, false),
+        "GiB" => (1 << 30, false),
+        "bit" | "b" => (1, true),
+        "kbit" | "Kbit" => (1_000, true),
+        "Mbit" => (1_000_000, true),
+        "Gbit" => (1_000_000_000, true),
+        "Tbit" => (1_000_000_000_000, true),
+        _ => return Err(ParseError::BadMeterUnit { what, value: text.to_owned() }),
+    };
+    let scaled = n.checked_mul(scale).ok_or_else(bad)?;
+    if bits {
+        if scaled % 8 != 0 {
+            return Err(ParseError::BadMeterUnit { what, value: text.to_owned() });
+        }
+        Ok(scaled / 8)
+    } else {
+        Ok(scaled)
+    }
+}
+
+/// A size in bytes: `"16KiB"`, `"2048"`, `"2048B"`, `"1MB"`, `"64kB"`.
+fn parse_size(what: &'static str, text: &str) -> Result<u64, ParseError> {
+    let bad = || ParseError::BadNumber { what, number: text.to_owned() };
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let scale: u64 = match unit {
+        "" | "B" => 1,
+        "kB" | "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return Err(ParseError::BadMeterUnit { what, value: text.to_owned() }),
+    };
+    n.checked_mul(scale).ok_or_else(bad)
+}
+
+impl FromStr for Meter {
+    type Err = ParseError;
+
+    /// `"srtcm cir=100Mbit/s cbs=16KiB ebs=32KiB"`, `"trtcm cir=… cbs=… pir=… pbs=…"`,
+    /// `"rfc4115 cir=… cbs=… eir=… ebs=…"`: rates in bit/s or B/s (k, M, G, T: powers of 1000;
+    /// KiB, MiB, GiB: of 1024), sizes in bytes, each option once, in any order.
+    fn from_str(text: &str) -> Result<Meter, ParseError> {
+        let mut words = text.split_whitespace();
+        let name = words.next().ok_or(ParseError::Empty)?;
+        let (kind, wanted): (MeterKind, [&'static str; 4]) = match name {
+            "srtcm" => (MeterKind::SrTcm, ["cir", "cbs", "ebs", ""]),
+            "trtcm" => (MeterKind::TrTcm, ["cir", "cbs", "pir", "pbs"]),
+            "rfc4115" => (MeterKind::Rfc4115, ["cir", "cbs", "eir", "ebs"]),
+            _ => return Err(ParseError::UnknownMeter { meter: name.to_owned() }),
+        };
+        let algorithm = kind.name();
+        let mut values: [Option<u64>; 4] = [None; 4];
+        for word in words {
+            let (option, value) = word.split_once('=').unwrap_or((word, ""));
+            let Some(i) = wanted.iter().position(|w| !w.is_empty() && *w == option) else {
+                return Err(ParseError::UnknownOption { option: option.to_owned(), algorithm });
+            };
+            if values[i].is_some() {
+                return Err(ParseError::DuplicateOption { option: option.to_owned() });
+            }
+            let what = wanted[i];
+            values[i] =
+                Some(if what.ends_with("ir") { parse_rate(what, value)? } else { parse_size(what, value)? });
+        }
+        let get = |i: usize| values[i].ok_or(ParseError::MissingOption { option: wanted[i], algorithm });
+        Ok(match kind {
+            MeterKind::SrTcm => Meter::srtcm(get(0)?, get(1)?, get(2)?)?,
+            MeterKind::TrTcm => Meter::trtcm(get(0)?, get(1)?, get(2)?, get(3)?)?,
+            MeterKind::Rfc4115 => Meter::rfc4115(get(0)?, get(1)?, get(2)?, get(3)?)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn parses_the_three_forms_and_says_what_is_wrong() {
+        let m: Meter = "srtcm cir=100Mbit/s cbs=16KiB ebs=32KiB".parse().unwrap();
+        assert_eq!(
+            (m.kind(), m.committed(), m.second()),
+            (MeterKind::SrTcm, (12_500_000, 16_384), (12_500_000, 32_768))
+        );
+        let m: Meter = "trtcm pbs=4096 pir=69000000B/s cbs=2048 cir=46000000B/s".parse().unwrap();
+        assert_eq!((m.committed(), m.second()), ((46_000_000, 2_048), (69_000_000, 4_096)));
+        let m: Meter = "rfc4115 cir=1Gbit/s cbs=1MB eir=0B/s ebs=0".parse().unwrap();
+        assert_eq!((m.committed(), m.second()), ((125_000_000, 1_000_000), (0, 0)));
+        assert_eq!(m.to_string().parse::<Meter>().unwrap(), m);
+        for (text, want) in [
+            ("", "empty"),
+            ("srtcm cir=1Mbit/s cbs=1KiB", "needs the option `ebs=`"),
+            ("srtcm cir=1Mbit/s cbs=1KiB ebs=1 pir=2", "unknown option `pir`"),
+            ("srtcm cir=1Mbit/s cir=2Mbit/s cbs=1 ebs=1", "given twice"),
+            ("srtcm cir=1Mbit cbs=1 ebs=1", "`1Mbit`"),
+            ("srtcm cir=1furlong/s cbs=1 ebs=1", "`1furlong/s`"),
+            ("srtcm cir=1bit/s cbs=1 ebs=1", "`1bit/s`"),
+            ("srtcm cir=0B/s cbs=1 ebs=1", "cir"),
+            ("srtcm cir=1B/s cbs=0 ebs=1", "cbs"),
+            ("trtcm cir=1B/s cbs=1 pir=0B/s pbs=1", "pir"),
+            ("srtcm cir=2Tbit/s cbs=1 ebs=1", "exceeds"),
+            ("meter cir=1B/s", "unknown meter `meter`"),
+            ("srtcm cir=1B/s cbs=99999999999999999999 ebs=1", "`99999999999999999999`"),
+        ] {
+            let e = text.parse::<Meter>().unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+    }
+
+    /// RFC 2697 by hand: CIR 1,000 B/s, CBS 1,500, EBS 3,000.
+    #[test]
+    fn srtcm_by_hand() {
+        let m = Meter::srtcm(1_000, 1_500, 3_000).unwrap();
+        let mut s = MeterState::new();
+        let at = |ms: u64| Nanos::new(ms * MS);
+        assert_eq!(s.check(&m, at(0), 1_500), Color::Green); // C empties
+        assert_eq!(s.check(&m, at(0), 1), Color::Yellow); // E: 2,999 left
+        assert_eq!(s.check(&m, at(0), 3_000), Color::Red); // more than E holds
+        assert_eq!(s.check(&m, at(0), 2_999), Color::Yellow); // E empties
+        assert_eq!(s.check(&m, at(0), 1), Color::Red);
+        // 1.499 s later C holds 1,499 bytes (whole bytes, one a ms): 1,500 is not green yet.
+        assert_eq!(s.check(&m, at(1_499), 1_500), Color::Red);
+        assert_eq!(s.check(&m, at(1_500), 1_500), Color::Green);
+        // E fills only once C is full: 1.5 s to fill C, then 1 byte of E a ms.
+        assert_eq!(m.levels(&s, at(3_000)), (1_500, 0));
+        assert_eq!(m.levels(&s, at(3_010)), (1_500, 10));
+        assert_eq!(m.levels(&s, at(9_000)), (1_500, 3_000));
+        // Colour-aware: a yellow packet never takes from C, a red one is red.
+        assert_eq!(s.check_aware(&m, at(9_000), 100, Color::Yellow), Color::Yellow);
+        assert_eq!(m.levels(&s, at(9_000)), (1_500, 2_900));
+        assert_eq!(s.check_aware(&m, at(9_000), 1, Color::Red), Color::Red);
+        assert_eq!(s.check_aware(&m, at(9_000), 1_500, Color::Green), Color::Green);
+        // A green packet with C short falls to E when its colour allows.
+        assert_eq!(s.check_aware(&m, at(9_000), 10, Color::Green), Color::Yellow);
+        // A green packet empties C part way: E's deficit waits for C to refill first.
+        assert_eq!(m.levels(&s, at(9_000)), (0, 2_890));
+        assert_eq!(m.levels(&s, at(10_500)), (1_500, 2_890));
+        assert_eq!(m.levels(&s, at(10_610)), (1_500, 3_000));
+    }
+
+    /// RFC 2698 by hand: CIR 1,000 B/s, CBS 1,000; PIR 2,000 B/s, PBS 2,000.
+    #[test]
+    fn trtcm_by_hand() {
+        let m = Meter::trtcm(1_000, 1_000, 2_000, 2_000).unwrap();
+        let mut s = MeterState::new();
+        let at = |ms: u64| Nanos::new(ms * MS);
+        assert_eq!(s.check(&m, at(0), 1_000), Color::Green); // both: C 0, P 1,000
+        assert_eq!(s.check(&m, at(0), 1_000), Color::Yellow); // P only: P 0
+        assert_eq!(s.check(&m, at(0), 1), Color::Red);
+        assert_eq!(m.levels(&s, at(250)), (250, 500));
+        assert_eq!(s.check(&m, at(250), 400), Color::Yellow); // C short, P enough: P 100
+        assert_eq!(s.check(&m, at(250), 200), Color::Red); // P short, whatever C holds
+        assert_eq!(s.check(&m, at(250), 100), Color::Green); // C 250, P 100: C 150, P 0
+        assert_eq!(s.check(&m, at(250), 1), Color::Red);
+        assert_eq!(s.check_aware(&m, at(5_000), 10, Color::Yellow), Color::Yellow);
+        assert_eq!(s.check_aware(&m, at(5_000), 10, Color::Red), Color::Red);
+        assert_eq!(m.levels(&s, at(5_000)), (1_000, 1_990));
+    }
+
+    /// RFC 4115 by hand: CIR 1,000 B/s, CBS 1,000; EIR 500 B/s, EBS 500, independent.
+    #[test]
+    fn rfc4115_by_hand() {
+        let m = Meter::rfc4115(1_000, 1_000, 500, 500).unwrap();
+        let mut s = MeterState::new();
+        let at = |ms: u64| Nanos::new(ms * MS);
+        assert_eq!(s.check(&m, at(0), 1_000), Color::Green);
+        assert_eq!(s.check(&m, at(0), 500), Color::Yellow);
+        assert_eq!(s.check(&m, at(0), 1), Color::Red);
+        // Independent: E refills while C is not full.
+        assert_eq!(m.levels(&s, at(100)), (100, 50));
+        assert_eq!(s.check_aware(&m, at(100), 50, Color::Yellow), Color::Yellow);
+        assert_eq!(s.check_aware(&m, at(100), 100, Color::Green), Color::Green);
+        assert_eq!(s.check_aware(&m, at(100), 1, Color::Green), Color::Red);
+        // No yellow at all with an empty E.
+        let no_e = Meter::rfc4115(1_000, 1_000, 0, 0).unwrap();
+        let mut s = MeterState::new();
+        assert_eq!(s.check(&no_e, at(0), 1_000), Color::Green);
+        assert_eq!(s.check(&no_e, at(0), 1), Color::Red);
+        assert_eq!(s.check(&no_e, at(1_000_000), 1), Color::Green);
+    }
+
+    /// DPDK's `app/test/test_meter.c` boundaries: CIR 46,000,000 B/s, CBS 2,048, EBS/PBS 4,096,
+    /// PIR/EIR 69,000,000; packets of CBS ± 1 and EBS ± 1 on fresh flows.
+    #[test]
+    fn dpdks_boundaries() {
+        let sr = Meter::srtcm(46_000_000, 2_048, 4_096).unwrap();
+        let tr = Meter::trtcm(46_000_000, 2_048, 69_000_000, 4_096).unwrap();
+        let rfc = Meter::rfc4115(46_000_000, 2_048, 69_000_000, 4_096).unwrap();
+        let fresh = |m: &Meter, bytes: u64| MeterState::new().check(m, Nanos::ZERO, bytes);
+        let aware = |m: &Meter, bytes: u64, c: Color| MeterState::new().check_aware(m, Nanos::ZERO, bytes, c);
+        for (m, cbs, second) in [(&sr, 2_048, 4_096), (&tr, 2_048, 4_096), (&rfc, 2_048, 4_096)] {
+            assert_eq!(fresh(m, cbs - 1), Color::Green, "{m}");
+            assert_eq!(fresh(m, cbs), Color::Green, "{m}");
+            assert_eq!(fresh(m, cbs + 1), Color::Yellow, "{m}");
+            assert_eq!(fresh(m, second), Color::Yellow, "{m}");
+            assert_eq!(fresh(m, second + 1), Color::Red, "{m}");
+            assert_eq!(aware(m, cbs - 1, Color::Yellow), Color::Yellow, "{m}");
+            assert_eq!(aware(m, cbs - 1, Color::Red), Color::Red, "{m}");
+            assert_eq!(aware(m, second + 1, Color::Green), Color::Red, "{m}");
+        }
+    }
+
+    #[test]
+    fn a_clock_that_steps_back_refills_nothing() {
+        let m = Meter::trtcm(1_000, 1_000, 2_000, 2_000).unwrap();
+        let mut s = MeterState::new();
+        assert_eq!(s.check(&m, Nanos::new(10_000 * MS), 2_000), Color::Yellow);
+        assert_eq!(s.check(&m, Nanos::new(5_000 * MS), 1), Color::Red);
+        assert_eq!(s.check(&m, Nanos::ZERO, 1), Color::Red);
+        assert_eq!(s.check(&m, Nanos::new(10_001 * MS), 2), Color::Green);
+    }
+
+    #[test]
+    fn the_fastest_rate_and_largest_buckets_stay_exact() {
+        let m = Meter::trtcm(Meter::MAX_RATE, Meter::MAX_SIZE, Meter::MAX_RATE, Meter::MAX_SIZE).unwrap();
+        let mut s = MeterState::new();
+        assert_eq!(s.check(&m, Nanos::ZERO, Meter::MAX_SIZE), Color::Green);
+        assert_eq!(s.check(&m, Nanos::ZERO, 1), Color::Red);
+        // 1 ns credits ⌊2^37 / 10^9⌋ = 137 bytes.
+        assert_eq!(m.levels(&s, Nanos::new(1)), (137, 137));
+        // Past the ticks' end the clock stands still: nothing refills, nothing overflows.
+        let late = Nanos::new(u64::MAX);
+        let mut s = MeterState::new();
+        assert_eq!(s.check(&m, late, Meter::MAX_SIZE), Color::Green);
+        assert_eq!(s.check(&m, late, 1), Color::Red);
+    }
+}

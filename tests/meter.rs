@@ -1,0 +1,133 @@
+//! The meters against an exact model in the RFCs' own terms (token counts, credited one whole
+//! byte at a time: RFC 2697's C first then E, RFC 2698's and RFC 4115's buckets apart), on
+//! random profiles and packet streams: every colour and every bucket's level, packet for
+//! packet; and the RFCs' bound on green bytes.
+
+use proptest::prelude::*;
+use tollgate::{Color, Meter, MeterKind, MeterState, Nanos};
+
+/// RFC 2697, 2698 and 4115 as written: counters `Tc` and `T2` (E or P), and the last whole
+/// byte credited by each rate.
+#[derive(Clone, Debug)]
+struct Model {
+    kind: MeterKind,
+    c: (u64, u64),
+    second: (u64, u64),
+    tc: u64,
+    t2: u64,
+    credited_c: u128,
+    credited_2: u128,
+}
+
+impl Model {
+    fn new(m: &Meter) -> Model {
+        let (c, second) = (m.committed(), m.second());
+        Model { kind: m.kind(), c, second, tc: c.1, t2: second.1, credited_c: 0, credited_2: 0 }
+    }
+
+    /// Credits every byte the rates have given by `t` ns (times only move forward here).
+    fn credit(&mut self, t: u64) {
+        let ticks = |rate: u64| u128::from(t) * u128::from(rate) / 1_000_000_000;
+        let kc = ticks(self.c.0);
+        let new_c = kc - self.credited_c;
+        self.credited_c = kc;
+        match self.kind {
+            MeterKind::SrTcm => {
+                // Each byte to C while C is short, else to E while E is short.
+                let to_c = new_c.min(u128::from(self.c.1 - self.tc));
+                self.tc += u64::try_from(to_c).unwrap();
+                let to_e = (new_c - to_c).min(u128::from(self.second.1 - self.t2));
+                self.t2 += u64::try_from(to_e).unwrap();
+            }
+            MeterKind::TrTcm | MeterKind::Rfc4115 => {
+                self.tc += u64::try_from(new_c.min(u128::from(self.c.1 - self.tc))).unwrap();
+                let k2 = ticks(self.second.0);
+                let new_2 = k2 - self.credited_2;
+                self.credited_2 = k2;
+                self.t2 += u64::try_from(new_2.min(u128::from(self.second.1 - self.t2))).unwrap();
+            }
+        }
+    }
+
+    fn color(&mut self, t: u64, b: u64, input: Option<Color>) -> Color {
+        self.credit(t);
+        let green_in = matches!(input, None | Some(Color::Green));
+        let not_red = input != Some(Color::Red);
+        match self.kind {
+            MeterKind::SrTcm | MeterKind::Rfc4115 => {
+                if green_in && self.tc >= b {
+                    self.tc -= b;
+                    Color::Green
+                } else if not_red && self.t2 >= b {
+                    self.t2 -= b;
+                    Color::Yellow
+                } else {
+                    Color::Red
+                }
+            }
+            MeterKind::TrTcm => {
+                if !not_red || self.t2 < b {
+                    Color::Red
+                } else if !green_in || self.tc < b {
+                    self.t2 -= b;
+                    Color::Yellow
+                } else {
+                    self.t2 -= b;
+                    self.tc -= b;
+                    Color::Green
+                }
+            }
+        }
+    }
+}
+
+fn meter() -> impl Strategy<Value = Meter> {
+    let rate = prop_oneof![1u64..100, 1_000u64..100_000_000, Just(46_000_000), Just(Meter::MAX_RATE)];
+    let size = prop_oneof![1u64..100, 64u64..20_000, Just(2_048), Just(Meter::MAX_SIZE)];
+    (0..3u8, rate.clone(), size.clone(), rate, size).prop_map(|(k, r1, s1, r2, s2)| match k {
+        0 => Meter::srtcm(r1, s1, s2 - 1).unwrap(),
+        1 => Meter::trtcm(r1, s1, r2, s2).unwrap(),
+        _ => Meter::rfc4115(r1, s1, r2 - 1, s2 - 1).unwrap(),
+    })
+}
+
+fn packets() -> impl Strategy<Value = Vec<(u64, u64, Option<Color>)>> {
+    let gap = prop_oneof![3 => Just(0u64), 4 => 0u64..2_000, 4 => 0u64..10_000_000, 1 => 0u64..(1 << 40)];
+    let bytes = prop_oneof![64u64..=9_000, 0u64..64, Just(2_048), Just(4_096), 0u64..1 << 41];
+    let input = prop_oneof![
+        3 => Just(None),
+        1 => Just(Some(Color::Green)),
+        1 => Just(Some(Color::Yellow)),
+        1 => Just(Some(Color::Red)),
+    ];
+    prop::collection::vec((gap, bytes, input), 1..200)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_colour_and_level_is_the_rfcs(m in meter(), stream in packets()) {
+        let mut model = Model::new(&m);
+        let mut flow = MeterState::new();
+        let mut t = 0u64;
+        let mut green = 0u128;
+        for (i, (gap, bytes, input)) in stream.into_iter().enumerate() {
+            t = t.saturating_add(gap);
+            let at = Nanos::new(t);
+            let got = match input {
+                None => flow.check(&m, at, bytes),
+                Some(c) => flow.check_aware(&m, at, bytes, c),
+            };
+            let want = model.color(t, bytes, input);
+            prop_assert_eq!(got, want, "packet {} of {} bytes at {} ns ({:?}) under {}", i, bytes, t, input, m);
+            prop_assert_eq!(m.levels(&flow, at), (model.tc, model.t2), "after packet {} under {}", i, m);
+            if got == Color::Green {
+                green += u128::from(bytes);
+            }
+            // RFC bound: green bytes never exceed CBS plus what CIR credited.
+            let (cir, cbs) = m.committed();
+            prop_assert!(green <= u128::from(cbs) + u128::from(t) * u128::from(cir) / 1_000_000_000);
+        }
+    }
+}
