@@ -4,8 +4,12 @@
 //! algorithm's: the token bucket's (`bucket.rs`: tiers, per-key overrides, forced eviction) and
 //! every single-word policy's (`policy.rs`) share the lock-free table of `table.rs`; the sliding
 //! log keeps `N` words per key under shard locks (`policies/log/keyed.rs`).
+//!
+//! [`FlowMeters<K>`] is the meters' table for a flow pinned to one core (`flows.rs`): owned by
+//! one thread, no atomics.
 
 mod bucket;
+mod flows;
 mod key;
 pub(crate) mod pages;
 mod policy;
@@ -27,6 +31,7 @@ use core::time::Duration;
 use std::sync::Arc;
 
 use bucket::BucketTable;
+pub use flows::FlowMeters;
 pub use key::{Hashed, IpPrefix, Key, KeyHasher, Words};
 pub(crate) use policy::sealed;
 pub use policy::KeyedPolicy;

@@ -54,9 +54,9 @@ pub use engine::time::Nanos;
 #[doc(hidden)]
 pub use keyed::loom_home_of;
 pub use keyed::{
-    Hashed, IpPrefix, Key, KeyHasher, Keyed, KeyedAlgorithm, KeyedBuilder, KeyedFixedWindow, KeyedLimit,
-    KeyedLimiter, KeyedNginx, KeyedPolicy, KeyedSlidingLog, KeyedSlidingWindow, KeyedStats, Tier, WhenFull,
-    Words,
+    FlowMeters, Hashed, IpPrefix, Key, KeyHasher, Keyed, KeyedAlgorithm, KeyedBuilder, KeyedFixedWindow,
+    KeyedLimit, KeyedLimiter, KeyedNginx, KeyedPolicy, KeyedSlidingLog, KeyedSlidingWindow, KeyedStats, Tier,
+    WhenFull, Words,
 };
 pub use policies::compat::ClThrottle;
 pub use policies::limiter::Limiter;

@@ -131,3 +131,33 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// The one-core table colours every packet as a meter of its own per flow would (a flow
+    /// whose buckets are full again may lose its slot: it comes back as a fresh flow, the same
+    /// state), in bursts, while no window is full.
+    #[test]
+    fn a_flow_table_is_a_meter_per_flow(
+        m in meter(),
+        bursts in prop::collection::vec((0u64..50_000_000, prop::collection::vec((0u16..40, 1u32..9_000), 1..70)), 1..30),
+    ) {
+        let mut table = tollgate::FlowMeters::<u16>::with_seeds(m, 4_096, [9, 8, 7, 6]).unwrap();
+        let mut each = std::collections::HashMap::<u16, MeterState>::new();
+        let mut t = 0u64;
+        for (gap, packets) in bursts {
+            t += gap;
+            let at = Nanos::new(t);
+            let keys: Vec<u16> = packets.iter().map(|p| p.0).collect();
+            let lens: Vec<u32> = packets.iter().map(|p| p.1).collect();
+            let mut out = vec![Color::Red; keys.len()];
+            table.check_burst(at, &keys, &lens, None, &mut out);
+            for (i, (k, len)) in packets.iter().enumerate() {
+                let want = each.entry(*k).or_default().check(&m, at, u64::from(*len));
+                prop_assert_eq!(out[i], want, "flow {} packet {} at {} ns under {}", k, i, t, m);
+            }
+        }
+        prop_assert_eq!(table.table_full(), 0);
+    }
+}

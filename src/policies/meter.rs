@@ -226,15 +226,26 @@ impl Meter {
         (self.second.rate, self.second.size)
     }
 
-    /// The colour of `bytes` at `elapsed` since the origin on the state `[F_c, F_2]` (the
-    /// committed bucket's full tick, the second's), given the packet's colour on arrival
-    /// (`None`: colour-blind): the colour and the state to keep. Pure (no clock, no atomic),
-    /// so that every form a meter takes decides through it.
+    /// Both buckets' byte-ticks at `elapsed` since the origin: what a burst of packets
+    /// metered at one instant shares (srTCM's second is its first: one rate).
+    #[inline]
+    pub(crate) fn ticks(&self, elapsed: Nanos) -> [u64; 2] {
+        let kc = self.committed.tick(elapsed);
+        match self.kind {
+            MeterKind::SrTcm => [kc, kc],
+            MeterKind::TrTcm | MeterKind::Rfc4115 => [kc, self.second.tick(elapsed)],
+        }
+    }
+
+    /// The colour of `bytes` at the byte-ticks `[kc, k2]` ([`Meter::ticks`]) on the state
+    /// `[F_c, F_2]` (the committed bucket's full tick, the second's), given the packet's colour
+    /// on arrival (`None`: colour-blind): the colour and the state to keep. Pure (no clock, no
+    /// atomic), so that every form a meter takes decides through it.
     #[inline]
     pub(crate) fn decide(
         &self,
         [fc, f2]: [u64; 2],
-        elapsed: Nanos,
+        [kc, k2]: [u64; 2],
         bytes: u64,
         input: Option<Color>,
     ) -> ([u64; 2], Color) {
@@ -243,8 +254,7 @@ impl Meter {
             Some(Color::Yellow) => (false, true),
             Some(Color::Red) => (false, false),
         };
-        let c = &self.committed;
-        let kc = c.tick(elapsed);
+        let (c, second) = (&self.committed, &self.second);
         match self.kind {
             MeterKind::SrTcm => {
                 // E's ticks are C's (one rate); E fills from the tick C is full.
@@ -253,37 +263,39 @@ impl Meter {
                 if green_ok && c.level(fc, kc) >= bytes {
                     let fc = c_full + bytes;
                     ([fc, fc + e_deficit], Color::Green)
-                } else if yellow_ok && self.second.size - e_deficit.min(self.second.size) >= bytes {
+                } else if yellow_ok && second.size - e_deficit.min(second.size) >= bytes {
                     ([fc, c_full + e_deficit + bytes], Color::Yellow)
                 } else {
                     ([fc, f2], Color::Red)
                 }
             }
             MeterKind::TrTcm => {
-                let p = &self.second;
-                let kp = p.tick(elapsed);
-                if !yellow_ok || p.level(f2, kp) < bytes {
+                if !yellow_ok || second.level(f2, k2) < bytes {
                     ([fc, f2], Color::Red)
                 } else if !green_ok || c.level(fc, kc) < bytes {
-                    ([fc, f2.max(kp) + bytes], Color::Yellow)
+                    ([fc, f2.max(k2) + bytes], Color::Yellow)
                 } else {
-                    ([fc.max(kc) + bytes, f2.max(kp) + bytes], Color::Green)
+                    ([fc.max(kc) + bytes, f2.max(k2) + bytes], Color::Green)
                 }
             }
             MeterKind::Rfc4115 => {
-                let e = &self.second;
                 if green_ok && c.level(fc, kc) >= bytes {
                     ([fc.max(kc) + bytes, f2], Color::Green)
+                } else if yellow_ok && second.level(f2, k2) >= bytes {
+                    ([fc, f2.max(k2) + bytes], Color::Yellow)
                 } else {
-                    let ke = e.tick(elapsed);
-                    if yellow_ok && e.level(f2, ke) >= bytes {
-                        ([fc, f2.max(ke) + bytes], Color::Yellow)
-                    } else {
-                        ([fc, f2], Color::Red)
-                    }
+                    ([fc, f2], Color::Red)
                 }
             }
         }
+    }
+
+    /// Whether both buckets of `state` are full at the byte-ticks `t`: the state is then a
+    /// fresh flow's, now and later.
+    #[inline]
+    pub(crate) fn is_full(&self, state: &MeterState, [kc, k2]: [u64; 2]) -> bool {
+        let [fc, f2] = state.full;
+        fc <= kc && f2 <= if self.kind == MeterKind::SrTcm { kc } else { k2 }
     }
 
     /// The bytes each bucket holds on `state` at `elapsed`: (committed, second).
@@ -320,16 +332,28 @@ impl MeterState {
     /// that steps back never refills a meter (DPDK's refills it completely).
     #[inline]
     pub fn check(&mut self, meter: &Meter, elapsed: Nanos, bytes: u64) -> Color {
-        let (next, color) = meter.decide(self.full, elapsed, bytes, None);
-        self.full = next;
-        color
+        self.check_at(meter, meter.ticks(elapsed), bytes, None)
     }
 
     /// Colour-aware: as [`check`](MeterState::check), for a packet that arrives coloured
     /// `input` (it never leaves greener than it came).
     #[inline]
     pub fn check_aware(&mut self, meter: &Meter, elapsed: Nanos, bytes: u64, input: Color) -> Color {
-        let (next, color) = meter.decide(self.full, elapsed, bytes, Some(input));
+        self.check_at(meter, meter.ticks(elapsed), bytes, Some(input))
+    }
+}
+
+impl MeterState {
+    /// The decision at precomputed byte-ticks (one clock reading for a burst).
+    #[inline]
+    pub(crate) fn check_at(
+        &mut self,
+        meter: &Meter,
+        ticks: [u64; 2],
+        bytes: u64,
+        input: Option<Color>,
+    ) -> Color {
+        let (next, color) = meter.decide(self.full, ticks, bytes, input);
         self.full = next;
         color
     }

@@ -1,0 +1,319 @@
+//! A per-flow meter table owned by one thread: for packet pipelines whose flows are pinned to
+//! cores (RSS), where each core meters its own flows with no atomic on its path.
+//!
+//! Open addressing: a flow lives in one of the [`WINDOW`] slots from its home (its hash's
+//! low bits), found by scanning them. A flow whose buckets are both full is a fresh flow's
+//! state, now and later, so its slot is taken by a new flow at no cost to anyone; a new flow
+//! that finds its window full of flows still metering is coloured red and counted
+//! ([`FlowMeters::table_full`]): the table fails closed, never handing out fresh buckets.
+//! Bursts ([`FlowMeters::check_burst`]) read the clock once (the caller's), hash every packet,
+//! start fetching every home before deciding any, and compute each rate's byte-tick once.
+
+use core::fmt;
+use core::hash::Hash;
+
+use super::prefetch_line;
+use crate::{Color, ConfigError, Meter, MeterState, Nanos};
+
+/// Slots a flow may occupy from its home.
+const WINDOW: usize = 8;
+
+/// Packets a burst handles at once: hashes and prefetches for these, then decides them.
+const BURST: usize = 32;
+
+/// One slot: a flow and its state.
+#[derive(Clone, Debug)]
+struct Slot<K> {
+    key: Option<K>,
+    state: MeterState,
+}
+
+/// Flows metered under one [`Meter`] profile, in memory fixed at construction, owned by one
+/// thread (`&mut self`: no atomics, no locks).
+///
+/// ```
+/// use tollgate::{Color, FlowMeters, Meter, Nanos};
+///
+/// let meter: Meter = "trtcm cir=1Mbit/s cbs=3000 pir=2Mbit/s pbs=6000".parse()?;
+/// let mut flows = FlowMeters::<u32>::new(meter, 1 << 16)?;
+/// let keys = [7, 7, 7, 9];
+/// let lens = [1_500, 1_500, 1_500, 64];
+/// let mut colors = [Color::Red; 4];
+/// flows.check_burst(Nanos::ZERO, &keys, &lens, None, &mut colors);
+/// assert_eq!(colors, [Color::Green, Color::Green, Color::Yellow, Color::Green]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct FlowMeters<K> {
+    meter: Meter,
+    slots: Box<[Slot<K>]>,
+    mask: usize,
+    hasher: ahash::RandomState,
+    flows: usize,
+    table_full: u64,
+}
+
+impl<K> fmt::Debug for FlowMeters<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FlowMeters")
+            .field("meter", &self.meter)
+            .field("capacity", &self.slots.len())
+            .field("flows", &self.flows)
+            .field("table_full", &self.table_full)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Hash + Eq + Clone> FlowMeters<K> {
+    /// The most slots a table may have: 2^32.
+    pub const MAX_CAPACITY: usize = 1 << 32;
+
+    /// A table of at least `capacity` flows (rounded up to a power of two, at least 8) under
+    /// `meter`, hashed with random seeds.
+    pub fn new(meter: Meter, capacity: usize) -> Result<FlowMeters<K>, ConfigError> {
+        FlowMeters::build(meter, capacity, ahash::RandomState::new())
+    }
+
+    /// As [`new`](FlowMeters::new), hashed with `seeds` (reproducible placement, for tests and
+    /// for tables that several processes must lay out alike).
+    pub fn with_seeds(meter: Meter, capacity: usize, seeds: [u64; 4]) -> Result<FlowMeters<K>, ConfigError> {
+        let [a, b, c, d] = seeds;
+        FlowMeters::build(meter, capacity, ahash::RandomState::with_seeds(a, b, c, d))
+    }
+
+    fn build(
+        meter: Meter,
+        capacity: usize,
+        hasher: ahash::RandomState,
+    ) -> Result<FlowMeters<K>, ConfigError> {
+        if capacity == 0 {
+            return Err(ConfigError::ZeroCapacity);
+        }
+        let slots = capacity.max(WINDOW).checked_next_power_of_two().filter(|&n| n <= Self::MAX_CAPACITY);
+        let Some(slots) = slots else {
+            return Err(ConfigError::CapacityTooLarge {
+                capacity: capacity as u64,
+                max: Self::MAX_CAPACITY as u64,
+            });
+        };
+        let mut v = Vec::new();
+        v.try_reserve_exact(slots).map_err(|_| ConfigError::OutOfMemory {
+            what: "a flow meter table",
+            bytes: (slots * size_of::<Slot<K>>()) as u64,
+        })?;
+        v.resize(slots, Slot { key: None, state: MeterState::new() });
+        Ok(FlowMeters {
+            meter,
+            slots: v.into_boxed_slice(),
+            mask: slots - 1,
+            hasher,
+            flows: 0,
+            table_full: 0,
+        })
+    }
+
+    /// The profile every flow is metered under.
+    pub fn meter(&self) -> &Meter {
+        &self.meter
+    }
+
+    /// Flows held (some may be full again, and reclaimable).
+    pub fn len(&self) -> usize {
+        self.flows
+    }
+
+    /// Whether no flow is held.
+    pub fn is_empty(&self) -> bool {
+        self.flows == 0
+    }
+
+    /// Slots.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Packets coloured red because their new flow found no room (its window full of flows
+    /// still metering).
+    pub fn table_full(&self) -> u64 {
+        self.table_full
+    }
+
+    /// Colour-blind: one packet of `bytes` of flow `key` at `elapsed` since the meter's origin.
+    pub fn check(&mut self, key: &K, elapsed: Nanos, bytes: u64) -> Color {
+        let ticks = self.meter.ticks(elapsed);
+        let home = self.home(key);
+        self.decide(home, key, ticks, bytes, None)
+    }
+
+    /// Colour-aware: as [`check`](FlowMeters::check) for a packet that arrives coloured
+    /// `input`.
+    pub fn check_aware(&mut self, key: &K, elapsed: Nanos, bytes: u64, input: Color) -> Color {
+        let ticks = self.meter.ticks(elapsed);
+        let home = self.home(key);
+        self.decide(home, key, ticks, bytes, Some(input))
+    }
+
+    /// A burst at one instant, in DPDK's shape: packet `i` of flow `keys[i]` and `lens[i]`
+    /// bytes (arriving coloured `inputs[i]` when given: colour-aware) is coloured `out[i]`.
+    /// Handles the shortest of the slices; returns how many it coloured.
+    pub fn check_burst(
+        &mut self,
+        elapsed: Nanos,
+        keys: &[K],
+        lens: &[u32],
+        inputs: Option<&[Color]>,
+        out: &mut [Color],
+    ) -> usize {
+        let mut n = keys.len().min(lens.len()).min(out.len());
+        if let Some(inputs) = inputs {
+            n = n.min(inputs.len());
+        }
+        let ticks = self.meter.ticks(elapsed);
+        let mut homes = [0usize; BURST];
+        let mut start = 0;
+        while start < n {
+            let end = (start + BURST).min(n);
+            for (i, key) in keys[start..end].iter().enumerate() {
+                let home = self.home(key);
+                homes[i] = home;
+                prefetch_line(core::ptr::from_ref(&self.slots[home]).cast());
+            }
+            for i in start..end {
+                let input = inputs.map(|c| c[i]);
+                out[i] = self.decide(homes[i - start], &keys[i], ticks, u64::from(lens[i]), input);
+            }
+            start = end;
+        }
+        n
+    }
+
+    /// Removes every flow whose buckets are full at `elapsed` (its state is a fresh flow's):
+    /// how many. Not needed for correctness (a new flow takes such a slot anyway); it makes
+    /// [`len`](FlowMeters::len) count the flows still metering.
+    pub fn sweep(&mut self, elapsed: Nanos) -> usize {
+        let ticks = self.meter.ticks(elapsed);
+        let mut removed = 0;
+        for slot in self.slots.iter_mut() {
+            if slot.key.is_some() && self.meter.is_full(&slot.state, ticks) {
+                slot.key = None;
+                removed += 1;
+            }
+        }
+        self.flows -= removed;
+        removed
+    }
+
+    #[inline]
+    fn home(&self, key: &K) -> usize {
+        // The low bits of a 64-bit hash: the table has at most 2^32 slots.
+        #[expect(clippy::cast_possible_truncation, reason = "masked to the table's size")]
+        let h = self.hasher.hash_one(key) as usize;
+        h & self.mask
+    }
+
+    /// The decision for `key` from its home: its slot's state, or a slot taken for it (empty,
+    /// or a flow full again), or red when there is none.
+    #[inline]
+    fn decide(&mut self, home: usize, key: &K, ticks: [u64; 2], bytes: u64, input: Option<Color>) -> Color {
+        let mut free = None;
+        for j in 0..WINDOW {
+            let i = (home + j) & self.mask;
+            match &self.slots[i].key {
+                Some(k) if k == key => {
+                    return self.slots[i].state.check_at(&self.meter, ticks, bytes, input);
+                }
+                None => {
+                    free.get_or_insert(i);
+                }
+                Some(_) => {
+                    if free.is_none() && self.meter.is_full(&self.slots[i].state, ticks) {
+                        free = Some(i);
+                    }
+                }
+            }
+        }
+        let Some(i) = free else {
+            self.table_full += 1;
+            return Color::Red;
+        };
+        let slot = &mut self.slots[i];
+        if slot.key.is_none() {
+            self.flows += 1;
+        }
+        slot.key = Some(key.clone());
+        slot.state = MeterState::new();
+        slot.state.check_at(&self.meter, ticks, bytes, input)
+    }
+}
+
+#[cfg(all(test, not(tollgate_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_flow_is_its_own_meter_and_a_full_window_fails_closed() {
+        let meter = Meter::srtcm(1_000, 1_000, 1_000).unwrap();
+        let mut flows = FlowMeters::<u64>::with_seeds(meter, 8, [1, 2, 3, 4]).unwrap();
+        assert_eq!(flows.capacity(), 8);
+        let t0 = Nanos::ZERO;
+        // Eight flows fill the table; each meters alone.
+        for k in 0..8u64 {
+            assert_eq!(flows.check(&k, t0, 1_000), Color::Green, "flow {k}");
+            assert_eq!(flows.check(&k, t0, 600), Color::Yellow, "flow {k}");
+        }
+        assert_eq!(flows.len(), 8);
+        // A ninth finds no room while the others meter: red, counted.
+        assert_eq!(flows.check(&99, t0, 1), Color::Red);
+        assert_eq!(flows.table_full(), 1);
+        // Once their buckets are full again (C in 1 s, then E's 600 in 0.6 s), it takes a slot.
+        let later = Nanos::new(1_600_000_000);
+        assert_eq!(flows.check(&99, later, 1_000), Color::Green);
+        assert_eq!(flows.check(&0, later, 1_000), Color::Green);
+        assert_eq!(flows.sweep(later), 6);
+        assert_eq!(flows.len(), 2);
+    }
+
+    #[test]
+    fn a_burst_decides_as_packets_one_by_one() {
+        let meter = Meter::rfc4115(10_000, 3_000, 5_000, 4_000).unwrap();
+        let mut burst = FlowMeters::<u32>::with_seeds(meter, 1 << 10, [5; 4]).unwrap();
+        let mut single = FlowMeters::<u32>::with_seeds(meter, 1 << 10, [5; 4]).unwrap();
+        let mut x = 12345u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for step in 0..200u64 {
+            let at = Nanos::new(step * 7_000_000);
+            let keys: Vec<u32> = (0..45).map(|_| (next() % 50) as u32).collect();
+            let lens: Vec<u32> = (0..45).map(|_| 64 + (next() % 1_500) as u32).collect();
+            let inputs: Vec<Color> = (0..45).map(|_| Color::from_u8((next() % 3) as u8).unwrap()).collect();
+            let mut out = vec![Color::Red; 45];
+            let aware = step % 2 == 0;
+            let n = burst.check_burst(at, &keys, &lens, aware.then_some(&inputs[..]), &mut out);
+            assert_eq!(n, 45);
+            for i in 0..45 {
+                let want = if aware {
+                    single.check_aware(&keys[i], at, u64::from(lens[i]), inputs[i])
+                } else {
+                    single.check(&keys[i], at, u64::from(lens[i]))
+                };
+                assert_eq!(out[i], want, "step {step}, packet {i}");
+            }
+        }
+        // The shortest slice bounds a burst.
+        assert_eq!(burst.check_burst(Nanos::ZERO, &[1, 2, 3], &[64, 64], None, &mut [Color::Red; 3]), 2);
+    }
+
+    #[test]
+    fn capacities_are_checked() {
+        let meter = Meter::srtcm(1, 1, 0).unwrap();
+        assert_eq!(FlowMeters::<u8>::new(meter, 0).unwrap_err(), ConfigError::ZeroCapacity);
+        assert_eq!(FlowMeters::<u8>::new(meter, 3).unwrap().capacity(), 8);
+        assert!(matches!(
+            FlowMeters::<u8>::new(meter, usize::MAX),
+            Err(ConfigError::CapacityTooLarge { .. })
+        ));
+    }
+}
