@@ -7,7 +7,8 @@
 # apt-get, a C and a C++ compiler (the C ABI's test, libFuzzer), pkg-config, valgrind (the C
 # test runs under memcheck), redis-server and redis-cli (the Redis and server tests, against a
 # real Redis), python3 (the benchmark smoke checks), libclang (bindgen, for the Redis module's
-# bindings); with rustup, rustfmt and clippy; with
+# bindings), libdpdk-dev (DPDK's meters, against tollgate's; its EAL needs root); with rustup,
+# rustfmt and clippy; with
 # cargo, cargo-fuzz and cargo-deny. Nothing already present is touched.
 #
 #     bash scripts/test.sh            # everything (about 30 minutes on 2 cores)
@@ -30,6 +31,8 @@ command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 # The Redis module's bindings are generated from redismodule.h by bindgen, which loads libclang.
 ldconfig -p 2>/dev/null | grep -Eq 'libclang(-[0-9]+)?\.so' || missing+=(libclang-dev)
+# DPDK's rte_meter, run beside tollgate's meters in the packets crate's differential test.
+[[ -f /usr/include/dpdk/rte_meter.h ]] || missing+=(libdpdk-dev)
 if ((${#missing[@]})); then
     echo "installing with apt-get: ${missing[*]}"
     sudo=""
@@ -51,7 +54,7 @@ if ! command -v cargo-deny >/dev/null 2>&1; then
     echo "installing with cargo: cargo-deny (licences and bans)"
     cargo install cargo-deny --locked
 fi
-echo "present: a C and C++ compiler, pkg-config, valgrind, redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), python3, libclang, rustfmt, clippy, cargo-fuzz, cargo-deny"
+echo "present: a C and C++ compiler, pkg-config, valgrind, redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), python3, libclang, DPDK $(pkg-config --modversion libdpdk), rustfmt, clippy, cargo-fuzz, cargo-deny"
 
 step "licences, bans and sources of every dependency (deny.toml; advisories need the network)"
 cargo deny --workspace check licenses bans sources
@@ -67,6 +70,7 @@ cargo clippy --workspace --all-targets --profile ci -- -D warnings
 cargo clippy -p tollgate --all-targets --features serde,tokio,metrics --profile ci -- -D warnings
 cargo clippy -p tollgate-tower --all-targets --features axum,metrics --profile ci -- -D warnings
 cargo clippy -p tollgate-redis --all-targets --features metrics --profile ci -- -D warnings
+cargo clippy -p tollgate-packets --all-targets --features dpdk --profile ci -- -D warnings
 
 step "atomics come only from src/sync.rs"
 if grep -rn 'sync::atomic' src --include='*.rs' | grep -v '^src/sync.rs:'; then
@@ -77,6 +81,9 @@ fi
 step "workspace tests (ci profile: optimized, with overflow checks and debug assertions)"
 cargo test --workspace --all-targets --profile ci
 cargo test --workspace --doc --profile ci
+
+step "tollgate's meters against DPDK's rte_meter, in one process (DPDK's EAL: root)"
+cargo test -p tollgate-packets --features dpdk --profile ci --test dpdk_meter -- --nocapture
 
 step "the soak, for 5 seconds (scripts/soak.sh runs it for minutes, with ASan and the long fuzz)"
 SOAK_SECONDS=5 cargo test --profile ci --test soak -- --ignored
