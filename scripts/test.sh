@@ -121,6 +121,10 @@ cc -std=c11 -Wall -Wextra -Werror -pthread integrations/tollgate-ffi/tests/c/tes
     $(pkg-config --cflags tollgate) "$scratch/prefix/lib/libtollgate_ffi.a" \
     $(pkg-config --libs-only-l --static tollgate | sed 's/-ltollgate_ffi//') -o "$scratch/test-static"
 "$scratch/test-static"
+# The meters' poll-loop example, built as its comment says, under valgrind too.
+cc -std=c11 -Wall -Wextra -Werror integrations/tollgate-ffi/examples/c/meter_loop.c \
+    $(pkg-config --cflags --libs tollgate) -o "$scratch/meter_loop"
+LD_LIBRARY_PATH="$scratch/prefix/lib" valgrind -q --error-exitcode=1 --leak-check=full "$scratch/meter_loop"
 rm -rf "$scratch"
 unset PKG_CONFIG_PATH
 

@@ -11,9 +11,11 @@
  * freed twice or through another type's free, as a safety net only: allocators soon give a
  * freed address to the next handle, and only free checks.
  *
- * Threads: every handle may be used from any number of threads at once, with no lock of
- * yours: the token bucket, nginx and the windows are lock-free; the sliding log takes a short
- * internal lock per decision. Freeing a handle while another thread uses it, or using it
+ * Threads: every handle but a flow meter table may be used from any number of threads at
+ * once, with no lock of yours: the token bucket, nginx and the windows are lock-free; the
+ * sliding log takes a short internal lock per decision. A tollgate_flow_meters belongs to one
+ * thread at a time (a core's, flows pinned to cores); a call while another thread is in one
+ * returns TOLLGATE_ERROR_HANDLE. Freeing a handle while another thread uses it, or using it
  * after it is freed, is undefined. A batch's output array must not overlap its inputs.
  * State is per process: after fork(), each process has its own copy of every limit.
  *
@@ -42,6 +44,9 @@
 
 // nginx's `nodelay`, as `tollgate_params.delay`.
 #define TOLLGATE_NODELAY UINT64_MAX
+
+// The time of a burst call that reads the table's clock itself, once for the burst.
+#define TOLLGATE_NOW UINT64_MAX
 
 // What a call did: `TOLLGATE_OK` (0), or why it did nothing.
 typedef enum tollgate_status {
@@ -90,6 +95,22 @@ typedef enum tollgate_algorithm {
   // A sliding log (exact): `rate` requests in any window of `period_ns`.
   TOLLGATE_SLIDING_LOG = 4,
 } tollgate_algorithm;
+
+// The colour of `tollgate_flow_meters_color_burst`'s colours (`uint8_t` values): DPDK's
+// `enum rte_color` values.
+typedef enum tollgate_color {
+  // Within the committed rate.
+  TOLLGATE_GREEN = 0,
+  // Above it, within the excess (srTCM, RFC 4115) or the peak rate (trTCM).
+  TOLLGATE_YELLOW = 1,
+  // Beyond both.
+  TOLLGATE_RED = 2,
+} tollgate_color;
+
+// Flows metered under one meter, `uint64_t` flow keys (a flow's hash or id), owned by one
+// thread at a time (a core's, as DPDK's per-lcore data): a call while another thread is in
+// one is an error (`TOLLGATE_ERROR_HANDLE`), never a race.
+typedef struct tollgate_flow_meters tollgate_flow_meters;
 
 // A table of limits keyed by `uint64_t`, one per key, of fixed capacity.
 typedef struct tollgate_keyed tollgate_keyed;
@@ -457,6 +478,57 @@ enum tollgate_status tollgate_keyed_bytes_check_batch(const struct tollgate_keye
 // # Safety
 // `table` is null or a handle this library returned, not in use by another thread.
 enum tollgate_status tollgate_keyed_bytes_free(struct tollgate_keyed_bytes *table);
+
+// Makes a flow table of at least `capacity` flows (rounded up to a power of two) under the
+// meter `meter` (`"srtcm cir=100Mbit/s cbs=16KiB ebs=32KiB"`, `"trtcm cir=... cbs=... pir=...
+// pbs=..."`, `"rfc4115 cir=... cbs=... eir=... ebs=..."`), into `*out`. Its clock starts now.
+//
+// # Safety
+// `meter` is null or a NUL-terminated string; `out` is null or valid for a write.
+enum tollgate_status tollgate_flow_meters_parse(const char *meter,
+                                                size_t capacity,
+                                                struct tollgate_flow_meters **out);
+
+// The table's clock now, in nanoseconds since its creation (the burst call's time base),
+// into `*out`.
+//
+// # Safety
+// `table` is null or live; `out` is null or valid for a write.
+enum tollgate_status tollgate_flow_meters_now(const struct tollgate_flow_meters *table,
+                                              uint64_t *out);
+
+// Colours a burst of `n` packets at `now_ns` (nanoseconds since the table's creation, or
+// `TOLLGATE_NOW` to read its clock once for the burst): packet `i` of flow `keys[i]`,
+// `lens[i]` bytes (the IP packet, as the RFCs count), arriving coloured `colors_in[i]`
+// (colour-aware), or colour-blind when `colors_in` is null, gets `colors_out[i]`. Colours are
+// `tollgate_color` values; an input colour above 2 is an error, and nothing is metered.
+// A new flow that finds no room in the table is red (see `tollgate_flow_meters_stats`).
+//
+// # Safety
+// `table` is null or live; `keys`, `lens` and `colors_in` are null or valid for `n` reads;
+// `colors_out` is null or valid for `n` writes, and overlaps no input.
+enum tollgate_status tollgate_flow_meters_color_burst(const struct tollgate_flow_meters *table,
+                                                      uint64_t now_ns,
+                                                      const uint64_t *keys,
+                                                      const uint32_t *lens,
+                                                      const uint8_t *colors_in,
+                                                      uint8_t *colors_out,
+                                                      size_t n);
+
+// The flows the table holds, and the packets coloured red because their new flow found no
+// room, into `*flows` and `*table_full` (either may be null: not wanted).
+//
+// # Safety
+// `table` is null or live; `flows` and `table_full` are null or valid for a write.
+enum tollgate_status tollgate_flow_meters_stats(const struct tollgate_flow_meters *table,
+                                                uint64_t *flows,
+                                                uint64_t *table_full);
+
+// Frees a flow table (see `tollgate_limiter_free`).
+//
+// # Safety
+// `table` is null or a handle this library returned, not in use by another thread.
+enum tollgate_status tollgate_flow_meters_free(struct tollgate_flow_meters *table);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -27,7 +27,7 @@ fn live() -> std::sync::MutexGuard<'static, BTreeMap<usize, TypeId>> {
 ///
 /// # Safety
 /// `out` is null or valid for a write of a pointer.
-unsafe fn make<T: 'static>(value: T, out: *mut *mut T) -> Result<(), Error> {
+pub(crate) unsafe fn make<T: 'static>(value: T, out: *mut *mut T) -> Result<(), Error> {
     let out = out_ptr(out, 1, "out")?;
     let p = Box::into_raw(Box::new(value));
     live().insert(p as usize, TypeId::of::<T>());
@@ -40,7 +40,7 @@ unsafe fn make<T: 'static>(value: T, out: *mut *mut T) -> Result<(), Error> {
 ///
 /// # Safety
 /// `p` is null, or a pointer this library returned (freed or not), not in use elsewhere.
-unsafe fn free<T: 'static>(p: *mut T, what: &str) -> Result<(), Error> {
+pub(crate) unsafe fn free<T: 'static>(p: *mut T, what: &str) -> Result<(), Error> {
     if p.is_null() {
         return Err(Error::null(what));
     }
@@ -75,7 +75,7 @@ unsafe fn free<T: 'static>(p: *mut T, what: &str) -> Result<(), Error> {
 /// # Safety
 /// `p` is null or a live handle.
 #[inline(always)]
-unsafe fn get<'a, T>(p: *const T, what: &str) -> Result<&'a T, Error> {
+pub(crate) unsafe fn get<'a, T>(p: *const T, what: &str) -> Result<&'a T, Error> {
     // SAFETY: a live handle is a valid value, `Send + Sync` (asserted in lib.rs), so shared
     // references to it from any thread are sound.
     unsafe { p.as_ref() }.ok_or_else(|| Error::null(what))
@@ -112,7 +112,7 @@ fn misaligned(p: *const u8, align: usize, what: &str) -> Error {
 ///
 /// # Safety
 /// `p` is null or valid for reads of `len` elements, not written while the slice lives.
-unsafe fn slice<'a, T>(p: *const T, len: usize, what: &str) -> Result<&'a [T], Error> {
+pub(crate) unsafe fn slice<'a, T>(p: *const T, len: usize, what: &str) -> Result<&'a [T], Error> {
     check_array(p, len, what)?;
     if len == 0 {
         return Ok(&[]);
@@ -126,7 +126,7 @@ unsafe fn slice<'a, T>(p: *const T, len: usize, what: &str) -> Result<&'a [T], E
 /// is 0). Written element by element with `write`: its memory may be uninitialised, so no
 /// reference to it is made.
 #[inline(always)]
-fn out_ptr<T>(p: *mut T, len: usize, what: &str) -> Result<*mut T, Error> {
+pub(crate) fn out_ptr<T>(p: *mut T, len: usize, what: &str) -> Result<*mut T, Error> {
     check_array(p.cast_const(), len, what).map(|()| p)
 }
 

@@ -12,7 +12,9 @@
 //!   twice or through the wrong type's `free` (while its address was not reused) are errors,
 //!   never undefined behaviour. No panic crosses the boundary: every entry point catches one
 //!   and returns `TOLLGATE_ERROR_PANIC`.
-//! - Handles are thread-safe: one handle may be used from any number of threads at once. A
+//! - Handles are thread-safe: one handle may be used from any number of threads at once
+//!   (but a flow meter table, which belongs to one thread at a time: a call while another
+//!   thread is in one is `TOLLGATE_ERROR_HANDLE`). A
 //!   handle must not be used after it is freed (only `free` itself checks).
 //! - Time: each limiter reads the CPU's time-stamp counter; the `_at` functions take the
 //!   caller's time instead, in nanoseconds since the handle's creation, which the `_now`
@@ -527,6 +529,7 @@ const _: () = {
     shared::<tollgate_limiter>();
     shared::<tollgate_keyed>();
     shared::<tollgate_keyed_bytes>();
+    shared::<meters::tollgate_flow_meters>();
     assert!(std::mem::size_of::<tollgate_decision>() == 40);
     assert!(std::mem::size_of::<tollgate_params>() == 40);
 };
@@ -534,3 +537,5 @@ const _: () = {
 // After the macros above, which it uses.
 mod handles;
 pub use handles::*;
+mod meters;
+pub use meters::*;

@@ -35,6 +35,47 @@ static const uint64_t SECOND = 1000000000ull;
 _Static_assert(sizeof(tollgate_decision) == 40, "tollgate_decision is 40 bytes");
 _Static_assert(sizeof(tollgate_params) == 40, "tollgate_params is 40 bytes");
 
+/* The meters' flow table: a burst in DPDK's shape, blind and aware, its errors. */
+static void meters(void) {
+    tollgate_flow_meters *t = NULL;
+    FAILS(tollgate_flow_meters_parse(NULL, 64, &t), TOLLGATE_ERROR_NULL, "meter");
+    FAILS(tollgate_flow_meters_parse("srtcm cir=1Mbit/s cbs=1KiB", 64, &t), TOLLGATE_ERROR_INVALID, "ebs=");
+    FAILS(tollgate_flow_meters_parse("trtcm cir=1furlong/s cbs=1 pir=1B/s pbs=1", 64, &t), TOLLGATE_ERROR_INVALID,
+          "1furlong/s");
+    FAILS(tollgate_flow_meters_parse("srtcm cir=\xff", 64, &t), TOLLGATE_ERROR_UTF8, "meter");
+    FAILS(tollgate_flow_meters_parse("srtcm cir=1000B/s cbs=1000 ebs=1000", 0, &t), TOLLGATE_ERROR_INVALID,
+          "capacity");
+    FAILS(tollgate_flow_meters_parse("srtcm cir=1000B/s cbs=1000 ebs=1000", 64, NULL), TOLLGATE_ERROR_NULL, "out");
+    CHECK(t == NULL);
+    /* RFC 2697: CIR 1,000 B/s, CBS 1,000, EBS 1,000. */
+    OK(tollgate_flow_meters_parse("srtcm cir=1000B/s cbs=1000 ebs=1000", 64, &t));
+    uint64_t keys[6] = {1, 1, 1, 2, 1, 2};
+    uint32_t lens[6] = {600, 600, 600, 1000, 1, 1001};
+    uint8_t colors[6];
+    OK(tollgate_flow_meters_color_burst(t, 0, keys, lens, NULL, colors, 6));
+    CHECK(colors[0] == TOLLGATE_GREEN && colors[1] == TOLLGATE_YELLOW && colors[2] == TOLLGATE_RED);
+    CHECK(colors[3] == TOLLGATE_GREEN && colors[4] == TOLLGATE_GREEN && colors[5] == TOLLGATE_RED);
+    /* A second later flow 1's C is full again; colour-aware, a yellow packet stays yellow. */
+    uint8_t in[2] = {TOLLGATE_YELLOW, TOLLGATE_GREEN};
+    OK(tollgate_flow_meters_color_burst(t, SECOND, keys, lens, in, colors, 2));
+    CHECK(colors[0] == TOLLGATE_YELLOW && colors[1] == TOLLGATE_GREEN);
+    uint8_t bad[2] = {TOLLGATE_GREEN, 3};
+    FAILS(tollgate_flow_meters_color_burst(t, SECOND, keys, lens, bad, colors, 2), TOLLGATE_ERROR_INVALID,
+          "colors_in[1] is 3");
+    FAILS(tollgate_flow_meters_color_burst(t, SECOND, NULL, lens, NULL, colors, 2), TOLLGATE_ERROR_NULL, "keys");
+    FAILS(tollgate_flow_meters_color_burst(t, SECOND, keys, lens, NULL, NULL, 2), TOLLGATE_ERROR_NULL, "colors_out");
+    FAILS(tollgate_flow_meters_color_burst(NULL, SECOND, keys, lens, NULL, colors, 2), TOLLGATE_ERROR_NULL, "table");
+    OK(tollgate_flow_meters_color_burst(t, SECOND, NULL, NULL, NULL, NULL, 0));
+    OK(tollgate_flow_meters_color_burst(t, TOLLGATE_NOW, keys, lens, NULL, colors, 6));
+    uint64_t now = 0, flows = 0, full = 7;
+    OK(tollgate_flow_meters_now(t, &now));
+    OK(tollgate_flow_meters_stats(t, &flows, &full));
+    CHECK(flows == 2 && full == 0);
+    OK(tollgate_flow_meters_stats(t, NULL, NULL));
+    OK(tollgate_flow_meters_free(t));
+    FAILS(tollgate_flow_meters_free(t), TOLLGATE_ERROR_HANDLE, "not a live handle");
+}
+
 static void statuses(void) {
     CHECK(strcmp(tollgate_last_error(), "") == 0);
     CHECK(strcmp(tollgate_status_name(TOLLGATE_OK), "TOLLGATE_OK") == 0);
@@ -478,6 +519,7 @@ int main(void) {
     keyed_bytes();
     hot_path_and_clocks();
     threads();
+    meters();
     printf("C ABI: %d checks passed\n", checks);
     return 0;
 }
