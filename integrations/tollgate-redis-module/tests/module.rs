@@ -298,7 +298,7 @@ fn replication_follows_its_consumers_as_they_come() {
     std::thread::sleep(Duration::from_millis(1_500));
     let dirty = info_field(&primary, "persistence", "rdb_changes_since_last_save");
     for i in 0..50 {
-        throttle(&mut p, &[&format!("k{}", i % 5), "49", "1", "3600"]).unwrap();
+        throttle(&mut p, &[&format!("k{}", i % 5), "999999", "1", "3600"]).unwrap();
     }
     assert!(
         info_field(&primary, "persistence", "rdb_changes_since_last_save") >= dirty + 50,
@@ -312,14 +312,14 @@ fn replication_follows_its_consumers_as_they_come() {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while !replica.cli(&["INFO", "replication"]).unwrap_or_default().contains("master_link_status:up") {
         assert!(std::time::Instant::now() < deadline, "the replica did not connect");
-        throttle(&mut p, &[&format!("k{}", i % 5), "49", "1", "3600"]).unwrap();
+        throttle(&mut p, &[&format!("k{}", i % 5), "999999", "1", "3600"]).unwrap();
         let _: Value =
             redis::cmd("TG.CHECK").arg(format!("w{}", i % 3)).arg("window 1000/h").query(&mut p).unwrap();
         i += 1;
         std::thread::sleep(Duration::from_millis(2));
     }
     for j in 0..30 {
-        throttle(&mut p, &[&format!("k{}", j % 5), "49", "1", "3600"]).unwrap();
+        throttle(&mut p, &[&format!("k{}", j % 5), "999999", "1", "3600"]).unwrap();
     }
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut p).unwrap();
     assert_eq!(acked, 1);
@@ -331,10 +331,12 @@ fn replication_follows_its_consumers_as_they_come() {
         assert_eq!(a, b, "{key} after {i} decisions during the sync");
     }
     // FAILOVER: the replica becomes the primary and continues each bucket.
-    let before = throttle(&mut p, &["k0", "49", "1", "3600"]).unwrap();
+    // (A burst no number of decisions during the sync exhausts: k0 has room left.)
+    let before = throttle(&mut p, &["k0", "999999", "1", "3600"]).unwrap();
+    assert_eq!(before[0], 0, "{before:?}");
     let _: () = redis::cmd("FAILOVER").query(&mut p).unwrap();
     wait_for("the failover", || replica.cli(&["ROLE"]).unwrap_or_default().starts_with("master"));
-    let after = throttle(&mut r, &["k0", "49", "1", "3600"]).unwrap();
+    let after = throttle(&mut r, &["k0", "999999", "1", "3600"]).unwrap();
     assert_eq!((after[0], after[2]), (0, before[2] - 1), "{before:?} then {after:?}");
     // The former primary, now a replica, follows: the same bucket there.
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut r).unwrap();
