@@ -7,7 +7,8 @@
 # apt-get, a C and a C++ compiler (the C ABI's test, libFuzzer), pkg-config, valgrind (the C
 # test runs under memcheck), redis-server and redis-cli (the Redis and server tests, against a
 # real Redis), python3 (the benchmark smoke checks), libclang (bindgen, for the Redis module's
-# bindings), libdpdk-dev (DPDK's meters, against tollgate's; its EAL needs root); with rustup,
+# bindings), libdpdk-dev (DPDK's meters, against tollgate's; its EAL needs root), tcpdump (a
+# real capture for the packet pipeline); with rustup,
 # rustfmt and clippy; with
 # cargo, cargo-fuzz and cargo-deny. Nothing already present is touched.
 #
@@ -33,6 +34,8 @@ command -v python3 >/dev/null 2>&1 || missing+=(python3)
 ldconfig -p 2>/dev/null | grep -Eq 'libclang(-[0-9]+)?\.so' || missing+=(libclang-dev)
 # DPDK's rte_meter, run beside tollgate's meters in the packets crate's differential test.
 [[ -f /usr/include/dpdk/rte_meter.h ]] || missing+=(libdpdk-dev)
+# A real capture for the packet pipeline's test, taken on the loopback.
+command -v tcpdump >/dev/null 2>&1 || missing+=(tcpdump)
 if ((${#missing[@]})); then
     echo "installing with apt-get: ${missing[*]}"
     sudo=""
@@ -54,7 +57,7 @@ if ! command -v cargo-deny >/dev/null 2>&1; then
     echo "installing with cargo: cargo-deny (licences and bans)"
     cargo install cargo-deny --locked
 fi
-echo "present: a C and C++ compiler, pkg-config, valgrind, redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), python3, libclang, DPDK $(pkg-config --modversion libdpdk), rustfmt, clippy, cargo-fuzz, cargo-deny"
+echo "present: a C and C++ compiler, pkg-config, valgrind, redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), python3, libclang, DPDK $(pkg-config --modversion libdpdk), tcpdump, rustfmt, clippy, cargo-fuzz, cargo-deny"
 
 step "licences, bans and sources of every dependency (deny.toml; advisories need the network)"
 cargo deny --workspace check licenses bans sources

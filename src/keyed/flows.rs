@@ -163,11 +163,41 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         inputs: Option<&[Color]>,
         out: &mut [Color],
     ) -> usize {
+        let ticks = self.meter.ticks(elapsed);
+        self.burst(|_| ticks, keys, lens, inputs, out)
+    }
+
+    /// A burst whose packets keep their own times (a capture's timestamps): packet `i` at
+    /// `times[i]` since the meter's origin, as [`check_burst`](FlowMeters::check_burst)
+    /// otherwise. Each time costs a division per rate that one instant shares.
+    pub fn check_burst_at(
+        &mut self,
+        times: &[Nanos],
+        keys: &[K],
+        lens: &[u32],
+        inputs: Option<&[Color]>,
+        out: &mut [Color],
+    ) -> usize {
+        let n = keys.len().min(times.len());
+        let meter = self.meter;
+        self.burst(|i| meter.ticks(times[i]), &keys[..n], lens, inputs, out)
+    }
+
+    /// The bursts' loop: hashes and prefetches up to [`BURST`] homes, then decides them, packet
+    /// `i` at the byte-ticks `ticks(i)`.
+    #[inline]
+    fn burst(
+        &mut self,
+        ticks: impl Fn(usize) -> [u64; 2],
+        keys: &[K],
+        lens: &[u32],
+        inputs: Option<&[Color]>,
+        out: &mut [Color],
+    ) -> usize {
         let mut n = keys.len().min(lens.len()).min(out.len());
         if let Some(inputs) = inputs {
             n = n.min(inputs.len());
         }
-        let ticks = self.meter.ticks(elapsed);
         let mut homes = [0usize; BURST];
         let mut start = 0;
         while start < n {
@@ -179,7 +209,7 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
             }
             for i in start..end {
                 let input = inputs.map(|c| c[i]);
-                out[i] = self.decide(homes[i - start], &keys[i], ticks, u64::from(lens[i]), input);
+                out[i] = self.decide(homes[i - start], &keys[i], ticks(i), u64::from(lens[i]), input);
             }
             start = end;
         }
@@ -301,6 +331,15 @@ mod tests {
                 };
                 assert_eq!(out[i], want, "step {step}, packet {i}");
             }
+        }
+        // Per-packet times: as one by one at each packet's time.
+        let times: Vec<Nanos> = (0..45u64).map(|i| Nanos::new(2_000_000_000 + i * 1_000_000)).collect();
+        let keys: Vec<u32> = (0..45).map(|i| i % 3).collect();
+        let lens = vec![700u32; 45];
+        let mut out = vec![Color::Red; 45];
+        assert_eq!(burst.check_burst_at(&times, &keys, &lens, None, &mut out), 45);
+        for i in 0..45 {
+            assert_eq!(out[i], single.check(&keys[i], times[i], 700), "packet {i} at its own time");
         }
         // The shortest slice bounds a burst.
         assert_eq!(burst.check_burst(Nanos::ZERO, &[1, 2, 3], &[64, 64], None, &mut [Color::Red; 3]), 2);

@@ -109,9 +109,12 @@ pub unsafe extern "C" fn tollgate_flow_meters_color_burst(
                 out_ptr(colors_out, n, "colors_out")?,
             )
         };
-        // SAFETY: as above.
-        let inputs =
-            if colors_in.is_null() { None } else { Some(unsafe { slice(colors_in, n, "colors_in")? }) };
+        let inputs = if colors_in.is_null() {
+            None
+        } else {
+            // SAFETY: the caller's contract, passed on: `colors_in` is valid for `n` reads.
+            Some(unsafe { slice(colors_in, n, "colors_in")? })
+        };
         if let Some(bad) = inputs.and_then(|c| c.iter().position(|&c| c > 2)) {
             let c = inputs.map_or(0, |c| c[bad]);
             return Err(Error::invalid(format!(

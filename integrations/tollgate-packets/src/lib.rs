@@ -5,5 +5,9 @@
 //! With the `dpdk` feature, [`dpdk`] runs DPDK's own `rte_meter` in the same process (through a
 //! C shim), for the differential test against tollgate's meters and for the benchmark.
 
+pub mod capture;
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
+pub mod generate;
+pub mod packet;
+pub mod police;

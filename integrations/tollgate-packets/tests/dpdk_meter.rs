@@ -20,7 +20,7 @@
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use tollgate::{Color, Meter, MeterKind, MeterState, Nanos};
+use tollgate::{Color, Meter, MeterState, Nanos};
 use tollgate_packets::dpdk::{start_eal, DpdkMeter};
 
 fn hz() -> u64 {
@@ -40,68 +40,10 @@ fn divisors(n: u64, lo: u64, hi: u64) -> Vec<u64> {
     (lo..=hi.min(n)).filter(|d| n % d == 0).collect()
 }
 
-/// The RFCs' meters on token counters, credited by a function of the time: DPDK's periods,
-/// or the exact rates.
-struct Model {
-    kind: MeterKind,
-    sizes: (u64, u64),
-    levels: (u64, u64),
-    credited: (u64, u64),
-}
+#[path = "../../../tests/common/meter_model.rs"]
+mod meter_model;
 
-impl Model {
-    fn new(m: &Meter) -> Model {
-        let sizes = (m.committed().1, m.second().1);
-        Model { kind: m.kind(), sizes, levels: sizes, credited: (0, 0) }
-    }
-
-    /// A packet, the buckets credited `(c, second)` bytes in all by now.
-    fn color(&mut self, credited: (u64, u64), b: u64, input: Option<Color>) -> Color {
-        let new_c = credited.0 - self.credited.0;
-        let new_2 = credited.1 - self.credited.1;
-        self.credited = credited;
-        let (cbs, s2) = self.sizes;
-        let (tc, t2) = &mut self.levels;
-        match self.kind {
-            MeterKind::SrTcm => {
-                let to_c = new_c.min(cbs - *tc);
-                *tc += to_c;
-                *t2 = (*t2 + (new_c - to_c)).min(s2);
-            }
-            MeterKind::TrTcm | MeterKind::Rfc4115 => {
-                *tc = (*tc + new_c).min(cbs);
-                *t2 = (*t2 + new_2).min(s2);
-            }
-        }
-        let green_in = matches!(input, None | Some(Color::Green));
-        let not_red = input != Some(Color::Red);
-        match self.kind {
-            MeterKind::SrTcm | MeterKind::Rfc4115 => {
-                if green_in && *tc >= b {
-                    *tc -= b;
-                    Color::Green
-                } else if not_red && *t2 >= b {
-                    *t2 -= b;
-                    Color::Yellow
-                } else {
-                    Color::Red
-                }
-            }
-            MeterKind::TrTcm => {
-                if !not_red || *t2 < b {
-                    Color::Red
-                } else if !green_in || *tc < b {
-                    *t2 -= b;
-                    Color::Yellow
-                } else {
-                    *t2 -= b;
-                    *tc -= b;
-                    Color::Green
-                }
-            }
-        }
-    }
-}
+use meter_model::{exact_credit, MeterModel};
 
 fn build(kind: u8, cir: u64, cbs: u64, r2: u64, s2: u64) -> Meter {
     match kind {
@@ -230,8 +172,8 @@ fn elsewhere_every_difference_is_dpdks_period_rounding() {
                 );
                 worst_excess.set(worst_excess.get().max(excess));
             }
-            let mut dpdk_model = Model::new(&meter);
-            let mut exact_model = Model::new(&meter);
+            let mut dpdk_model = MeterModel::new(&meter);
+            let mut exact_model = MeterModel::new(&meter);
             let mut flow = MeterState::new();
             let mut cycles = 0u64;
             for (i, (gap, len, input)) in stream.into_iter().enumerate() {
@@ -251,9 +193,7 @@ fn elsewhere_every_difference_is_dpdks_period_rounding() {
                     None => flow.check(&meter, Nanos::new(ns), u64::from(len)),
                     Some(c) => flow.check_aware(&meter, Nanos::new(ns), u64::from(len), c),
                 };
-                let exact =
-                    |rate: u64| u64::try_from(u128::from(ns) * u128::from(rate) / 1_000_000_000).unwrap();
-                let exact_credit = (exact(r1), exact(second_rate));
+                let exact_credit = exact_credit(&meter, ns);
                 prop_assert_eq!(
                     exact_model.color(exact_credit, u64::from(len), input),
                     got,

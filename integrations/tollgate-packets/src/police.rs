@@ -1,0 +1,291 @@
+//! Policing a capture per flow: read, key, meter in bursts of 32, act on each colour, write.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{Read, Write};
+use std::str::FromStr;
+use std::time::Duration;
+
+use tollgate::{Color, FlowMeters, Meter, Nanos};
+
+use crate::capture::{CaptureError, CaptureReader, CaptureWriter, Record};
+use crate::packet::{self, FlowKey, KeyBy, Unmetered};
+
+/// Packets a burst meters at once (with the table's prefetch).
+pub const BURST: usize = 32;
+
+/// What happens to a packet of a colour.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Written out as it came.
+    Pass,
+    /// Written out with its DSCP set to this (0 to 63).
+    Remark(u8),
+    /// Not written out.
+    Drop,
+}
+
+impl FromStr for Action {
+    type Err = String;
+
+    /// `pass`, `drop`, or `remark=N` (a DSCP, 0 to 63; or its name: `af11` ... `af43`, `cs0`
+    /// ... `cs7`, `ef`, `be`).
+    fn from_str(s: &str) -> Result<Action, String> {
+        match s {
+            "pass" => return Ok(Action::Pass),
+            "drop" => return Ok(Action::Drop),
+            _ => {}
+        }
+        let value = s
+            .strip_prefix("remark=")
+            .ok_or_else(|| format!("`{s}` is not an action: pass, drop or remark=DSCP"))?;
+        let bad =
+            || format!("`{value}` is not a DSCP: 0 to 63, or a name (be, ef, cs0 to cs7, af11 to af43)");
+        let dscp = match value {
+            "be" => 0,
+            "ef" => 46,
+            _ if value.starts_with("cs") => {
+                value[2..].parse::<u8>().ok().filter(|&c| c <= 7).map(|c| c * 8).ok_or_else(bad)?
+            }
+            _ if value.starts_with("af") => {
+                let b = value.as_bytes();
+                let (class, drop) =
+                    (b.get(2).map(|c| c.wrapping_sub(b'0')), b.get(3).map(|c| c.wrapping_sub(b'0')));
+                match (class, drop, b.len()) {
+                    (Some(c @ 1..=4), Some(d @ 1..=3), 4) => c * 8 + d * 2,
+                    _ => return Err(bad()),
+                }
+            }
+            _ => value.parse::<u8>().ok().filter(|&d| d <= 63).ok_or_else(bad)?,
+        };
+        Ok(Action::Remark(dscp))
+    }
+}
+
+/// How to police.
+#[derive(Clone, Copy, Debug)]
+pub struct Policy {
+    /// Every flow's meter.
+    pub meter: Meter,
+    /// How packets make flows.
+    pub key_by: KeyBy,
+    /// What each colour does: green, yellow, red.
+    pub actions: [Action; 3],
+    /// What a malformed packet does (`Pass` or `Drop`; not IP always passes).
+    pub malformed: Action,
+    /// Flows the table holds at once (a new flow beyond it is red).
+    pub capacity: usize,
+    /// Whether to keep per-flow statistics ([`Report::flows`]).
+    pub per_flow: bool,
+}
+
+/// A flow's packets and bytes by colour.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowStats {
+    /// Packets: green, yellow, red.
+    pub packets: [u64; 3],
+    /// Bytes (IP): green, yellow, red.
+    pub bytes: [u64; 3],
+}
+
+/// What policing a capture did.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// Frames read.
+    pub frames: u64,
+    /// Frames written.
+    pub written: u64,
+    /// Metered packets and their bytes by colour.
+    pub colors: FlowStats,
+    /// Frames not metered, by reason ([`Unmetered::ALL`]'s order).
+    pub unmetered: [u64; 6],
+    /// Packets red because their new flow found no room in the table.
+    pub table_full: u64,
+    /// Per flow (when asked for).
+    pub flows: HashMap<FlowKey, FlowStats>,
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.colors;
+        writeln!(f, "frames read {}, written {}", self.frames, self.written)?;
+        for (i, name) in ["green", "yellow", "red"].iter().enumerate() {
+            writeln!(f, "{name:>7}: {} packets, {} bytes", c.packets[i], c.bytes[i])?;
+        }
+        for (reason, n) in Unmetered::ALL.iter().zip(self.unmetered) {
+            if n > 0 {
+                writeln!(f, "unmetered {}: {n}", reason.name())?;
+            }
+        }
+        if self.table_full > 0 {
+            writeln!(f, "red for want of room in the flow table: {}", self.table_full)?;
+        }
+        if !self.flows.is_empty() {
+            writeln!(f, "flows: {}", self.flows.len())?;
+        }
+        Ok(())
+    }
+}
+
+impl Report {
+    /// The per-flow statistics as CSV, one flow a line, sorted by flow.
+    pub fn flows_csv(&self, mut out: impl Write) -> std::io::Result<()> {
+        writeln!(out, "src,dst,proto,sport,dport,green_packets,green_bytes,yellow_packets,yellow_bytes,red_packets,red_bytes")?;
+        let mut flows: Vec<_> = self.flows.iter().collect();
+        flows.sort_unstable_by_key(|(k, _)| **k);
+        for (k, s) in flows {
+            writeln!(
+                out,
+                "{},{},{},{},{},{},{},{},{},{},{}",
+                k.source(),
+                k.destination(),
+                k.proto,
+                k.sport,
+                k.dport,
+                s.packets[0],
+                s.bytes[0],
+                s.packets[1],
+                s.bytes[1],
+                s.packets[2],
+                s.bytes[2]
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The per-flow statistics as a JSON array of objects, sorted by flow.
+    pub fn flows_json(&self, mut out: impl Write) -> std::io::Result<()> {
+        let mut flows: Vec<_> = self.flows.iter().collect();
+        flows.sort_unstable_by_key(|(k, _)| **k);
+        write!(out, "[")?;
+        for (i, (k, s)) in flows.into_iter().enumerate() {
+            let sep = if i == 0 { "\n" } else { ",\n" };
+            write!(
+                out,
+                "{sep}  {{\"src\": \"{}\", \"dst\": \"{}\", \"proto\": {}, \"sport\": {}, \"dport\": {}, \"green\": {{\"packets\": {}, \"bytes\": {}}}, \"yellow\": {{\"packets\": {}, \"bytes\": {}}}, \"red\": {{\"packets\": {}, \"bytes\": {}}}}}",
+                k.source(),
+                k.destination(),
+                k.proto,
+                k.sport,
+                k.dport,
+                s.packets[0],
+                s.bytes[0],
+                s.packets[1],
+                s.bytes[1],
+                s.packets[2],
+                s.bytes[2]
+            )?;
+        }
+        writeln!(out, "\n]")
+    }
+}
+
+/// A frame waiting in a burst, and what the burst decided for it.
+struct Pending {
+    record: Record,
+    /// Its flow, length and DSCP when metered; the reason when not.
+    read: Result<packet::Metered, Unmetered>,
+}
+
+/// Polices `input` per flow under `policy`, writing what passes to `output` (in the input's
+/// format) when given. Frames are metered at their timestamps, from the capture's first.
+pub fn police<R: Read, W: Write>(
+    input: R,
+    output: Option<W>,
+    policy: &Policy,
+) -> Result<Report, CaptureError> {
+    let mut reader = CaptureReader::new(input)?;
+    let mut writer = match output {
+        Some(w) => Some(CaptureWriter::like(w, &reader)?),
+        None => None,
+    };
+    let mut flows = FlowMeters::<FlowKey>::new(policy.meter, policy.capacity).map_err(|e| {
+        CaptureError::Format { offset: 0, what: format!("capacity {}: {e}", policy.capacity) }
+    })?;
+    let mut report = Report::default();
+    let mut origin: Option<Duration> = None;
+    let mut pending: Vec<Pending> = Vec::with_capacity(BURST);
+    let (mut keys, mut lens, mut times, mut idx) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut colors = [Color::Red; BURST];
+    loop {
+        let record = reader.next_record().transpose()?;
+        let end = record.is_none();
+        if let Some(record) = record {
+            let read = match &record {
+                Record::Frame(f) => {
+                    report.frames += 1;
+                    packet::read(f.link, &f.data, f.is_cut(), policy.key_by)
+                }
+                Record::Interface(_) => Err(Unmetered::NotIp),
+            };
+            pending.push(Pending { record, read });
+        }
+        let metered = pending.iter().filter(|p| p.read.is_ok()).count();
+        if metered < BURST && !end && pending.len() < 4 * BURST {
+            continue;
+        }
+        // A burst: key, meter, act, write, in order.
+        keys.clear();
+        lens.clear();
+        times.clear();
+        idx.clear();
+        for (i, p) in pending.iter().enumerate() {
+            if let (Ok(m), Record::Frame(f)) = (&p.read, &p.record) {
+                let origin = *origin.get_or_insert(f.timestamp);
+                let since = f.timestamp.saturating_sub(origin);
+                keys.push(m.key);
+                lens.push(m.len);
+                times.push(Nanos::new(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)));
+                idx.push(i);
+            }
+        }
+        let before_full = flows.table_full();
+        flows.check_burst_at(&times, &keys, &lens, None, &mut colors[..keys.len()]);
+        report.table_full += flows.table_full() - before_full;
+        let mut color_of = vec![None; pending.len()];
+        for (j, &i) in idx.iter().enumerate() {
+            color_of[i] = Some(colors[j]);
+        }
+        for (mut p, color) in pending.drain(..).zip(color_of) {
+            let action = match (&p.read, color) {
+                (Ok(m), Some(c)) => {
+                    let k = c as usize;
+                    report.colors.packets[k] += 1;
+                    report.colors.bytes[k] += u64::from(m.len);
+                    if policy.per_flow {
+                        let s = report.flows.entry(m.key).or_default();
+                        s.packets[k] += 1;
+                        s.bytes[k] += u64::from(m.len);
+                    }
+                    policy.actions[k]
+                }
+                (Err(reason), _) => {
+                    if matches!(p.record, Record::Frame(_)) {
+                        report.unmetered[Unmetered::ALL.iter().position(|r| r == reason).unwrap_or(0)] += 1;
+                    }
+                    if reason.is_malformed() {
+                        policy.malformed
+                    } else {
+                        Action::Pass
+                    }
+                }
+                (Ok(_), None) => Action::Pass,
+            };
+            if let (Action::Remark(dscp), Ok(m), Record::Frame(f)) = (action, &p.read, &mut p.record) {
+                packet::remark(&mut f.data, m.dscp, dscp);
+            }
+            if action != Action::Drop {
+                if let Some(w) = writer.as_mut() {
+                    w.write(&p.record)?;
+                    if matches!(p.record, Record::Frame(_)) {
+                        report.written += 1;
+                    }
+                }
+            }
+        }
+        if end {
+            break;
+        }
+    }
+    Ok(report)
+}
