@@ -23,6 +23,8 @@ pub mod guide {
     pub mod guarantees_and_testing {}
     #[doc = include_str!("../docs/guide/performance.md")]
     pub mod performance {}
+    #[doc = include_str!("../docs/guide/meters.md")]
+    pub mod meters {}
 }
 
 // The tree reads engine → policies → keyed table → clocks.
