@@ -13,7 +13,8 @@ use core::fmt;
 use core::hash::Hash;
 
 use super::prefetch_line;
-use crate::{Color, ConfigError, Meter, MeterState, Nanos};
+use crate::policies::meter::{RFC4115, SRTCM, TRTCM};
+use crate::{Color, ConfigError, Meter, MeterKind, MeterState, Nanos};
 
 /// Slots a flow may occupy from its home.
 const WINDOW: usize = 8;
@@ -183,8 +184,7 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         self.burst(|i| meter.ticks(times[i]), &keys[..n], lens, inputs, out)
     }
 
-    /// The bursts' loop: hashes and prefetches up to [`BURST`] homes, then decides them, packet
-    /// `i` at the byte-ticks `ticks(i)`.
+    /// The bursts' loop, specialized to the meter's kind and to colour-blind or -aware.
     #[inline]
     fn burst(
         &mut self,
@@ -198,22 +198,45 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         if let Some(inputs) = inputs {
             n = n.min(inputs.len());
         }
-        let mut homes = [0usize; BURST];
-        let mut start = 0;
-        while start < n {
-            let end = (start + BURST).min(n);
-            for (i, key) in keys[start..end].iter().enumerate() {
-                let home = self.home(key);
-                homes[i] = home;
-                prefetch_line(core::ptr::from_ref(&self.slots[home]).cast());
-            }
-            for i in start..end {
-                let input = inputs.map(|c| c[i]);
-                out[i] = self.decide(homes[i - start], &keys[i], ticks(i), u64::from(lens[i]), input);
-            }
-            start = end;
+        let (keys, lens, out) = (&keys[..n], &lens[..n], &mut out[..n]);
+        match (self.meter.kind(), inputs) {
+            (MeterKind::SrTcm, None) => self.burst_as::<SRTCM>(ticks, keys, lens, |_| None, out),
+            (MeterKind::TrTcm, None) => self.burst_as::<TRTCM>(ticks, keys, lens, |_| None, out),
+            (MeterKind::Rfc4115, None) => self.burst_as::<RFC4115>(ticks, keys, lens, |_| None, out),
+            (MeterKind::SrTcm, Some(c)) => self.burst_as::<SRTCM>(ticks, keys, lens, |i| Some(c[i]), out),
+            (MeterKind::TrTcm, Some(c)) => self.burst_as::<TRTCM>(ticks, keys, lens, |i| Some(c[i]), out),
+            (MeterKind::Rfc4115, Some(c)) => self.burst_as::<RFC4115>(ticks, keys, lens, |i| Some(c[i]), out),
         }
         n
+    }
+
+    /// Hashes and prefetches up to [`BURST`] homes, then decides them, packet `i` at the
+    /// byte-ticks `ticks(i)`, arriving coloured `input(i)`.
+    #[inline(always)]
+    fn burst_as<const KIND: u8>(
+        &mut self,
+        ticks: impl Fn(usize) -> [u64; 2],
+        keys: &[K],
+        lens: &[u32],
+        input: impl Fn(usize) -> Option<Color>,
+        out: &mut [Color],
+    ) {
+        let mut homes = [0usize; BURST];
+        let chunks = keys.chunks(BURST).zip(lens.chunks(BURST)).zip(out.chunks_mut(BURST));
+        for (c, ((keys, lens), out)) in chunks.enumerate() {
+            for (home, key) in homes.iter_mut().zip(keys) {
+                *home = self.home(key);
+                // The slot's first and last bytes: a slot that straddles two cache lines
+                // (slots are not aligned to lines) is fetched whole.
+                let p: *const u8 = core::ptr::from_ref(&self.slots[*home]).cast();
+                prefetch_line(p);
+                prefetch_line(p.wrapping_add(size_of::<Slot<K>>() - 1));
+            }
+            for (j, (((home, key), len), out)) in homes.iter().zip(keys).zip(lens).zip(out).enumerate() {
+                let i = c * BURST + j;
+                *out = self.decide_as::<KIND>(*home, key, ticks(i), u64::from(*len), input(i));
+            }
+        }
     }
 
     /// Removes every flow whose buckets are full at `elapsed` (its state is a fresh flow's):
@@ -244,23 +267,43 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
     /// or a flow full again), or red when there is none.
     #[inline]
     fn decide(&mut self, home: usize, key: &K, ticks: [u64; 2], bytes: u64, input: Option<Color>) -> Color {
-        let mut free = None;
+        match self.meter.kind() {
+            MeterKind::SrTcm => self.decide_as::<SRTCM>(home, key, ticks, bytes, input),
+            MeterKind::TrTcm => self.decide_as::<TRTCM>(home, key, ticks, bytes, input),
+            MeterKind::Rfc4115 => self.decide_as::<RFC4115>(home, key, ticks, bytes, input),
+        }
+    }
+
+    /// [`decide`](FlowMeters::decide) for a meter of kind `KIND`: the key found in its window
+    /// (its home first), else a new flow's slot taken out of line.
+    #[inline(always)]
+    fn decide_as<const KIND: u8>(
+        &mut self,
+        home: usize,
+        key: &K,
+        ticks: [u64; 2],
+        bytes: u64,
+        input: Option<Color>,
+    ) -> Color {
         for j in 0..WINDOW {
-            let i = (home + j) & self.mask;
-            match &self.slots[i].key {
-                Some(k) if k == key => {
-                    return self.slots[i].state.check_at(&self.meter, ticks, bytes, input);
-                }
-                None => {
-                    free.get_or_insert(i);
-                }
-                Some(_) => {
-                    if free.is_none() && self.meter.is_full(&self.slots[i].state, ticks) {
-                        free = Some(i);
-                    }
-                }
+            let slot = &mut self.slots[(home + j) & self.mask];
+            if slot.key.as_ref() == Some(key) {
+                return slot.state.check_as::<KIND>(&self.meter, ticks, bytes, input);
             }
         }
+        self.insert(home, key, ticks, bytes, input)
+    }
+
+    /// A flow not in its window: the first empty slot of the window, else the first whose
+    /// flow is full again, becomes its; red (counted) when there is none.
+    #[cold]
+    #[inline(never)]
+    fn insert(&mut self, home: usize, key: &K, ticks: [u64; 2], bytes: u64, input: Option<Color>) -> Color {
+        let window = (0..WINDOW).map(|j| (home + j) & self.mask);
+        let free = window
+            .clone()
+            .find(|&i| self.slots[i].key.is_none())
+            .or_else(|| window.clone().find(|&i| self.meter.is_full(&self.slots[i].state, ticks)));
         let Some(i) = free else {
             self.table_full += 1;
             return Color::Red;

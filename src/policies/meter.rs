@@ -85,7 +85,21 @@ pub enum MeterKind {
     Rfc4115,
 }
 
+/// [`MeterKind::code`]s, for decisions specialized to one kind.
+pub(crate) const SRTCM: u8 = 0;
+pub(crate) const TRTCM: u8 = 1;
+pub(crate) const RFC4115: u8 = 2;
+
 impl MeterKind {
+    /// The kind as a number: [`SRTCM`], [`TRTCM`], [`RFC4115`].
+    pub(crate) const fn code(self) -> u8 {
+        match self {
+            MeterKind::SrTcm => SRTCM,
+            MeterKind::TrTcm => TRTCM,
+            MeterKind::Rfc4115 => RFC4115,
+        }
+    }
+
     /// The name in a meter's string form: `"srtcm"`, `"trtcm"`, `"rfc4115"`.
     pub const fn name(self) -> &'static str {
         match self {
@@ -147,6 +161,12 @@ impl Bucket {
     #[inline]
     fn level(&self, full: u64, k: u64) -> u64 {
         self.size - full.saturating_sub(k).min(self.size)
+    }
+
+    /// Whether `bytes` fit in the bucket at tick `k`.
+    #[inline(always)]
+    fn fits(&self, full: u64, k: u64, bytes: u64) -> bool {
+        self.level(full, k) >= bytes
     }
 }
 
@@ -244,23 +264,41 @@ impl Meter {
     #[inline]
     pub(crate) fn decide(
         &self,
+        full: [u64; 2],
+        ticks: [u64; 2],
+        bytes: u64,
+        input: Option<Color>,
+    ) -> ([u64; 2], Color) {
+        match self.kind {
+            MeterKind::SrTcm => self.decide_as::<SRTCM>(full, ticks, bytes, input),
+            MeterKind::TrTcm => self.decide_as::<TRTCM>(full, ticks, bytes, input),
+            MeterKind::Rfc4115 => self.decide_as::<RFC4115>(full, ticks, bytes, input),
+        }
+    }
+
+    /// [`decide`](Meter::decide) for a meter of kind `KIND` ([`MeterKind::code`]), which it
+    /// must be: a loop over many packets of one meter picks its kind once, not per packet.
+    #[inline(always)]
+    pub(crate) fn decide_as<const KIND: u8>(
+        &self,
         [fc, f2]: [u64; 2],
         [kc, k2]: [u64; 2],
         bytes: u64,
         input: Option<Color>,
     ) -> ([u64; 2], Color) {
+        debug_assert_eq!(self.kind.code(), KIND);
         let (green_ok, yellow_ok) = match input {
             None | Some(Color::Green) => (true, true),
             Some(Color::Yellow) => (false, true),
             Some(Color::Red) => (false, false),
         };
         let (c, second) = (&self.committed, &self.second);
-        match self.kind {
-            MeterKind::SrTcm => {
+        match KIND {
+            SRTCM => {
                 // E's ticks are C's (one rate); E fills from the tick C is full.
                 let c_full = fc.max(kc);
                 let e_deficit = f2.saturating_sub(c_full);
-                if green_ok && c.level(fc, kc) >= bytes {
+                if green_ok && c.fits(fc, kc, bytes) {
                     let fc = c_full + bytes;
                     ([fc, fc + e_deficit], Color::Green)
                 } else if yellow_ok && second.size - e_deficit.min(second.size) >= bytes {
@@ -269,19 +307,19 @@ impl Meter {
                     ([fc, f2], Color::Red)
                 }
             }
-            MeterKind::TrTcm => {
-                if !yellow_ok || second.level(f2, k2) < bytes {
+            TRTCM => {
+                if !yellow_ok || !second.fits(f2, k2, bytes) {
                     ([fc, f2], Color::Red)
-                } else if !green_ok || c.level(fc, kc) < bytes {
+                } else if !green_ok || !c.fits(fc, kc, bytes) {
                     ([fc, f2.max(k2) + bytes], Color::Yellow)
                 } else {
                     ([fc.max(kc) + bytes, f2.max(k2) + bytes], Color::Green)
                 }
             }
-            MeterKind::Rfc4115 => {
-                if green_ok && c.level(fc, kc) >= bytes {
+            _ => {
+                if green_ok && c.fits(fc, kc, bytes) {
                     ([fc.max(kc) + bytes, f2], Color::Green)
-                } else if yellow_ok && second.level(f2, k2) >= bytes {
+                } else if yellow_ok && second.fits(f2, k2, bytes) {
                     ([fc, f2.max(k2) + bytes], Color::Yellow)
                 } else {
                     ([fc, f2], Color::Red)
@@ -354,6 +392,20 @@ impl MeterState {
         input: Option<Color>,
     ) -> Color {
         let (next, color) = meter.decide(self.full, ticks, bytes, input);
+        self.full = next;
+        color
+    }
+
+    /// [`check_at`](MeterState::check_at) for a meter of kind `KIND`.
+    #[inline(always)]
+    pub(crate) fn check_as<const KIND: u8>(
+        &mut self,
+        meter: &Meter,
+        ticks: [u64; 2],
+        bytes: u64,
+        input: Option<Color>,
+    ) -> Color {
+        let (next, color) = meter.decide_as::<KIND>(self.full, ticks, bytes, input);
         self.full = next;
         color
     }

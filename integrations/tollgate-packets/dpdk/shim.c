@@ -113,3 +113,44 @@ void tg_dpdk_meter_levels(const struct tg_dpdk_meter *t, uint64_t out[2]) {
     default: out[0] = t->m.rfc.tc; out[1] = t->m.rfc.te;
     }
 }
+
+/* Many flows' trTCM runtimes under one profile, for the benchmark: the meters of DPDK's
+ * qos_meter sample behind a table the caller keeps (flow -> index). */
+struct tg_dpdk_flows {
+    struct rte_meter_trtcm_profile p;
+    struct rte_meter_trtcm *m;
+    size_t n;
+};
+
+struct tg_dpdk_flows *tg_dpdk_flows_new(uint64_t cir, uint64_t cbs, uint64_t pir, uint64_t pbs, size_t n) {
+    struct tg_dpdk_flows *f = calloc(1, sizeof(*f));
+    if (f == NULL) return NULL;
+    struct rte_meter_trtcm_params params = { .cir = cir, .pir = pir, .cbs = cbs, .pbs = pbs };
+    f->m = aligned_alloc(64, ((n * sizeof(*f->m)) + 63) / 64 * 64);
+    if (f->m == NULL || rte_meter_trtcm_profile_config(&f->p, &params) != 0) { free(f->m); free(f); return NULL; }
+    for (size_t i = 0; i < n; i++) rte_meter_trtcm_config(&f->m[i], &f->p);
+    f->n = n;
+    return f;
+}
+
+void tg_dpdk_flows_free(struct tg_dpdk_flows *f) { if (f) { free(f->m); free(f); } }
+
+/* Colour-blind trTCM checks for a burst at one TSC reading, as the qos_meter sample does. */
+void tg_dpdk_flows_burst(struct tg_dpdk_flows *f, const uint32_t *idx, const uint32_t *lens, uint32_t n,
+                         uint64_t time, uint8_t *colors) {
+    for (uint32_t i = 0; i < n; i++)
+        colors[i] = (uint8_t)rte_meter_trtcm_color_blind_check(&f->m[idx[i]], &f->p, time, lens[i]);
+}
+
+uint64_t tg_dpdk_tsc(void) { return rte_rdtsc(); }
+
+/* Colour-blind trTCM checks on runtimes the caller's table holds (struct rte_meter_trtcm is
+ * four uint64_t: time_tc, time_tp, tc, tp), for the benchmark's like-with-like table. */
+size_t tg_dpdk_trtcm_runtime_size(void) { return sizeof(struct rte_meter_trtcm); }
+
+void tg_dpdk_trtcm_burst(const struct tg_dpdk_flows *f, struct rte_meter_trtcm *const *runtimes,
+                         const uint32_t *lens, uint32_t n, uint64_t time, uint8_t *colors) {
+    struct rte_meter_trtcm_profile *p = (struct rte_meter_trtcm_profile *)&f->p;
+    for (uint32_t i = 0; i < n; i++)
+        colors[i] = (uint8_t)rte_meter_trtcm_color_blind_check(runtimes[i], p, time, lens[i]);
+}

@@ -112,3 +112,112 @@ impl Drop for DpdkMeter {
 
 // SAFETY: the meter is plain memory the shim allocated, owned by this handle alone.
 unsafe impl Send for DpdkMeter {}
+
+extern "C" {
+    fn tg_dpdk_flows_new(cir: u64, cbs: u64, pir: u64, pbs: u64, n: usize) -> *mut c_void;
+    fn tg_dpdk_flows_free(f: *mut c_void);
+    fn tg_dpdk_flows_burst(
+        f: *mut c_void,
+        idx: *const u32,
+        lens: *const u32,
+        n: u32,
+        time: u64,
+        colors: *mut u8,
+    );
+    fn tg_dpdk_tsc() -> u64;
+    fn tg_dpdk_trtcm_runtime_size() -> usize;
+    fn tg_dpdk_trtcm_burst(
+        f: *const c_void,
+        runtimes: *const *mut u64,
+        lens: *const u32,
+        n: u32,
+        time: u64,
+        colors: *mut u8,
+    );
+}
+
+/// A trTCM runtime as DPDK lays it out (`struct rte_meter_trtcm`: the C and P buckets' last
+/// update times in TSC cycles, then their levels in bytes), for a table of the caller's own.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TrTcmRuntime {
+    /// `time_tc`, `time_tp`, `tc`, `tp`.
+    pub words: [u64; 4],
+}
+
+impl TrTcmRuntime {
+    /// Both buckets full at `tsc` (as `rte_meter_trtcm_config` leaves a runtime).
+    pub fn full(cbs: u64, pbs: u64, tsc: u64) -> TrTcmRuntime {
+        // SAFETY: reads a constant.
+        assert_eq!(unsafe { tg_dpdk_trtcm_runtime_size() }, std::mem::size_of::<TrTcmRuntime>());
+        TrTcmRuntime { words: [tsc, tsc, cbs, pbs] }
+    }
+}
+
+/// DPDK's trTCM runtimes for `n` flows under one profile (for the benchmark): the caller keeps
+/// the flow-to-index table; a burst is metered in C, at one TSC reading, as DPDK's qos_meter
+/// sample meters it.
+#[derive(Debug)]
+pub struct DpdkFlows {
+    ptr: NonNull<c_void>,
+    n: usize,
+}
+
+impl DpdkFlows {
+    /// `n` trTCM meters (rates in bytes/s, sizes in bytes), both buckets full; `None` where
+    /// DPDK refuses the profile or memory runs out. The EAL must be started.
+    pub fn new(cir: u64, cbs: u64, pir: u64, pbs: u64, n: usize) -> Option<DpdkFlows> {
+        // SAFETY: plain values in, the shim's allocation (or NULL) out.
+        NonNull::new(unsafe { tg_dpdk_flows_new(cir, cbs, pir, pbs, n) }).map(|ptr| DpdkFlows { ptr, n })
+    }
+
+    /// Colours a burst at `tsc`: packet `i` of the flow at `idx[i]` (below `n`: checked) and
+    /// `lens[i]` bytes into `colors[i]` (DPDK's values).
+    pub fn burst(&mut self, idx: &[u32], lens: &[u32], tsc: u64, colors: &mut [u8]) {
+        let n = idx.len().min(lens.len()).min(colors.len());
+        assert!(idx[..n].iter().all(|&i| (i as usize) < self.n), "a flow index out of range");
+        let n32 = u32::try_from(n).expect("a burst of fewer than 2^32 packets");
+        // SAFETY: every index is in range (checked); the slices hold `n` elements.
+        unsafe {
+            tg_dpdk_flows_burst(self.ptr.as_ptr(), idx.as_ptr(), lens.as_ptr(), n32, tsc, colors.as_mut_ptr())
+        };
+    }
+}
+
+impl DpdkFlows {
+    /// Colours a burst at `tsc` on runtimes of the caller's table: packet `i` on `runtimes[i]`
+    /// and `lens[i]` bytes into `colors[i]`, under this object's profile.
+    ///
+    /// # Safety
+    /// Every pointer in `runtimes` is a live `TrTcmRuntime` that nothing else reads or writes
+    /// during the call (the same one may appear several times).
+    pub unsafe fn burst_on(&self, runtimes: &[*mut TrTcmRuntime], lens: &[u32], tsc: u64, colors: &mut [u8]) {
+        let n = runtimes.len().min(lens.len()).min(colors.len());
+        let n32 = u32::try_from(n).expect("a burst of fewer than 2^32 packets");
+        // SAFETY: each pointer is a live runtime (the caller's contract), checked one after
+        // another in C; the slices hold `n` elements.
+        unsafe {
+            tg_dpdk_trtcm_burst(
+                self.ptr.as_ptr(),
+                runtimes.as_ptr().cast(),
+                lens.as_ptr(),
+                n32,
+                tsc,
+                colors.as_mut_ptr(),
+            )
+        };
+    }
+}
+
+impl Drop for DpdkFlows {
+    fn drop(&mut self) {
+        // SAFETY: the shim's allocation, freed once.
+        unsafe { tg_dpdk_flows_free(self.ptr.as_ptr()) };
+    }
+}
+
+/// The TSC now (DPDK's `rte_rdtsc`).
+pub fn tsc() -> u64 {
+    // SAFETY: reads a counter.
+    unsafe { tg_dpdk_tsc() }
+}
