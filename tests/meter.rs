@@ -17,7 +17,7 @@ fn meter() -> impl Strategy<Value = Meter> {
     (0..3u8, rate.clone(), size.clone(), rate, size).prop_map(|(k, r1, s1, r2, s2)| match k {
         0 => Meter::srtcm(r1, s1, s2 - 1).unwrap(),
         1 => Meter::trtcm(r1, s1, r2, s2).unwrap(),
-        _ => Meter::rfc4115(r1, s1, r2 - 1, s2 - 1).unwrap(),
+        _ => Meter::rfc4115(r1, s1, r2 - 1, if r2 == 1 { 0 } else { s2 - 1 }).unwrap(),
     })
 }
 

@@ -8,6 +8,10 @@
 //! ([`FlowMeters::table_full`]): the table fails closed, never handing out fresh buckets.
 //! Bursts ([`FlowMeters::check_burst`]) read the clock once (the caller's), hash every packet,
 //! start fetching every home before deciding any, and compute each rate's byte-tick once.
+//!
+//! A time earlier than the latest the table has read is read as that latest (the table's
+//! clock stands still): a flow whose slot was reused or swept, coming back at an earlier
+//! time, must not find fresh buckets it would not have had at the time it left.
 
 use core::fmt;
 use core::hash::Hash;
@@ -51,6 +55,8 @@ pub struct FlowMeters<K> {
     hasher: ahash::RandomState,
     flows: usize,
     table_full: u64,
+    /// The latest time a decision or a sweep has read: an earlier one is read as this.
+    latest: Nanos,
 }
 
 impl<K> fmt::Debug for FlowMeters<K> {
@@ -65,8 +71,12 @@ impl<K> fmt::Debug for FlowMeters<K> {
 }
 
 impl<K: Hash + Eq + Clone> FlowMeters<K> {
-    /// The most slots a table may have: 2^32.
+    /// The most slots a table may have: 2^32 (2^28 where `usize` has 32 bits).
+    #[cfg(target_pointer_width = "64")]
     pub const MAX_CAPACITY: usize = 1 << 32;
+    /// The most slots a table may have: 2^32 (2^28 where `usize` has 32 bits).
+    #[cfg(not(target_pointer_width = "64"))]
+    pub const MAX_CAPACITY: usize = 1 << 28;
 
     /// A table of at least `capacity` flows (rounded up to a power of two, at least 8) under
     /// `meter`, hashed with random seeds.
@@ -109,6 +119,7 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
             hasher,
             flows: 0,
             table_full: 0,
+            latest: Nanos::ZERO,
         })
     }
 
@@ -140,7 +151,7 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
 
     /// Colour-blind: one packet of `bytes` of flow `key` at `elapsed` since the meter's origin.
     pub fn check(&mut self, key: &K, elapsed: Nanos, bytes: u64) -> Color {
-        let ticks = self.meter.ticks(elapsed);
+        let ticks = self.ticks_at(elapsed);
         let home = self.home(key);
         self.decide(home, key, ticks, bytes, None)
     }
@@ -148,7 +159,7 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
     /// Colour-aware: as [`check`](FlowMeters::check) for a packet that arrives coloured
     /// `input`.
     pub fn check_aware(&mut self, key: &K, elapsed: Nanos, bytes: u64, input: Color) -> Color {
-        let ticks = self.meter.ticks(elapsed);
+        let ticks = self.ticks_at(elapsed);
         let home = self.home(key);
         self.decide(home, key, ticks, bytes, Some(input))
     }
@@ -164,7 +175,7 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         inputs: Option<&[Color]>,
         out: &mut [Color],
     ) -> usize {
-        let ticks = self.meter.ticks(elapsed);
+        let ticks = self.ticks_at(elapsed);
         self.burst(|_| ticks, keys, lens, inputs, out)
     }
 
@@ -181,7 +192,29 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
     ) -> usize {
         let n = keys.len().min(times.len());
         let meter = self.meter;
-        self.burst(|i| meter.ticks(times[i]), &keys[..n], lens, inputs, out)
+        // Packets are decided in order: each at its time or the latest before it.
+        let latest = core::cell::Cell::new(self.latest);
+        let done = self.burst(
+            |i| {
+                let t = times[i].max(latest.get());
+                latest.set(t);
+                meter.ticks(t)
+            },
+            &keys[..n],
+            lens,
+            inputs,
+            out,
+        );
+        self.latest = latest.get();
+        done
+    }
+
+    /// The byte-ticks at `elapsed`, or at the latest time the table has seen if that is later
+    /// (which `elapsed` becomes).
+    #[inline]
+    fn ticks_at(&mut self, elapsed: Nanos) -> [u64; 2] {
+        self.latest = self.latest.max(elapsed);
+        self.meter.ticks(self.latest)
     }
 
     /// The bursts' loop, specialized to the meter's kind and to colour-blind or -aware.
@@ -243,7 +276,7 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
     /// how many. Not needed for correctness (a new flow takes such a slot anyway); it makes
     /// [`len`](FlowMeters::len) count the flows still metering.
     pub fn sweep(&mut self, elapsed: Nanos) -> usize {
-        let ticks = self.meter.ticks(elapsed);
+        let ticks = self.ticks_at(elapsed);
         let mut removed = 0;
         for slot in self.slots.iter_mut() {
             if slot.key.is_some() && self.meter.is_full(&slot.state, ticks) {
@@ -386,6 +419,22 @@ mod tests {
         }
         // The shortest slice bounds a burst.
         assert_eq!(burst.check_burst(Nanos::ZERO, &[1, 2, 3], &[64, 64], None, &mut [Color::Red; 3]), 2);
+    }
+
+    #[test]
+    fn a_swept_flow_coming_back_earlier_is_no_fresher() {
+        let meter = Meter::trtcm(1_000, 1_000, 2_000, 2_000).unwrap();
+        let mut flows = FlowMeters::<u8>::with_seeds(meter, 8, [1; 4]).unwrap();
+        assert_eq!(flows.check(&1, Nanos::ZERO, 1_000), Color::Green);
+        assert_eq!(flows.sweep(Nanos::new(1_000_000_000)), 1);
+        // At 0.5 s it would have C 500: read at 1 s (the table's latest), C is full again.
+        assert_eq!(flows.check(&1, Nanos::new(500_000_000), 1_000), Color::Green);
+        assert_eq!(flows.check(&1, Nanos::new(500_000_000), 1), Color::Yellow);
+        let mut out = [Color::Red; 2];
+        let times = [Nanos::new(3_000_000_000), Nanos::new(2_000_000_000)];
+        flows.check_burst_at(&times, &[1, 1], &[1_000, 1_000], None, &mut out);
+        // The second packet, stamped earlier, is read at the first's time: C empty then.
+        assert_eq!(out, [Color::Green, Color::Yellow]);
     }
 
     #[test]

@@ -193,8 +193,19 @@ impl Meter {
     }
 
     /// RFC 4115's two-rate marker: committed `cir`/`cbs` and excess `eir`/`ebs`, filled
-    /// independently (bytes/s, bytes). `eir` and `ebs` may be 0 (no yellow).
+    /// independently (bytes/s, bytes). `eir` and `ebs` may both be 0 (no yellow); `ebs`
+    /// without `eir` is refused (a bucket that would never refill).
     pub fn rfc4115(cir: u64, cbs: u64, eir: u64, ebs: u64) -> Result<Meter, ConfigError> {
+        if eir == 0 && ebs > 0 {
+            // An excess bucket that never refills: a flow that once used it would never be
+            // full again (and never leave a table).
+            return Err(ConfigError::MeterTooLarge {
+                meter: "rfc4115",
+                what: "ebs (with eir 0)",
+                value: ebs,
+                max: 0,
+            });
+        }
         Meter::build(MeterKind::Rfc4115, (cir, cbs), (eir, ebs), ("cir", "cbs"), ("eir", "ebs"))
     }
 
@@ -427,14 +438,12 @@ impl fmt::Display for Meter {
     }
 }
 
-/// A rate in bytes per second: `"100Mbit/s"`, `"12500000B/s"`, `"1.5Gbit/s"` is not accepted
-/// (whole numbers only), `"10MB/s"`, `"8kbit/s"`. Bit rates must be whole bytes per second.
+/// A rate in bytes per second: `"100Mbit/s"`, `"12500000B/s"`, `"10MB/s"`, `"8kbit/s"` (whole
+/// numbers only: not `"1.5Gbit/s"`). Bit rates must be whole bytes per second.
 fn parse_rate(what: &'static str, text: &str) -> Result<u64, ParseError> {
     let bad = || ParseError::BadNumber { what, number: text.to_owned() };
-    let per_second = text
-        .strip_suffix("/s")
-        .or_else(|| text.strip_suffix("ps"))
-        .ok_or_else(|| ParseError::BadMeterUnit { what, value: text.to_owned() })?;
+    let per_second =
+        text.strip_suffix("/s").ok_or_else(|| ParseError::BadMeterUnit { what, value: text.to_owned() })?;
     let split = per_second.find(|c: char| !c.is_ascii_digit()).unwrap_or(per_second.len());
     let (digits, unit) = per_second.split_at(split);
     let n: u64 = digits.parse().map_err(|_| bad())?;
@@ -464,7 +473,7 @@ fn parse_rate(what: &'static str, text: &str) -> Result<u64, ParseError> {
     }
 }
 
-/// A size in bytes: `"16KiB"`, `"2048"`, `"2048B"`, `"1MB"`, `"64kB"`.
+/// A size in bytes: `"16KiB"`, `"2048"`, `"2048B"`, `"1MB"`, `"64kB"`, `"1TiB"`.
 fn parse_size(what: &'static str, text: &str) -> Result<u64, ParseError> {
     let bad = || ParseError::BadNumber { what, number: text.to_owned() };
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
@@ -478,6 +487,7 @@ fn parse_size(what: &'static str, text: &str) -> Result<u64, ParseError> {
         "KiB" => 1 << 10,
         "MiB" => 1 << 20,
         "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
         _ => return Err(ParseError::BadMeterUnit { what, value: text.to_owned() }),
     };
     n.checked_mul(scale).ok_or_else(bad)
@@ -552,6 +562,8 @@ mod tests {
             ("trtcm cir=1B/s cbs=1 pir=0B/s pbs=1", "pir"),
             ("srtcm cir=2Tbit/s cbs=1 ebs=1", "exceeds"),
             ("meter cir=1B/s", "unknown meter `meter`"),
+            ("srtcm cir=100Mbps cbs=1 ebs=1", "`100Mbps`"),
+            ("rfc4115 cir=1B/s cbs=1 eir=0B/s ebs=5", "ebs (with eir 0)"),
             ("srtcm cir=1B/s cbs=99999999999999999999 ebs=1", "`99999999999999999999`"),
         ] {
             let e = text.parse::<Meter>().unwrap_err().to_string();
@@ -625,6 +637,8 @@ mod tests {
         assert_eq!(s.check_aware(&m, at(100), 1, Color::Green), Color::Red);
         // No yellow at all with an empty E.
         let no_e = Meter::rfc4115(1_000, 1_000, 0, 0).unwrap();
+        assert!(Meter::rfc4115(1_000, 1_000, 0, 1).is_err(), "an E that never refills");
+        assert_eq!("srtcm cir=1B/s cbs=1TiB ebs=0".parse::<Meter>().unwrap().committed().1, Meter::MAX_SIZE);
         let mut s = MeterState::new();
         assert_eq!(s.check(&no_e, at(0), 1_000), Color::Green);
         assert_eq!(s.check(&no_e, at(0), 1), Color::Red);

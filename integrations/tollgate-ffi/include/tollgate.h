@@ -506,7 +506,7 @@ enum tollgate_status tollgate_flow_meters_now(const struct tollgate_flow_meters 
 //
 // # Safety
 // `table` is null or live; `keys`, `lens` and `colors_in` are null or valid for `n` reads;
-// `colors_out` is null or valid for `n` writes, and overlaps no input.
+// `colors_out` is null or valid for `n` writes, and overlaps no input but `colors_in`, which
 enum tollgate_status tollgate_flow_meters_color_burst(const struct tollgate_flow_meters *table,
                                                       uint64_t now_ns,
                                                       const uint64_t *keys,

@@ -84,7 +84,7 @@ pub(crate) unsafe fn get<'a, T>(p: *const T, what: &str) -> Result<&'a T, Error>
 /// Checks an array argument of `len` elements: null only when empty, aligned for `T`, and
 /// small enough to be one object.
 #[inline(always)]
-fn check_array<T>(p: *const T, len: usize, what: &str) -> Result<(), Error> {
+pub(crate) fn check_array<T>(p: *const T, len: usize, what: &str) -> Result<(), Error> {
     if len == 0 {
         return Ok(());
     }

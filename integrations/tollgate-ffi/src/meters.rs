@@ -6,7 +6,7 @@ use std::sync::TryLockError;
 
 use tollgate::{Clock, Color, DefaultClock, FlowMeters, Meter, Nanos};
 
-use super::handles::{get, make, out_ptr, slice};
+use super::handles::{check_array, get, make, out_ptr, slice};
 use super::*;
 
 /// The colour of `tollgate_flow_meters_color_burst`'s colours (`uint8_t` values): DPDK's
@@ -87,7 +87,8 @@ pub unsafe extern "C" fn tollgate_flow_meters_now(
 ///
 /// # Safety
 /// `table` is null or live; `keys`, `lens` and `colors_in` are null or valid for `n` reads;
-/// `colors_out` is null or valid for `n` writes, and overlaps no input.
+/// `colors_out` is null or valid for `n` writes, and overlaps no input but `colors_in`, which
+// it may be (colouring in place).
 #[no_mangle]
 pub unsafe extern "C" fn tollgate_flow_meters_color_burst(
     table: *const tollgate_flow_meters,
@@ -109,30 +110,32 @@ pub unsafe extern "C" fn tollgate_flow_meters_color_burst(
                 out_ptr(colors_out, n, "colors_out")?,
             )
         };
+        // Input colours are read through their pointer, never as a slice, so that `colors_out`
+        // may be `colors_in` (colouring in place, as a DPDK loop keeps one colour per mbuf):
+        // each chunk's colours are read before any of its outputs is written.
         let inputs = if colors_in.is_null() {
             None
         } else {
-            // SAFETY: the caller's contract, passed on: `colors_in` is valid for `n` reads.
-            Some(unsafe { slice(colors_in, n, "colors_in")? })
+            check_array(colors_in, n, "colors_in")?;
+            Some(colors_in)
         };
-        if let Some(bad) = inputs.and_then(|c| c.iter().position(|&c| c > 2)) {
-            let c = inputs.map_or(0, |c| c[bad]);
-            return Err(Error::invalid(format!(
-                "colors_in[{bad}] is {c}: a colour is 0 (green), 1 (yellow) or 2 (red)"
-            )));
+        if let Some(p) = inputs {
+            for i in 0..n {
+                // SAFETY: valid for `n` reads (the caller's contract; checked non-null, aligned).
+                let c = unsafe { p.add(i).read() };
+                if c > 2 {
+                    return Err(Error::invalid(format!(
+                        "colors_in[{i}] is {c}: a colour is 0 (green), 1 (yellow) or 2 (red)"
+                    )));
+                }
+            }
         }
         let mut flows = match t.flows.try_lock() {
             Ok(flows) => flows,
             // A panic inside a call left it: the table itself is consistent (a decision
             // writes a flow's state whole).
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => {
-                return Err(Error::new(
-                    tollgate_status::TOLLGATE_ERROR_HANDLE,
-                    "table is in use by another thread: a flow table belongs to one thread at a time"
-                        .to_owned(),
-                ))
-            }
+            Err(TryLockError::WouldBlock) => return Err(in_use()),
         };
         let at = if now_ns == TOLLGATE_NOW { t.clock.now() } else { t.origin.at(now_ns) };
         let elapsed = Nanos::new(t.origin.since(at));
@@ -140,9 +143,10 @@ pub unsafe extern "C" fn tollgate_flow_meters_color_burst(
         let mut aware = [Color::Red; CHUNK];
         for start in (0..n).step_by(CHUNK) {
             let m = CHUNK.min(n - start);
-            let inputs = inputs.map(|c| {
-                for (a, &v) in aware[..m].iter_mut().zip(&c[start..start + m]) {
-                    *a = Color::from_u8(v).unwrap_or(Color::Red);
+            let inputs = inputs.map(|p| {
+                for (i, a) in aware[..m].iter_mut().enumerate() {
+                    // SAFETY: as above; this chunk's outputs are not written yet.
+                    *a = Color::from_u8(unsafe { p.add(start + i).read() }).unwrap_or(Color::Red);
                 }
                 &aware[..m]
             });
@@ -176,7 +180,11 @@ pub unsafe extern "C" fn tollgate_flow_meters_stats(
     guard(|| {
         // SAFETY: the caller's contract, passed on.
         let t = unsafe { get(table, "table")? };
-        let f = t.flows.lock().unwrap_or_else(PoisonError::into_inner);
+        let f = match t.flows.try_lock() {
+            Ok(f) => f,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return Err(in_use()),
+        };
         for (p, v) in [(flows, f.len() as u64), (table_full, f.table_full())] {
             if !p.is_null() {
                 let p = out_ptr(p, 1, "stats")?;
@@ -186,6 +194,15 @@ pub unsafe extern "C" fn tollgate_flow_meters_stats(
         }
         Ok(())
     })
+}
+
+/// The error for a table another thread is in.
+#[cold]
+fn in_use() -> Error {
+    Error::new(
+        tollgate_status::TOLLGATE_ERROR_HANDLE,
+        "table is in use by another thread: a flow table belongs to one thread at a time".to_owned(),
+    )
 }
 
 /// Frees a flow table (see `tollgate_limiter_free`).

@@ -123,6 +123,7 @@ struct tg_dpdk_flows {
 };
 
 struct tg_dpdk_flows *tg_dpdk_flows_new(uint64_t cir, uint64_t cbs, uint64_t pir, uint64_t pbs, size_t n) {
+    if (n == 0 || n > (SIZE_MAX - 63) / sizeof(struct rte_meter_trtcm)) return NULL;
     struct tg_dpdk_flows *f = calloc(1, sizeof(*f));
     if (f == NULL) return NULL;
     struct rte_meter_trtcm_params params = { .cir = cir, .pir = pir, .cbs = cbs, .pbs = pbs };

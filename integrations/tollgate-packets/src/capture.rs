@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use pcap_file::pcap::{PcapHeader, PcapPacket, PcapParser, PcapWriter};
 use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
-use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionBlock;
+use pcap_file::pcapng::blocks::interface_description::{
+    InterfaceDescriptionBlock, InterfaceDescriptionOption,
+};
 use pcap_file::pcapng::{Block, PcapNgParser, PcapNgWriter};
 use pcap_file::{DataLink, PcapError};
 
@@ -109,6 +111,8 @@ pub struct CaptureReader<R> {
     eof: bool,
     parser: Parser,
     header: Option<PcapHeader>,
+    /// The last frame's time (a pcapng simple packet block has none of its own).
+    last_timestamp: Duration,
 }
 
 impl<R> fmt::Debug for CaptureReader<R> {
@@ -143,6 +147,7 @@ impl<R: Read> CaptureReader<R> {
             eof: false,
             parser: Parser::Pcap(PcapParser::new(&PCAP_STUB).expect("a valid stub").1),
             header: None,
+            last_timestamp: Duration::ZERO,
         };
         r.fill(4)?;
         let magic = r.buf.get(..4).map(|m| u32::from_le_bytes([m[0], m[1], m[2], m[3]]));
@@ -197,11 +202,19 @@ impl<R: Read> CaptureReader<R> {
             }
             let offset = self.offset;
             let avail = &self.buf[self.pos..];
+            let last_timestamp = &mut self.last_timestamp;
             let parsed = match &mut self.parser {
-                Parser::Pcap(p) => p.next_packet(avail).map(|(rest, packet)| {
+                // Raw: pcap-file's own packets refuse a frame longer on the wire than the
+                // snap length, which is what a capture cut by its snap length holds.
+                Parser::Pcap(p) => p.next_raw_packet(avail).map(|(rest, packet)| {
+                    let header = p.header();
+                    let frac = match header.ts_resolution {
+                        pcap_file::TsResolution::MicroSecond => u64::from(packet.ts_frac) * 1_000,
+                        pcap_file::TsResolution::NanoSecond => u64::from(packet.ts_frac),
+                    };
                     let frame = Frame {
-                        timestamp: packet.timestamp,
-                        link: p.header().datalink,
+                        timestamp: Duration::from_secs(u64::from(packet.ts_sec)) + Duration::from_nanos(frac),
+                        link: header.datalink,
                         orig_len: packet.orig_len,
                         data: packet.data.into_owned(),
                         interface: 0,
@@ -213,10 +226,12 @@ impl<R: Read> CaptureReader<R> {
                     let used = avail.len() - rest.len();
                     let record = match block {
                         Block::EnhancedPacket(epb) => {
-                            let link =
-                                p.packet_interface(&epb).map_or(DataLink::Unknown(u32::MAX), |i| i.linktype);
+                            let interface = p.packet_interface(&epb);
+                            let link = interface.map_or(DataLink::Unknown(u32::MAX), |i| i.linktype);
+                            let timestamp = in_time(epb.timestamp, interface);
+                            *last_timestamp = timestamp;
                             Some(Record::Frame(Frame {
-                                timestamp: epb.timestamp,
+                                timestamp,
                                 link,
                                 orig_len: epb.original_len,
                                 data: epb.data.into_owned(),
@@ -227,8 +242,9 @@ impl<R: Read> CaptureReader<R> {
                         Block::SimplePacket(spb) => {
                             let link =
                                 p.interfaces().first().map_or(DataLink::Unknown(u32::MAX), |i| i.linktype);
+                            // A simple packet has no time of its own: the last packet's.
                             Some(Record::Frame(Frame {
-                                timestamp: Duration::ZERO,
+                                timestamp: *last_timestamp,
                                 link,
                                 orig_len: spb.original_len,
                                 data: spb.data.into_owned(),
@@ -307,6 +323,33 @@ impl<R: Read> CaptureReader<R> {
     }
 }
 
+/// A pcapng packet's time: pcap-file reads its timestamp's units as nanoseconds whatever the
+/// interface's `if_tsresol` says (microseconds when it says nothing), so the count is rescaled
+/// here: `10^-n` s units, or `2^-n` with the option's high bit.
+fn in_time(read_as_nanos: Duration, interface: Option<&InterfaceDescriptionBlock<'_>>) -> Duration {
+    let units = read_as_nanos.as_nanos();
+    let resolution = interface
+        .and_then(|i| {
+            i.options.iter().find_map(|o| match o {
+                InterfaceDescriptionOption::IfTsResol(r) => Some(*r),
+                _ => None,
+            })
+        })
+        .unwrap_or(6);
+    let ns = if resolution & 0x80 == 0 {
+        let exp = u32::from(resolution);
+        if exp <= 9 {
+            units.saturating_mul(10u128.pow(9 - exp))
+        } else {
+            units / 10u128.checked_pow(exp - 9).unwrap_or(u128::MAX)
+        }
+    } else {
+        let exp = u32::from(resolution & 0x7f);
+        units.saturating_mul(1_000_000_000) >> exp.min(127)
+    };
+    Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+}
+
 /// A valid pcap header, for the reader's placeholder parser before the real header is read.
 const PCAP_STUB: [u8; 24] =
     [0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 1, 0, 0, 0];
@@ -375,7 +418,12 @@ impl<W: Write> CaptureWriter<W> {
                 w.write_block(&Block::EnhancedPacket(epb)).map_err(io)?;
             }
             (CaptureWriter::PcapNg(w), Record::Interface(idb)) => {
-                w.write_block(&Block::InterfaceDescription(idb.clone())).map_err(io)?;
+                // Frames are written in nanoseconds (pcap-file writes a time's nanoseconds as
+                // its units): the interface says so.
+                let mut idb = idb.clone();
+                idb.options.retain(|o| !matches!(o, InterfaceDescriptionOption::IfTsResol(_)));
+                idb.options.push(InterfaceDescriptionOption::IfTsResol(9));
+                w.write_block(&Block::InterfaceDescription(idb)).map_err(io)?;
             }
         }
         Ok(())

@@ -165,7 +165,8 @@ pub struct DpdkFlows {
 
 impl DpdkFlows {
     /// `n` trTCM meters (rates in bytes/s, sizes in bytes), both buckets full; `None` where
-    /// DPDK refuses the profile or memory runs out. The EAL must be started.
+    /// DPDK refuses the profile, `n` is 0 or more than memory holds, or memory runs out. The
+    /// EAL must be started.
     pub fn new(cir: u64, cbs: u64, pir: u64, pbs: u64, n: usize) -> Option<DpdkFlows> {
         // SAFETY: plain values in, the shim's allocation (or NULL) out.
         NonNull::new(unsafe { tg_dpdk_flows_new(cir, cbs, pir, pbs, n) }).map(|ptr| DpdkFlows { ptr, n })

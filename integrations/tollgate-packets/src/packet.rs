@@ -10,7 +10,8 @@
 //! Policy for what cannot be metered (the caller applies it, [`Unmetered`]):
 //! - **not IP** (ARP, LLDP, ...): passed, unmetered, counted;
 //! - **malformed** (a truncated header, a bad IHL, a length field below the header or beyond a
-//!   frame the capture did not cut, a bad extension header): counted by reason, and dropped
+//!   frame the capture did not cut, an IPv6 payload length of 0 (a jumbogram's, not metered),
+//!   a bad extension header): counted by reason, and dropped
 //!   or passed as configured (dropped by default: it has no flow to be metered as);
 //! - **an unknown link type**: as not IP.
 //!
@@ -171,7 +172,14 @@ fn read_common(link: DataLink, frame: &[u8], by: KeyBy) -> Option<Metered> {
                 return None;
             }
             let mapped = |a: std::net::Ipv4Addr| u128::from(a.to_ipv6_mapped());
-            (mapped(h.source_addr()), mapped(h.destination_addr()), total, h.protocol().0, header, Dscp::V4(at))
+            (
+                mapped(h.source_addr()),
+                mapped(h.destination_addr()),
+                total,
+                h.protocol().0,
+                header,
+                Dscp::V4(at),
+            )
         }
         0x86dd => {
             let h = Ipv6HeaderSlice::from_slice(ip).ok()?;
@@ -179,7 +187,14 @@ fn read_common(link: DataLink, frame: &[u8], by: KeyBy) -> Option<Metered> {
             if total == 40 || total > ip.len() {
                 return None;
             }
-            (u128::from(h.source_addr()), u128::from(h.destination_addr()), total, h.next_header().0, 40, Dscp::V6(at))
+            (
+                u128::from(h.source_addr()),
+                u128::from(h.destination_addr()),
+                total,
+                h.next_header().0,
+                40,
+                Dscp::V6(at),
+            )
         }
         _ => return None,
     };
@@ -269,6 +284,11 @@ fn read_lax(link: DataLink, frame: &[u8], cut: bool, by: KeyBy) -> Result<Metere
         }
         LaxNetSlice::Ipv6(ip) => {
             let h = ip.header();
+            if h.payload_length() == 0 {
+                // A jumbogram's (its length in a hop-by-hop option), or a lie: not metered as
+                // 40 bytes.
+                return Err(Unmetered::BadLength);
+            }
             let offset = offset_of(frame, h.slice());
             let p = ip.payload();
             let len = 40 + u32::from(h.payload_length());
@@ -352,10 +372,10 @@ pub fn remark(frame: &mut [u8], at: Dscp, dscp: u8) {
                 return;
             }
             let ihl = usize::from(header[0] & 0x0f) * 4;
-            header[1] = (dscp << 2) | (header[1] & 0x03);
-            if header.len() < ihl {
+            if header.len() < ihl || ihl < 20 {
                 return;
             }
+            header[1] = (dscp << 2) | (header[1] & 0x03);
             header[10] = 0;
             header[11] = 0;
             let mut sum: u32 =

@@ -111,37 +111,92 @@ fn a_synthetic_capture_is_policed_per_flow_as_each_flow_alone() {
     }
 }
 
+/// A pcapng of `capture`'s frames: timestamps in nanoseconds (`if_tsresol` 9), or in the
+/// format's default microseconds (no option; pcap-file writes a time's nanoseconds as its
+/// units, so microsecond units are handed to it as nanoseconds).
+fn pcapng_of(capture: &[u8], nanos: bool) -> Vec<u8> {
+    use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionOption;
+    let mut ng = Vec::new();
+    let mut w = PcapNgWriter::new(&mut ng).unwrap();
+    let options = if nanos { vec![InterfaceDescriptionOption::IfTsResol(9)] } else { vec![] };
+    let idb = InterfaceDescriptionBlock { linktype: DataLink::ETHERNET, snaplen: 0, options };
+    w.write_block(&Block::InterfaceDescription(idb)).unwrap();
+    for f in frames(capture) {
+        let units = if nanos { f.timestamp } else { Duration::from_nanos(f.timestamp.as_micros() as u64) };
+        let epb = EnhancedPacketBlock {
+            interface_id: 0,
+            timestamp: units,
+            original_len: f.orig_len,
+            data: Cow::Owned(f.data),
+            options: vec![],
+        };
+        w.write_block(&Block::EnhancedPacket(epb)).unwrap();
+    }
+    drop(w);
+    ng
+}
+
 #[test]
 fn pcapng_in_pcapng_out() {
     let (capture, made) = synthetic(&Synthetic { flows: 50, packets: 5_000, ..Synthetic::default() });
-    let mut ng = Vec::new();
-    {
-        let mut w = PcapNgWriter::new(&mut ng).unwrap();
-        let idb = InterfaceDescriptionBlock { linktype: DataLink::ETHERNET, snaplen: 0, options: vec![] };
-        w.write_block(&Block::InterfaceDescription(idb)).unwrap();
-        for f in frames(&capture) {
-            let epb = EnhancedPacketBlock {
-                interface_id: 0,
-                timestamp: f.timestamp,
-                original_len: f.orig_len,
-                data: Cow::Owned(f.data),
-                options: vec![],
-            };
-            w.write_block(&Block::EnhancedPacket(epb)).unwrap();
-        }
-    }
     let p = policy("srtcm cir=1Mbit/s cbs=4KiB ebs=8KiB", KeyBy::FiveTuple);
     let from_pcap = police(Cursor::new(&capture), None::<Vec<u8>>, &p).unwrap();
-    let mut out = Vec::new();
-    let from_ng = police(Cursor::new(&ng), Some(&mut out), &p).unwrap();
-    assert_eq!(
-        (from_ng.frames, from_ng.colors, from_ng.unmetered),
-        (from_pcap.frames, from_pcap.colors, from_pcap.unmetered)
-    );
-    assert_eq!(from_ng.frames, made.frames);
-    let r = CaptureReader::new(&out[..]).unwrap();
-    assert_eq!(r.format(), tollgate_packets::capture::Format::PcapNg);
-    assert_eq!(frames(&out).len() as u64, from_ng.written);
+    assert_eq!(from_pcap.frames, made.frames);
+    for nanos in [true, false] {
+        let ng = pcapng_of(&capture, nanos);
+        let mut out = Vec::new();
+        let from_ng = police(Cursor::new(&ng), Some(&mut out), &p).unwrap();
+        // In microseconds the times lose their nanoseconds: colours may differ at the edges.
+        if nanos {
+            assert_eq!(
+                (from_ng.frames, from_ng.colors, from_ng.unmetered),
+                (from_pcap.frames, from_pcap.colors, from_pcap.unmetered)
+            );
+        } else {
+            let (a, b) = (from_ng.colors.packets, from_pcap.colors.packets);
+            assert!((0..3).all(|i| a[i].abs_diff(b[i]) * 100 <= b[i].max(100)), "µs {a:?} vs ns {b:?}");
+        }
+        let r = CaptureReader::new(&out[..]).unwrap();
+        assert_eq!(r.format(), tollgate_packets::capture::Format::PcapNg);
+        let written = frames(&out);
+        assert_eq!(written.len() as u64, from_ng.written);
+        // Written in nanoseconds, and said so: the times read back are the times read in.
+        let read_in: Vec<Duration> = frames(&ng).iter().map(|f| f.timestamp).collect();
+        assert!(written.iter().all(|f| read_in.contains(&f.timestamp)));
+        assert!(
+            read_in.windows(2).all(|w| w[0] <= w[1]) && read_in[0] > Duration::from_secs(1_700_000_000),
+            "{:?}",
+            read_in[0]
+        );
+    }
+}
+
+/// A capture cut by its snap length (`tcpdump -s 96`): each packet metered at its IP header's
+/// length, as the uncut capture's.
+#[test]
+fn a_capture_cut_by_its_snap_length_meters_each_packet_whole() {
+    use pcap_file::pcap::{PcapHeader, PcapPacket, PcapWriter};
+    let (capture, _) =
+        synthetic(&Synthetic { flows: 20, packets: 2_000, malformed_ppm: 0, ..Synthetic::default() });
+    let mut cut = Vec::new();
+    {
+        let header = PcapHeader {
+            snaplen: 96,
+            datalink: DataLink::ETHERNET,
+            ts_resolution: pcap_file::TsResolution::NanoSecond,
+            ..PcapHeader::default()
+        };
+        let mut w = PcapWriter::with_header(&mut cut, header).unwrap();
+        for f in frames(&capture) {
+            let data = &f.data[..f.data.len().min(96)];
+            w.write_packet(&PcapPacket::new(f.timestamp, f.orig_len, data)).unwrap();
+        }
+    }
+    let p = policy("trtcm cir=2Mbit/s cbs=8KiB pir=4Mbit/s pbs=16KiB", KeyBy::FiveTuple);
+    let whole = police(Cursor::new(&capture), None::<Vec<u8>>, &p).unwrap();
+    let short = police(Cursor::new(&cut), None::<Vec<u8>>, &p).unwrap();
+    assert_eq!((short.frames, short.colors, short.unmetered), (whole.frames, whole.colors, whole.unmetered));
+    assert_eq!(short.flows, whole.flows);
 }
 
 #[test]

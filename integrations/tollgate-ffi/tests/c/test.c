@@ -59,6 +59,11 @@ static void meters(void) {
     uint8_t in[2] = {TOLLGATE_YELLOW, TOLLGATE_GREEN};
     OK(tollgate_flow_meters_color_burst(t, SECOND, keys, lens, in, colors, 2));
     CHECK(colors[0] == TOLLGATE_YELLOW && colors[1] == TOLLGATE_GREEN);
+    /* Coloured in place: the input colours' array is the output. */
+    uint8_t inplace[2] = {TOLLGATE_YELLOW, TOLLGATE_RED};
+    uint32_t small[2] = {100, 100};
+    OK(tollgate_flow_meters_color_burst(t, 2 * SECOND, keys, small, inplace, inplace, 2));
+    CHECK(inplace[0] == TOLLGATE_YELLOW && inplace[1] == TOLLGATE_RED);
     uint8_t bad[2] = {TOLLGATE_GREEN, 3};
     FAILS(tollgate_flow_meters_color_burst(t, SECOND, keys, lens, bad, colors, 2), TOLLGATE_ERROR_INVALID,
           "colors_in[1] is 3");
