@@ -63,7 +63,7 @@ pub use keyed::{
 pub use policies::compat::ClThrottle;
 pub use policies::limiter::Limiter;
 pub use policies::log::{SlidingLog, SlidingLogLimiter};
-pub use policies::meter::{Color, Meter, MeterKind, MeterState};
+pub use policies::meter::{Color, Meter, MeterKind, MeterState, SharedMeter};
 pub use policies::nginx::{Nginx, NginxLimiter};
 pub use policies::parse::ParseError;
 pub use policies::policy::Policy;

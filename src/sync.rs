@@ -13,6 +13,89 @@ pub(crate) use loom::sync::atomic::{fence, AtomicU64, Ordering};
 #[cfg(tollgate_loom)]
 pub(crate) use loom::sync::Mutex;
 
+/// Two words read and compare-and-swapped as one (a shared meter's two buckets): a 16-byte
+/// atomic where the CPU has one (portable-atomic: `cmpxchg16b` on x86_64, found at run time),
+/// a lock elsewhere; under loom, a loom mutex (loom models no 16-byte atomic), so that the
+/// models see every interleaving of the loads and compare-and-swaps around it.
+pub(crate) struct AtomicPair {
+    #[cfg(not(tollgate_loom))]
+    cell: portable_atomic::AtomicU128,
+    #[cfg(tollgate_loom)]
+    cell: loom::sync::Mutex<u128>,
+}
+
+impl core::fmt::Debug for AtomicPair {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_tuple("AtomicPair").field(&self.load(Ordering::Relaxed)).finish()
+    }
+}
+
+impl AtomicPair {
+    fn join([a, b]: [u64; 2]) -> u128 {
+        u128::from(a) | u128::from(b) << 64
+    }
+
+    fn split(v: u128) -> [u64; 2] {
+        #[expect(clippy::cast_possible_truncation, reason = "each half, on purpose")]
+        let halves = [v as u64, (v >> 64) as u64];
+        halves
+    }
+
+    pub(crate) fn new(words: [u64; 2]) -> AtomicPair {
+        #[cfg(not(tollgate_loom))]
+        let cell = portable_atomic::AtomicU128::new(Self::join(words));
+        #[cfg(tollgate_loom)]
+        let cell = loom::sync::Mutex::new(Self::join(words));
+        AtomicPair { cell }
+    }
+
+    /// Both words, read at one instant.
+    #[inline]
+    pub(crate) fn load(&self, order: Ordering) -> [u64; 2] {
+        #[cfg(not(tollgate_loom))]
+        let v = self.cell.load(order);
+        #[cfg(tollgate_loom)]
+        let v = {
+            let _ = order;
+            *self.cell.lock().unwrap()
+        };
+        Self::split(v)
+    }
+
+    /// Replaces both words with `new` if they are `current`: `Ok`, or `Err` with what they are.
+    #[inline]
+    pub(crate) fn compare_exchange(
+        &self,
+        current: [u64; 2],
+        new: [u64; 2],
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<[u64; 2], [u64; 2]> {
+        #[cfg(not(tollgate_loom))]
+        let r = self.cell.compare_exchange(Self::join(current), Self::join(new), success, failure);
+        #[cfg(tollgate_loom)]
+        let r = {
+            let _ = (success, failure);
+            let mut v = self.cell.lock().unwrap();
+            if *v == Self::join(current) {
+                *v = Self::join(new);
+                Ok(Self::join(current))
+            } else {
+                Err(*v)
+            }
+        };
+        r.map(Self::split).map_err(Self::split)
+    }
+
+    /// Whether the two words are updated without a lock on this machine.
+    pub(crate) fn is_lock_free() -> bool {
+        #[cfg(not(tollgate_loom))]
+        return portable_atomic::AtomicU128::is_lock_free();
+        #[cfg(tollgate_loom)]
+        return false;
+    }
+}
+
 /// A pause in a retry loop that waits for another thread's progress (a spin hint; under loom,
 /// a yield, so that the model lets the other thread run).
 #[inline]

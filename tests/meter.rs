@@ -91,3 +91,58 @@ proptest! {
         prop_assert_eq!(table.table_full(), 0);
     }
 }
+
+/// A shared meter under real threads: every bound the RFCs set holds over the whole run
+/// (green bytes within CBS and what CIR credited; green and yellow within PBS and what PIR
+/// credited), and at one instant the counts are exact.
+#[test]
+fn a_shared_meter_keeps_the_rfc_bounds_under_threads() {
+    use std::sync::Arc;
+    use tollgate::SharedMeter;
+    let meter = Meter::trtcm(1_000_000, 30_000, 2_000_000, 60_000).unwrap();
+    // At one instant: 8 threads, 1,000-byte packets: 30 green, 30 yellow, the rest red.
+    let m = Arc::new(SharedMeter::new(meter));
+    let counts: Vec<[u64; 3]> = (0..8)
+        .map(|_| {
+            let m = Arc::clone(&m);
+            std::thread::spawn(move || {
+                let mut c = [0u64; 3];
+                for _ in 0..50 {
+                    c[m.check(Nanos::ZERO, 1_000) as usize] += 1;
+                }
+                c
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    let total = counts.iter().fold([0; 3], |a, c| [a[0] + c[0], a[1] + c[1], a[2] + c[2]]);
+    assert_eq!(total, [30, 30, 340]);
+    // Over time: each thread's clock runs on its own (a shared meter sees times out of order).
+    let m = Arc::new(SharedMeter::new(meter));
+    let bytes: Vec<[u64; 3]> = (0..4u64)
+        .map(|t| {
+            let m = Arc::clone(&m);
+            std::thread::spawn(move || {
+                let mut b = [0u64; 3];
+                for i in 0..20_000u64 {
+                    let len = 64 + (i * 7 + t) % 1_400;
+                    b[m.check(Nanos::new(i * 10_000 + t * 3_000), len) as usize] += len;
+                }
+                b
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    let total = bytes.iter().fold([0; 3], |a, c| [a[0] + c[0], a[1] + c[1], a[2] + c[2]]);
+    let end_ns = 20_000 * 10_000 + 3 * 3_000;
+    let (cir, cbs) = meter.committed();
+    let (pir, pbs) = meter.second();
+    assert!(total[0] <= cbs + end_ns * cir / 1_000_000_000, "{total:?}");
+    assert!(total[0] + total[1] <= pbs + end_ns * pir / 1_000_000_000, "{total:?}");
+    // And near the bounds: offered far above PIR, most of what PIR credits is used.
+    assert!(total[0] + total[1] >= end_ns * pir / 1_000_000_000 / 2, "{total:?}");
+}

@@ -33,6 +33,7 @@
 use core::fmt;
 use core::str::FromStr;
 
+use crate::sync::{AtomicPair, Ordering::Relaxed};
 use crate::{ConfigError, Nanos, ParseError};
 
 /// A packet's colour, as the RFCs (and DPDK's `enum rte_color`: green 0, yellow 1, red 2).
@@ -419,6 +420,100 @@ impl MeterState {
         let (next, color) = meter.decide_as::<KIND>(self.full, ticks, bytes, input);
         self.full = next;
         color
+    }
+}
+
+/// A meter every thread may use at once: one flow (or one aggregate) metered from every
+/// core, its two buckets committed together by a 16-byte compare-and-swap.
+///
+/// Each decision loads both words at one instant, decides as [`MeterState`] does, and
+/// commits with one compare-and-swap of both (a red packet, which takes nothing, commits
+/// nothing); a failed one hands back the words another thread stored, and the decision is
+/// made again on them. Lock-free where the CPU swaps 16 bytes at once (x86_64 with
+/// `cmpxchg16b`, found at run time; aarch64), under a lock elsewhere:
+/// [`SharedMeter::is_lock_free`] says which. The protocol is modelled under loom
+/// (`loom-tests/tests/meter.rs`). Its state is 16 bytes, not padded to a cache line: pad it
+/// (crossbeam's `CachePadded`) where it would share a line with other hot data; leave it
+/// compact in a table of many.
+///
+/// ```
+/// use std::sync::Arc;
+/// use tollgate::{Color, Meter, Nanos, SharedMeter};
+///
+/// let m = Arc::new(SharedMeter::new("srtcm cir=1Mbit/s cbs=3000 ebs=3000".parse()?));
+/// let threads: Vec<_> = (0..2)
+///     .map(|_| {
+///         let m = Arc::clone(&m);
+///         std::thread::spawn(move || (0..4).filter(|_| m.check(Nanos::ZERO, 1_000) == Color::Green).count())
+///     })
+///     .collect();
+/// let green: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+/// assert_eq!(green, 3); // C holds 3,000 bytes: three of the eight 1,000-byte packets
+/// # Ok::<(), tollgate::ParseError>(())
+/// ```
+pub struct SharedMeter {
+    meter: Meter,
+    state: AtomicPair,
+}
+
+impl fmt::Debug for SharedMeter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedMeter").field("meter", &self.meter).field("state", &self.state).finish()
+    }
+}
+
+impl SharedMeter {
+    /// Both buckets full.
+    pub fn new(meter: Meter) -> SharedMeter {
+        SharedMeter { meter, state: AtomicPair::new([0; 2]) }
+    }
+
+    /// The profile.
+    pub fn meter(&self) -> &Meter {
+        &self.meter
+    }
+
+    /// Whether this machine commits the two buckets without a lock.
+    pub fn is_lock_free() -> bool {
+        AtomicPair::is_lock_free()
+    }
+
+    /// Colour-blind: as [`MeterState::check`].
+    #[inline]
+    pub fn check(&self, elapsed: Nanos, bytes: u64) -> Color {
+        self.commit(self.meter.ticks(elapsed), bytes, None)
+    }
+
+    /// Colour-aware: as [`MeterState::check_aware`].
+    #[inline]
+    pub fn check_aware(&self, elapsed: Nanos, bytes: u64, input: Color) -> Color {
+        self.commit(self.meter.ticks(elapsed), bytes, Some(input))
+    }
+
+    /// The bytes each bucket holds at `elapsed`: (committed, second).
+    pub fn levels(&self, elapsed: Nanos) -> (u64, u64) {
+        // Relaxed: as in `commit`.
+        self.meter.levels(&MeterState { full: self.state.load(Relaxed) }, elapsed)
+    }
+
+    /// The compare-and-swap loop. Relaxed (load, success, failure): the two words are the
+    /// whole state, and no other memory is published with them (as a token bucket's one word,
+    /// `bucket/atomic.rs`); a failed swap hands back the words the next decision is made on,
+    /// and a pair's words only grow, so no swap can succeed on words that were replaced and
+    /// came back. Checked by `loom-tests/tests/meter.rs`.
+    #[inline]
+    fn commit(&self, ticks: [u64; 2], bytes: u64, input: Option<Color>) -> Color {
+        let mut current = self.state.load(Relaxed);
+        loop {
+            let (next, color) = self.meter.decide(current, ticks, bytes, input);
+            if next == current {
+                return color;
+            }
+            match self.state.compare_exchange(current, next, Relaxed, Relaxed) {
+                Ok(_) => return color,
+                Err(seen) => current = seen,
+            }
+        }
     }
 }
 

@@ -3,7 +3,9 @@
 //!
 //! - **floor**: a hash and one CAS a packet, on a table of 16-byte slots as large as the
 //!   meters' table, with the same prefetch;
-//! - **tollgate**: `FlowMeters` (trTCM, colour-blind), the one-core table (no atomic);
+//! - **tollgate**: `FlowMeters` (trTCM, colour-blind), the one-core table (no atomic); and
+//!   `SharedMeter`s (the form every core may use, a 16-byte compare-and-swap a packet) held in
+//!   the same kind of open-addressing table, uncontended here (one thread);
 //! - **DPDK** (with `--features dpdk`, as root): `rte_meter_trtcm_color_blind_check`, Debian's
 //!   DPDK, on runtimes held in the same kind of open-addressing table with the same hash and
 //!   prefetch (flow -> its runtime, in the slot), the burst metered in C: the meters compared
@@ -24,7 +26,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
-use tollgate::{Clock, Color, DefaultClock, FlowMeters, Meter, Nanos};
+use tollgate::{Clock, Color, DefaultClock, FlowMeters, Meter, Nanos, SharedMeter};
 use tollgate_packets::capture::{CaptureReader, Frame, Record};
 use tollgate_packets::generate::{generate, Synthetic};
 use tollgate_packets::packet::{self, FlowKey, KeyBy};
@@ -120,8 +122,8 @@ fn main() {
     let hz = tollgate_packets::dpdk::start_eal().unwrap_or_else(|e| panic!("{e}"));
     let meter: Meter = "trtcm cir=10Mbit/s cbs=16KiB pir=20Mbit/s pbs=32KiB".parse().unwrap();
     println!();
-    println!("| flows | floor (hash + CAS) | tollgate FlowMeters | ×floor | DPDK rte_meter | tollgate ÷ DPDK (speed) | pipeline floor (parse + hash + CAS) | pipeline (parse, key, meter) | ×floor |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| flows | floor (hash + CAS) | tollgate FlowMeters | ×floor | DPDK rte_meter | tollgate ÷ DPDK (speed) | shared meters (lock-free, 1 thread) | ×floor | pipeline floor (parse + hash + CAS) | pipeline (parse, key, meter) | ×floor |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let imix = [40u32, 40, 40, 40, 40, 40, 40, 576, 576, 576, 576, 1_500];
     for flows in [1usize << 10, 1 << 16, 1 << 20] {
         let mut rng = Rng(flows as u64);
@@ -145,6 +147,42 @@ fn main() {
                 let now = Nanos::new(clock.now().as_u64() - origin.as_u64());
                 table.check_burst(now, k, l, None, &mut colors);
                 black_box(&colors);
+            }
+        };
+
+        // Shared meters in an open-addressing table (flow -> its meter, in the slot), every
+        // flow inserted first: the lock-free form's cost a packet, without a table's inserts.
+        let run_shared = {
+            let n = (flows * 2).next_power_of_two();
+            let mask = n - 1;
+            let hasher = ahash::RandomState::with_seeds(1, 2, 3, 4);
+            let mut slots: Vec<(u64, SharedMeter)> = (0..n).map(|_| (0, SharedMeter::new(meter))).collect();
+            for &k in &flow_keys {
+                let mut i = hasher.hash_one(k) as usize & mask;
+                while slots[i].0 != 0 {
+                    i = (i + 1) & mask;
+                }
+                slots[i].0 = k;
+            }
+            let (keys_s, lens_s, clock_s) = (&keys, &lens, &clock);
+            move || {
+                let mut out = [Color::Red; BURST];
+                for (k, l) in keys_s.chunks(BURST).zip(lens_s.chunks(BURST)) {
+                    let now = Nanos::new(clock_s.now().as_u64() - origin.as_u64());
+                    let mut homes = [0usize; BURST];
+                    for (i, key) in k.iter().enumerate() {
+                        homes[i] = hasher.hash_one(key) as usize & mask;
+                        prefetch(&slots[homes[i]]);
+                    }
+                    for (i, key) in k.iter().enumerate() {
+                        let mut j = homes[i];
+                        while slots[j].0 != *key {
+                            j = (j + 1) & mask;
+                        }
+                        out[i] = slots[j].1.check(now, u64::from(l[i]));
+                    }
+                    black_box(&out);
+                }
             }
         };
 
@@ -238,10 +276,11 @@ fn main() {
             }
         };
 
-        let mut cells: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 5];
+        let mut cells: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 6];
         for _ in 0..3 {
             cells[0].push(measure(PACKETS, run_floor));
             cells[1].push(measure(PACKETS, &mut run_tollgate));
+            cells[5].push(measure(PACKETS, &run_shared));
             #[cfg(feature = "dpdk")]
             cells[2].push(measure(PACKETS, &mut run_dpdk));
             cells[3].push(measure(frames.len(), run_pipeline_floor));
@@ -262,13 +301,15 @@ fn main() {
             _ => "—".to_owned(),
         };
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             if flows >= 1 << 20 { "1M".to_owned() } else { format!("{}K", flows >> 10) },
             show(m[0]),
             show(m[1]),
             ratio(m[1], m[0]),
             show(m[2]),
             ratio(m[2], m[1]),
+            show(m[5]),
+            ratio(m[5], m[0]),
             show(m[3]),
             show(m[4]),
             ratio(m[4], m[3]),
