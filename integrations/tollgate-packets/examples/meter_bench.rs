@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use tollgate::{Clock, Color, DefaultClock, FlowMeters, Meter, Nanos, SharedMeter};
 use tollgate_packets::capture::{CaptureReader, Frame, Record};
-use tollgate_packets::generate::{generate, Synthetic};
+use tollgate_packets::generate::{generate, SplitMix, Synthetic};
 use tollgate_packets::packet::{self, FlowKey, KeyBy};
 
 const BURST: usize = 32;
@@ -66,14 +66,45 @@ fn measure(packets: usize, mut run: impl FnMut()) -> (f64, f64) {
     (ns / n as f64, c / n as f64)
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+/// An open-addressing table of every flow, its value in its slot, hashed and prefetched as
+/// `FlowMeters` does: the table DPDK's runtimes and the shared meters are held in.
+struct Slots<V> {
+    slots: Vec<(u64, V)>,
+    mask: usize,
+    hasher: ahash::RandomState,
+}
+
+impl<V> Slots<V> {
+    /// Every flow of `keys` (non-zero), with `value()`.
+    fn new(keys: &[u64], value: impl Fn() -> V) -> Slots<V> {
+        let n = (keys.len() * 2).next_power_of_two();
+        let mut t = Slots {
+            slots: Vec::with_capacity(n),
+            mask: n - 1,
+            hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
+        };
+        t.slots.extend((0..n).map(|_| (0, value())));
+        for &k in keys {
+            let mut i = t.hasher.hash_one(k) as usize & t.mask;
+            while t.slots[i].0 != 0 {
+                i = (i + 1) & t.mask;
+            }
+            t.slots[i].0 = k;
+        }
+        t
+    }
+
+    /// Each key's slot, into `found`: every home hashed and prefetched first, then probed.
+    fn find_burst(&self, keys: &[u64], found: &mut [usize; BURST]) {
+        for (f, key) in found.iter_mut().zip(keys) {
+            *f = self.hasher.hash_one(key) as usize & self.mask;
+            prefetch(&self.slots[*f]);
+        }
+        for (f, key) in found.iter_mut().zip(keys) {
+            while self.slots[*f].0 != *key {
+                *f = (*f + 1) & self.mask;
+            }
+        }
     }
 }
 
@@ -126,7 +157,7 @@ fn main() {
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let imix = [40u32, 40, 40, 40, 40, 40, 40, 576, 576, 576, 576, 1_500];
     for flows in [1usize << 10, 1 << 16, 1 << 20] {
-        let mut rng = Rng(flows as u64);
+        let mut rng = SplitMix(flows as u64);
         let flow_keys: Vec<u64> = (0..flows).map(|_| rng.next()).collect();
         let keys: Vec<u64> = (0..PACKETS).map(|_| flow_keys[(rng.next() % flows as u64) as usize]).collect();
         let lens: Vec<u32> = (0..PACKETS).map(|i| imix[i % imix.len()]).collect();
@@ -150,36 +181,18 @@ fn main() {
             }
         };
 
-        // Shared meters in an open-addressing table (flow -> its meter, in the slot), every
-        // flow inserted first: the lock-free form's cost a packet, without a table's inserts.
+        // Shared meters in the table (every flow inserted first): the lock-free form's cost a
+        // packet, without a table's inserts.
         let run_shared = {
-            let n = (flows * 2).next_power_of_two();
-            let mask = n - 1;
-            let hasher = ahash::RandomState::with_seeds(1, 2, 3, 4);
-            let mut slots: Vec<(u64, SharedMeter)> = (0..n).map(|_| (0, SharedMeter::new(meter))).collect();
-            for &k in &flow_keys {
-                let mut i = hasher.hash_one(k) as usize & mask;
-                while slots[i].0 != 0 {
-                    i = (i + 1) & mask;
-                }
-                slots[i].0 = k;
-            }
+            let table = Slots::new(&flow_keys, || SharedMeter::new(meter));
             let (keys_s, lens_s, clock_s) = (&keys, &lens, &clock);
             move || {
-                let mut out = [Color::Red; BURST];
+                let (mut out, mut found) = ([Color::Red; BURST], [0usize; BURST]);
                 for (k, l) in keys_s.chunks(BURST).zip(lens_s.chunks(BURST)) {
                     let now = Nanos::new(clock_s.now().as_u64() - origin.as_u64());
-                    let mut homes = [0usize; BURST];
-                    for (i, key) in k.iter().enumerate() {
-                        homes[i] = hasher.hash_one(key) as usize & mask;
-                        prefetch(&slots[homes[i]]);
-                    }
-                    for (i, key) in k.iter().enumerate() {
-                        let mut j = homes[i];
-                        while slots[j].0 != *key {
-                            j = (j + 1) & mask;
-                        }
-                        out[i] = slots[j].1.check(now, u64::from(l[i]));
+                    table.find_burst(k, &mut found);
+                    for (i, &j) in found[..k.len()].iter().enumerate() {
+                        out[i] = table.slots[j].1.check(now, u64::from(l[i]));
                     }
                     black_box(&out);
                 }
@@ -192,38 +205,19 @@ fn main() {
         let mut run_dpdk = {
             use tollgate_packets::dpdk::{tsc, DpdkFlows, TrTcmRuntime};
             let ((cir, cbs), (pir, pbs)) = (meter.committed(), meter.second());
-            // The same table's shape: open addressing, the flow's runtime in its slot.
-            let n = (flows * 2).next_power_of_two();
-            let mask = n - 1;
-            let hasher = ahash::RandomState::with_seeds(1, 2, 3, 4);
-            let mut slots: Vec<(u64, TrTcmRuntime)> = vec![(0, TrTcmRuntime::default()); n];
             let now = tsc();
-            for &k in &flow_keys {
-                let mut i = hasher.hash_one(k) as usize & mask;
-                while slots[i].0 != 0 {
-                    i = (i + 1) & mask;
-                }
-                slots[i] = (k, TrTcmRuntime::full(cbs, pbs, now));
-            }
+            let mut table = Slots::new(&flow_keys, || TrTcmRuntime::full(cbs, pbs, now));
             let profile = DpdkFlows::new(cir, cbs, pir, pbs, 1).expect("DPDK takes the profile");
             let mut runtimes = [std::ptr::null_mut::<TrTcmRuntime>(); BURST];
-            let mut out = [0u8; BURST];
+            let (mut out, mut found) = ([0u8; BURST], [0usize; BURST]);
             let _ = hz;
             move || {
                 for (k, l) in keys_d.chunks(BURST).zip(lens_d.chunks(BURST)) {
-                    let mut homes = [0usize; BURST];
-                    for (i, key) in k.iter().enumerate() {
-                        homes[i] = hasher.hash_one(key) as usize & mask;
-                        prefetch(&slots[homes[i]]);
+                    table.find_burst(k, &mut found);
+                    for (r, &j) in runtimes.iter_mut().zip(&found[..k.len()]) {
+                        *r = &mut table.slots[j].1;
                     }
-                    for (i, key) in k.iter().enumerate() {
-                        let mut j = homes[i];
-                        while slots[j].0 != *key {
-                            j = (j + 1) & mask;
-                        }
-                        runtimes[i] = &mut slots[j].1;
-                    }
-                    // SAFETY: every pointer is a slot of `slots`, alive and not otherwise used
+                    // SAFETY: every pointer is a slot of `table`, alive and not otherwise used
                     // during the call.
                     unsafe { profile.burst_on(&runtimes[..k.len()], l, tsc(), &mut out) };
                     black_box(&out);

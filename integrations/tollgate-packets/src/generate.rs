@@ -59,11 +59,15 @@ pub struct Generated {
     pub unmetered: [u64; 6],
 }
 
-/// A small, fast generator (splitmix64): reproducible from its seed.
-struct Rng(u64);
+/// A small, fast generator (splitmix64): reproducible from its seed (the generator's, and the
+/// benchmark's).
+#[derive(Clone, Debug)]
+pub struct SplitMix(pub u64);
 
-impl Rng {
-    fn next(&mut self) -> u64 {
+impl SplitMix {
+    /// The next number.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -119,7 +123,7 @@ fn frame(flow: &Flow, ip_len: usize) -> Vec<u8> {
 
 /// Writes a synthetic capture (pcap, Ethernet, nanosecond timestamps) to `out`.
 pub fn generate<W: Write>(out: W, s: &Synthetic) -> Result<Generated, CaptureError> {
-    let mut rng = Rng(s.seed);
+    let mut rng = SplitMix(s.seed);
     let flows: Vec<Flow> = (0..s.flows.max(1))
         .map(|i| {
             let v6 = rng.below(1_000_000) < u64::from(s.ipv6_ppm);

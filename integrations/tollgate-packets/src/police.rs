@@ -127,54 +127,68 @@ impl fmt::Display for Report {
     }
 }
 
+/// The per-flow statistics' columns, in the order both formats write them.
+const COLUMNS: [&str; 11] = [
+    "src",
+    "dst",
+    "proto",
+    "sport",
+    "dport",
+    "green_packets",
+    "green_bytes",
+    "yellow_packets",
+    "yellow_bytes",
+    "red_packets",
+    "red_bytes",
+];
+
 impl Report {
-    /// The per-flow statistics as CSV, one flow a line, sorted by flow.
-    pub fn flows_csv(&self, mut out: impl Write) -> std::io::Result<()> {
-        writeln!(out, "src,dst,proto,sport,dport,green_packets,green_bytes,yellow_packets,yellow_bytes,red_packets,red_bytes")?;
+    /// Each flow's row ([`COLUMNS`]: addresses as text, then numbers), sorted by flow.
+    fn rows(&self) -> Vec<(String, String, [u64; 9])> {
         let mut flows: Vec<_> = self.flows.iter().collect();
         flows.sort_unstable_by_key(|(k, _)| **k);
-        for (k, s) in flows {
-            writeln!(
-                out,
-                "{},{},{},{},{},{},{},{},{},{},{}",
-                k.source(),
-                k.destination(),
-                k.proto,
-                k.sport,
-                k.dport,
-                s.packets[0],
-                s.bytes[0],
-                s.packets[1],
-                s.bytes[1],
-                s.packets[2],
-                s.bytes[2]
-            )?;
+        flows
+            .into_iter()
+            .map(|(k, s)| {
+                let numbers = [
+                    u64::from(k.proto),
+                    u64::from(k.sport),
+                    u64::from(k.dport),
+                    s.packets[0],
+                    s.bytes[0],
+                    s.packets[1],
+                    s.bytes[1],
+                    s.packets[2],
+                    s.bytes[2],
+                ];
+                (k.source().to_string(), k.destination().to_string(), numbers)
+            })
+            .collect()
+    }
+
+    /// The per-flow statistics as CSV, one flow a line, sorted by flow.
+    pub fn flows_csv(&self, mut out: impl Write) -> std::io::Result<()> {
+        writeln!(out, "{}", COLUMNS.join(","))?;
+        for (src, dst, numbers) in self.rows() {
+            write!(out, "{src},{dst}")?;
+            for n in numbers {
+                write!(out, ",{n}")?;
+            }
+            writeln!(out)?;
         }
         Ok(())
     }
 
-    /// The per-flow statistics as a JSON array of objects, sorted by flow.
+    /// The per-flow statistics as a JSON array of objects (one key a column), sorted by flow.
     pub fn flows_json(&self, mut out: impl Write) -> std::io::Result<()> {
-        let mut flows: Vec<_> = self.flows.iter().collect();
-        flows.sort_unstable_by_key(|(k, _)| **k);
         write!(out, "[")?;
-        for (i, (k, s)) in flows.into_iter().enumerate() {
+        for (i, (src, dst, numbers)) in self.rows().into_iter().enumerate() {
             let sep = if i == 0 { "\n" } else { ",\n" };
-            write!(
-                out,
-                "{sep}  {{\"src\": \"{}\", \"dst\": \"{}\", \"proto\": {}, \"sport\": {}, \"dport\": {}, \"green\": {{\"packets\": {}, \"bytes\": {}}}, \"yellow\": {{\"packets\": {}, \"bytes\": {}}}, \"red\": {{\"packets\": {}, \"bytes\": {}}}}}",
-                k.source(),
-                k.destination(),
-                k.proto,
-                k.sport,
-                k.dport,
-                s.packets[0],
-                s.bytes[0],
-                s.packets[1],
-                s.bytes[1],
-                s.packets[2],
-                s.bytes[2]
-            )?;
+            write!(out, "{sep}  {{\"src\": \"{src}\", \"dst\": \"{dst}\"")?;
+            for (name, n) in COLUMNS[2..].iter().zip(numbers) {
+                write!(out, ", \"{name}\": {n}")?;
+            }
+            write!(out, "}}")?;
         }
         writeln!(out, "\n]")
     }
