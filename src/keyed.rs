@@ -6,13 +6,15 @@
 //! log keeps `N` words per key under shard locks (`policies/log/keyed.rs`).
 //!
 //! [`FlowMeters<K>`] is the meters' table for a flow pinned to one core (`flows.rs`): owned by
-//! one thread, no atomics.
+//! one thread, no atomics; [`SharedFlowMeters<K>`] is theirs for flows every core meets
+//! (`shared_meters.rs`).
 
 mod bucket;
 mod flows;
 mod key;
 pub(crate) mod pages;
 mod policy;
+mod shared_meters;
 pub(crate) mod table;
 mod tiers;
 
@@ -36,6 +38,8 @@ pub use key::{Hashed, IpPrefix, Key, KeyHasher, Words};
 pub(crate) use policy::sealed;
 pub use policy::KeyedPolicy;
 use policy::PolicyTable;
+pub(crate) use shared_meters::commit as shared_commit;
+pub use shared_meters::SharedFlowMeters;
 use table::{Group, Shard, Table, TableStats, WINDOW};
 pub use tiers::Tier;
 

@@ -57,8 +57,8 @@ pub use engine::time::Nanos;
 pub use keyed::loom_home_of;
 pub use keyed::{
     FlowMeters, Hashed, IpPrefix, Key, KeyHasher, Keyed, KeyedAlgorithm, KeyedBuilder, KeyedFixedWindow,
-    KeyedLimit, KeyedLimiter, KeyedNginx, KeyedPolicy, KeyedSlidingLog, KeyedSlidingWindow, KeyedStats, Tier,
-    WhenFull, Words,
+    KeyedLimit, KeyedLimiter, KeyedNginx, KeyedPolicy, KeyedSlidingLog, KeyedSlidingWindow, KeyedStats,
+    SharedFlowMeters, Tier, WhenFull, Words,
 };
 pub use policies::compat::ClThrottle;
 pub use policies::limiter::Limiter;

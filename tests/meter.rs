@@ -146,3 +146,34 @@ fn a_shared_meter_keeps_the_rfc_bounds_under_threads() {
     // And near the bounds: offered far above PIR, most of what PIR credits is used.
     assert!(total[0] + total[1] >= end_ns * pir / 1_000_000_000 / 2, "{total:?}");
 }
+
+/// The shared flow table under real threads at one instant: every flow's green packets are
+/// exactly what its bucket holds, whichever cores its packets come from.
+#[test]
+fn a_shared_flow_table_colours_each_flow_exactly_under_threads() {
+    use std::sync::Arc;
+    use tollgate::SharedFlowMeters;
+    let meter = Meter::srtcm(1_000, 10_000, 5_000).unwrap();
+    let table = Arc::new(SharedFlowMeters::<u32>::new(meter, 4_096).unwrap());
+    let counts: Vec<Vec<[u64; 3]>> = (0..4)
+        .map(|t| {
+            let table = Arc::clone(&table);
+            std::thread::spawn(move || {
+                let mut c = vec![[0u64; 3]; 100];
+                for i in 0..2_000u32 {
+                    let key = (i * 13 + t) % 100;
+                    c[key as usize][table.check(&key, Nanos::ZERO, 1_000) as usize] += 1;
+                }
+                c
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    for key in 0..100 {
+        let total = counts.iter().fold([0; 3], |a, c| [a[0] + c[key][0], a[1] + c[key][1], a[2] + c[key][2]]);
+        assert_eq!(total, [10, 5, 65], "flow {key}");
+    }
+    assert_eq!(table.len(), 100);
+}

@@ -73,3 +73,30 @@ fn srtcm_racing_packets_at_two_times() {
         [[(0, 800), (1_000_000, 400)], [(1_000_000, 300), (1_000_000, 200)]],
     );
 }
+
+/// The shared flow table's insert (`src/keyed/shared_meters.rs`): two threads meet a new flow
+/// at once, and a third flow races them for the same window (a table of one window). The flow
+/// gets one slot, never two: its packets' colours are those of some order on one meter.
+#[test]
+fn shared_flow_table_inserts_a_flow_once() {
+    use tollgate::SharedFlowMeters;
+    model(|| {
+        let meter = Meter::srtcm(1_000, 1_500, 0).unwrap();
+        let table = Arc::new(SharedFlowMeters::<u64>::with_seeds(meter, 8, [1, 2, 3, 4]).unwrap());
+        let threads: Vec<_> = [(7u64, 1_000u64), (7, 1_000), (9, 1_500)]
+            .into_iter()
+            .map(|(key, bytes)| {
+                let t = Arc::clone(&table);
+                thread::spawn(move || t.check(&key, Nanos::ZERO, bytes))
+            })
+            .collect();
+        let colors: Vec<Color> = threads.into_iter().map(|h| h.join().unwrap()).collect();
+        // Flow 7 had 1,500 bytes: one of its two 1,000-byte packets is green, the other red
+        // (two slots would make both green); flow 9's 1,500 fit.
+        let mut seven = [colors[0], colors[1]];
+        seven.sort();
+        assert_eq!(seven, [Color::Green, Color::Red]);
+        assert_eq!(colors[2], Color::Green);
+        assert_eq!(table.len(), 2);
+    });
+}

@@ -394,6 +394,18 @@ impl MeterState {
 }
 
 impl MeterState {
+    /// The state of two words a shared form holds.
+    #[inline]
+    pub(crate) const fn from_words(full: [u64; 2]) -> MeterState {
+        MeterState { full }
+    }
+
+    /// The two words, for a shared form to store.
+    #[inline]
+    pub(crate) const fn words(&self) -> [u64; 2] {
+        self.full
+    }
+
     /// The decision at precomputed byte-ticks (one clock reading for a burst).
     #[inline]
     pub(crate) fn check_at(
@@ -492,28 +504,15 @@ impl SharedMeter {
 
     /// The bytes each bucket holds at `elapsed`: (committed, second).
     pub fn levels(&self, elapsed: Nanos) -> (u64, u64) {
-        // Relaxed: as in `commit`.
+        // Relaxed: the words are self-contained (see `commit`).
         self.meter.levels(&MeterState { full: self.state.load(Relaxed) }, elapsed)
     }
 
-    /// The compare-and-swap loop. Relaxed (load, success, failure): the two words are the
-    /// whole state, and no other memory is published with them (as a token bucket's one word,
-    /// `bucket/atomic.rs`); a failed swap hands back the words the next decision is made on,
-    /// and a pair's words only grow, so no swap can succeed on words that were replaced and
-    /// came back. Checked by `loom-tests/tests/meter.rs`.
+    /// The compare-and-swap loop (`keyed/shared_meters.rs`'s `commit`, which says its
+    /// orderings).
     #[inline]
     fn commit(&self, ticks: [u64; 2], bytes: u64, input: Option<Color>) -> Color {
-        let mut current = self.state.load(Relaxed);
-        loop {
-            let (next, color) = self.meter.decide(current, ticks, bytes, input);
-            if next == current {
-                return color;
-            }
-            match self.state.compare_exchange(current, next, Relaxed, Relaxed) {
-                Ok(_) => return color,
-                Err(seen) => current = seen,
-            }
-        }
+        crate::keyed::shared_commit(&self.meter, &self.state, ticks, bytes, input)
     }
 }
 

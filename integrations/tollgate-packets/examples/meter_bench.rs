@@ -4,8 +4,8 @@
 //! - **floor**: a hash and one CAS a packet, on a table of 16-byte slots as large as the
 //!   meters' table, with the same prefetch;
 //! - **tollgate**: `FlowMeters` (trTCM, colour-blind), the one-core table (no atomic); and
-//!   `SharedMeter`s (the form every core may use, a 16-byte compare-and-swap a packet) held in
-//!   the same kind of open-addressing table, uncontended here (one thread);
+//!   `SharedFlowMeters`, the table every core may use (a 16-byte compare-and-swap a packet),
+//!   uncontended here (one thread);
 //! - **DPDK** (with `--features dpdk`, as root): `rte_meter_trtcm_color_blind_check`, Debian's
 //!   DPDK, on runtimes held in the same kind of open-addressing table with the same hash and
 //!   prefetch (flow -> its runtime, in the slot), the burst metered in C: the meters compared
@@ -26,7 +26,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
-use tollgate::{Clock, Color, DefaultClock, FlowMeters, Meter, Nanos, SharedMeter};
+use tollgate::{Clock, Color, DefaultClock, FlowMeters, Meter, Nanos, SharedFlowMeters};
 use tollgate_packets::capture::{CaptureReader, Frame, Record};
 use tollgate_packets::generate::{generate, SplitMix, Synthetic};
 use tollgate_packets::packet::{self, FlowKey, KeyBy};
@@ -67,13 +67,15 @@ fn measure(packets: usize, mut run: impl FnMut()) -> (f64, f64) {
 }
 
 /// An open-addressing table of every flow, its value in its slot, hashed and prefetched as
-/// `FlowMeters` does: the table DPDK's runtimes and the shared meters are held in.
+/// `FlowMeters` does: the table DPDK's runtimes are held in.
+#[cfg(feature = "dpdk")]
 struct Slots<V> {
     slots: Vec<(u64, V)>,
     mask: usize,
     hasher: ahash::RandomState,
 }
 
+#[cfg(feature = "dpdk")]
 impl<V> Slots<V> {
     /// Every flow of `keys` (non-zero), with `value()`.
     fn new(keys: &[u64], value: impl Fn() -> V) -> Slots<V> {
@@ -153,7 +155,7 @@ fn main() {
     let hz = tollgate_packets::dpdk::start_eal().unwrap_or_else(|e| panic!("{e}"));
     let meter: Meter = "trtcm cir=10Mbit/s cbs=16KiB pir=20Mbit/s pbs=32KiB".parse().unwrap();
     println!();
-    println!("| flows | floor (hash + CAS) | tollgate FlowMeters | ×floor | DPDK rte_meter | tollgate ÷ DPDK (speed) | shared meters (lock-free, 1 thread) | ×floor | pipeline floor (parse + hash + CAS) | pipeline (parse, key, meter) | ×floor |");
+    println!("| flows | floor (hash + CAS) | tollgate FlowMeters | ×floor | DPDK rte_meter | tollgate ÷ DPDK (speed) | SharedFlowMeters (lock-free, 1 thread) | ×floor | pipeline floor (parse + hash + CAS) | pipeline (parse, key, meter) | ×floor |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let imix = [40u32, 40, 40, 40, 40, 40, 40, 576, 576, 576, 576, 1_500];
     for flows in [1usize << 10, 1 << 16, 1 << 20] {
@@ -181,21 +183,15 @@ fn main() {
             }
         };
 
-        // Shared meters in the table (every flow inserted first): the lock-free form's cost a
-        // packet, without a table's inserts.
-        let run_shared = {
-            let table = Slots::new(&flow_keys, || SharedMeter::new(meter));
-            let (keys_s, lens_s, clock_s) = (&keys, &lens, &clock);
-            move || {
-                let (mut out, mut found) = ([Color::Red; BURST], [0usize; BURST]);
-                for (k, l) in keys_s.chunks(BURST).zip(lens_s.chunks(BURST)) {
-                    let now = Nanos::new(clock_s.now().as_u64() - origin.as_u64());
-                    table.find_burst(k, &mut found);
-                    for (i, &j) in found[..k.len()].iter().enumerate() {
-                        out[i] = table.slots[j].1.check(now, u64::from(l[i]));
-                    }
-                    black_box(&out);
-                }
+        // The shared table (every core may meet every flow): a 16-byte compare-and-swap a
+        // packet, and a tag's load (its flows inserted on the first pass, the warm-up).
+        let shared = SharedFlowMeters::<u64>::with_seeds(meter, flows * 2, [1, 2, 3, 4]).unwrap();
+        let run_shared = || {
+            let mut out = [Color::Red; BURST];
+            for (k, l) in keys.chunks(BURST).zip(lens.chunks(BURST)) {
+                let now = Nanos::new(clock.now().as_u64() - origin.as_u64());
+                shared.check_burst(now, k, l, None, &mut out);
+                black_box(&out);
             }
         };
 
