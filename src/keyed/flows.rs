@@ -96,25 +96,14 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         capacity: usize,
         hasher: ahash::RandomState,
     ) -> Result<FlowMeters<K>, ConfigError> {
-        if capacity == 0 {
-            return Err(ConfigError::ZeroCapacity);
-        }
-        let slots = capacity.max(WINDOW).checked_next_power_of_two().filter(|&n| n <= Self::MAX_CAPACITY);
-        let Some(slots) = slots else {
-            return Err(ConfigError::CapacityTooLarge {
-                capacity: capacity as u64,
-                max: Self::MAX_CAPACITY as u64,
-            });
-        };
-        let mut v = Vec::new();
-        v.try_reserve_exact(slots).map_err(|_| ConfigError::OutOfMemory {
-            what: "a flow meter table",
-            bytes: (slots * size_of::<Slot<K>>()) as u64,
+        let v = slot_array(capacity, Self::MAX_CAPACITY, "a flow meter table", || Slot {
+            key: None,
+            state: MeterState::new(),
         })?;
-        v.resize(slots, Slot { key: None, state: MeterState::new() });
+        let slots = v.len();
         Ok(FlowMeters {
             meter,
-            slots: v.into_boxed_slice(),
+            slots: v,
             mask: slots - 1,
             hasher,
             flows: 0,
@@ -349,6 +338,29 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         slot.state = MeterState::new();
         slot.state.check_at(&self.meter, ticks, bytes, input)
     }
+}
+
+/// The slots of a flow table asked to hold `capacity` flows (a power of two, at least one
+/// window, at most `max`), each made by `slot`; or the error that says why not (`what`: the
+/// table, for an allocation that fails).
+pub(super) fn slot_array<T>(
+    capacity: usize,
+    max: usize,
+    what: &'static str,
+    slot: impl FnMut() -> T,
+) -> Result<Box<[T]>, ConfigError> {
+    if capacity == 0 {
+        return Err(ConfigError::ZeroCapacity);
+    }
+    let n = capacity.max(WINDOW).checked_next_power_of_two().filter(|&n| n <= max);
+    let Some(n) = n else {
+        return Err(ConfigError::CapacityTooLarge { capacity: capacity as u64, max: max as u64 });
+    };
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| ConfigError::OutOfMemory { what, bytes: (n * size_of::<T>()) as u64 })?;
+    v.extend(core::iter::repeat_with(slot).take(n));
+    Ok(v.into_boxed_slice())
 }
 
 #[cfg(all(test, not(tollgate_loom)))]

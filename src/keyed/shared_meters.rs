@@ -112,25 +112,15 @@ impl<K: Hash + ?Sized> SharedFlowMeters<K> {
         capacity: usize,
         hasher: ahash::RandomState,
     ) -> Result<SharedFlowMeters<K>, ConfigError> {
-        if capacity == 0 {
-            return Err(ConfigError::ZeroCapacity);
-        }
-        let n = capacity.max(WINDOW).checked_next_power_of_two().filter(|&n| n <= Self::MAX_CAPACITY);
-        let Some(n) = n else {
-            return Err(ConfigError::CapacityTooLarge {
-                capacity: capacity as u64,
-                max: Self::MAX_CAPACITY as u64,
-            });
-        };
-        let mut v = Vec::new();
-        v.try_reserve_exact(n).map_err(|_| ConfigError::OutOfMemory {
-            what: "a shared flow meter table",
-            bytes: (n * size_of::<Slot>()) as u64,
-        })?;
-        v.extend((0..n).map(|_| Slot { words: AtomicPair::new([0; 2]), tag: AtomicU64::new(0) }));
+        let slots =
+            super::flows::slot_array(capacity, Self::MAX_CAPACITY, "a shared flow meter table", || Slot {
+                words: AtomicPair::new([0; 2]),
+                tag: AtomicU64::new(0),
+            })?;
+        let n = slots.len();
         Ok(SharedFlowMeters {
             meter,
-            slots: v.into_boxed_slice(),
+            slots,
             mask: n - 1,
             hasher,
             table_full: AtomicU64::new(0),
