@@ -71,12 +71,8 @@ impl<K> fmt::Debug for FlowMeters<K> {
 }
 
 impl<K: Hash + Eq + Clone> FlowMeters<K> {
-    /// The most slots a table may have: 2^32 (2^28 where `usize` has 32 bits).
-    #[cfg(target_pointer_width = "64")]
-    pub const MAX_CAPACITY: usize = 1 << 32;
-    /// The most slots a table may have: 2^32 (2^28 where `usize` has 32 bits).
-    #[cfg(not(target_pointer_width = "64"))]
-    pub const MAX_CAPACITY: usize = 1 << 28;
+    /// The most slots a table may have: 2^32 (2^26 where `usize` has 32 bits).
+    pub const MAX_CAPACITY: usize = MAX_SLOTS;
 
     /// A table of at least `capacity` flows (rounded up to a power of two, at least 8) under
     /// `meter`, hashed with random seeds.
@@ -340,6 +336,13 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
     }
 }
 
+/// The most slots a flow table may have: 2^32 (2^26 where `usize` has 32 bits, so that its
+/// bytes stay countable there).
+#[cfg(target_pointer_width = "64")]
+pub(super) const MAX_SLOTS: usize = 1 << 32;
+#[cfg(not(target_pointer_width = "64"))]
+pub(super) const MAX_SLOTS: usize = 1 << 26;
+
 /// The slots of a flow table asked to hold `capacity` flows (a power of two, at least one
 /// window, at most `max`), each made by `slot`; or the error that says why not (`what`: the
 /// table, for an allocation that fails).
@@ -358,7 +361,7 @@ pub(super) fn slot_array<T>(
     };
     let mut v = Vec::new();
     v.try_reserve_exact(n)
-        .map_err(|_| ConfigError::OutOfMemory { what, bytes: (n * size_of::<T>()) as u64 })?;
+        .map_err(|_| ConfigError::OutOfMemory { what, bytes: n as u64 * size_of::<T>() as u64 })?;
     v.extend(core::iter::repeat_with(slot).take(n));
     Ok(v.into_boxed_slice())
 }

@@ -84,11 +84,7 @@ impl<K: ?Sized> fmt::Debug for SharedFlowMeters<K> {
 
 impl<K: Hash + ?Sized> SharedFlowMeters<K> {
     /// The most slots a table may have: 2^32 (2^26 where `usize` has 32 bits).
-    #[cfg(target_pointer_width = "64")]
-    pub const MAX_CAPACITY: usize = 1 << 32;
-    /// The most slots a table may have: 2^32 (2^26 where `usize` has 32 bits).
-    #[cfg(not(target_pointer_width = "64"))]
-    pub const MAX_CAPACITY: usize = 1 << 26;
+    pub const MAX_CAPACITY: usize = super::flows::MAX_SLOTS;
 
     /// A table of at least `capacity` flows (rounded up to a power of two, at least 8) under
     /// `meter`, hashed with random seeds. Size it for every flow a run will see: slots are

@@ -110,6 +110,17 @@ impl<V> Slots<V> {
     }
 }
 
+/// A key the burst arrays start with (every slot is overwritten before it is read).
+const NO_KEY: FlowKey = FlowKey { src: 0, dst: 0, proto: 0, sport: 0, dport: 0 };
+
+/// Parses and keys a burst of frames (the pipeline's and its floor's first step).
+fn parse_burst(frames: &[Frame], keys: &mut [FlowKey; BURST], lens: &mut [u32; BURST]) {
+    for ((f, k), l) in frames.iter().zip(keys.iter_mut()).zip(lens.iter_mut()) {
+        let m = packet::read(f.link, &f.data, false, KeyBy::FiveTuple).unwrap();
+        (*k, *l) = (m.key, m.len);
+    }
+}
+
 /// The floor: a hash and one CAS a packet, bursts prefetched as the meters' table does.
 struct Floor {
     slots: Vec<[AtomicU64; 2]>,
@@ -240,26 +251,18 @@ fn main() {
         }
         let pfloor = Floor::new(flows);
         let run_pipeline_floor = || {
-            let (mut ks, mut ls) =
-                ([FlowKey { src: 0, dst: 0, proto: 0, sport: 0, dport: 0 }; BURST], [0u32; BURST]);
+            let (mut ks, mut ls) = ([NO_KEY; BURST], [0u32; BURST]);
             for chunk in frames.chunks(BURST) {
-                for (i, f) in chunk.iter().enumerate() {
-                    let m = packet::read(f.link, &f.data, false, KeyBy::FiveTuple).unwrap();
-                    (ks[i], ls[i]) = (m.key, m.len);
-                }
+                parse_burst(chunk, &mut ks, &mut ls);
                 pfloor.burst(&ks[..chunk.len()], &ls[..chunk.len()]);
             }
         };
         let mut ptable = FlowMeters::<FlowKey>::with_seeds(meter, flows * 2, [1, 2, 3, 4]).unwrap();
         let mut pcolors = [Color::Red; BURST];
         let mut run_pipeline = || {
-            let (mut ks, mut ls) =
-                ([FlowKey { src: 0, dst: 0, proto: 0, sport: 0, dport: 0 }; BURST], [0u32; BURST]);
+            let (mut ks, mut ls) = ([NO_KEY; BURST], [0u32; BURST]);
             for chunk in frames.chunks(BURST) {
-                for (i, f) in chunk.iter().enumerate() {
-                    let m = packet::read(f.link, &f.data, false, KeyBy::FiveTuple).unwrap();
-                    (ks[i], ls[i]) = (m.key, m.len);
-                }
+                parse_burst(chunk, &mut ks, &mut ls);
                 let now = Nanos::new(clock.now().as_u64() - origin.as_u64());
                 ptable.check_burst(now, &ks[..chunk.len()], &ls[..chunk.len()], None, &mut pcolors);
                 black_box(&pcolors);

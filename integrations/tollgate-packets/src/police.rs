@@ -194,11 +194,11 @@ impl Report {
     }
 }
 
-/// A frame waiting in a burst, and what the burst decided for it.
+/// A record waiting in a burst: a frame with its flow, length and DSCP (or why it is not
+/// metered), or a pcapng interface (`read` is `None`), written in its place.
 struct Pending {
     record: Record,
-    /// Its flow, length and DSCP when metered; the reason when not.
-    read: Result<packet::Metered, Unmetered>,
+    read: Option<Result<packet::Metered, Unmetered>>,
 }
 
 /// Polices `input` per flow under `policy`, writing what passes to `output` (in the input's
@@ -219,7 +219,8 @@ pub fn police<R: Read, W: Write>(
     let mut report = Report::default();
     let mut origin: Option<Duration> = None;
     let mut pending: Vec<Pending> = Vec::with_capacity(BURST);
-    let (mut keys, mut lens, mut times, mut idx) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut metered = 0;
+    let (mut keys, mut lens, mut times) = (Vec::new(), Vec::new(), Vec::new());
     let mut colors = [Color::Red; BURST];
     loop {
         let record = reader.next_record().transpose()?;
@@ -228,13 +229,13 @@ pub fn police<R: Read, W: Write>(
             let read = match &record {
                 Record::Frame(f) => {
                     report.frames += 1;
-                    packet::read(f.link, &f.data, f.is_cut(), policy.key_by)
+                    Some(packet::read(f.link, &f.data, f.is_cut(), policy.key_by))
                 }
-                Record::Interface(_) => Err(Unmetered::NotIp),
+                Record::Interface(_) => None,
             };
+            metered += usize::from(matches!(read, Some(Ok(_))));
             pending.push(Pending { record, read });
         }
-        let metered = pending.iter().filter(|p| p.read.is_ok()).count();
         if metered < BURST && !end && pending.len() < 4 * BURST {
             continue;
         }
@@ -242,28 +243,24 @@ pub fn police<R: Read, W: Write>(
         keys.clear();
         lens.clear();
         times.clear();
-        idx.clear();
-        for (i, p) in pending.iter().enumerate() {
-            if let (Ok(m), Record::Frame(f)) = (&p.read, &p.record) {
+        for p in &pending {
+            if let (Some(Ok(m)), Record::Frame(f)) = (&p.read, &p.record) {
                 let origin = *origin.get_or_insert(f.timestamp);
                 let since = f.timestamp.saturating_sub(origin);
                 keys.push(m.key);
                 lens.push(m.len);
                 times.push(Nanos::new(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)));
-                idx.push(i);
             }
         }
         let before_full = flows.table_full();
         flows.check_burst_at(&times, &keys, &lens, None, &mut colors[..keys.len()]);
         report.table_full += flows.table_full() - before_full;
-        let mut color_of = vec![None; pending.len()];
-        for (j, &i) in idx.iter().enumerate() {
-            color_of[i] = Some(colors[j]);
-        }
-        for (mut p, color) in pending.drain(..).zip(color_of) {
-            let action = match (&p.read, color) {
-                (Ok(m), Some(c)) => {
-                    let k = c as usize;
+        // The metered frames' colours, in their order.
+        let mut colored = colors[..keys.len()].iter();
+        for mut p in pending.drain(..) {
+            let action = match &p.read {
+                Some(Ok(m)) => {
+                    let k = *colored.next().expect("a colour for every metered frame") as usize;
                     report.colors.packets[k] += 1;
                     report.colors.bytes[k] += u64::from(m.len);
                     if policy.per_flow {
@@ -273,30 +270,27 @@ pub fn police<R: Read, W: Write>(
                     }
                     policy.actions[k]
                 }
-                (Err(reason), _) => {
-                    if matches!(p.record, Record::Frame(_)) {
-                        report.unmetered[Unmetered::ALL.iter().position(|r| r == reason).unwrap_or(0)] += 1;
-                    }
+                Some(Err(reason)) => {
+                    report.unmetered[Unmetered::ALL.iter().position(|r| r == reason).unwrap_or(0)] += 1;
                     if reason.is_malformed() {
                         policy.malformed
                     } else {
                         Action::Pass
                     }
                 }
-                (Ok(_), None) => Action::Pass,
+                None => Action::Pass,
             };
-            if let (Action::Remark(dscp), Ok(m), Record::Frame(f)) = (action, &p.read, &mut p.record) {
+            if let (Action::Remark(dscp), Some(Ok(m)), Record::Frame(f)) = (action, &p.read, &mut p.record) {
                 packet::remark(&mut f.data, m.dscp, dscp);
             }
             if action != Action::Drop {
                 if let Some(w) = writer.as_mut() {
                     w.write(&p.record)?;
-                    if matches!(p.record, Record::Frame(_)) {
-                        report.written += 1;
-                    }
+                    report.written += u64::from(p.read.is_some());
                 }
             }
         }
+        metered = 0;
         if end {
             break;
         }
