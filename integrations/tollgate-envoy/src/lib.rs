@@ -52,7 +52,7 @@ pub use matching::{wildcard_match, Found, Matched};
 pub use redis::{OnRedisFailure, RedisBackend};
 pub use service::{
     Code, CurrentLimit, HeaderNames, Limits, Request, RequestDescriptor, RequestError, Response, RuleCounts,
-    Settings, Status, WallClock,
+    Settings, Status, WallClock, DEFAULT_STATISTICS_BYTES,
 };
 /// The Redis client the backend is built on ([`RedisBackend::new`] takes its `RedisWindows`).
 pub use tollgate_redis;

@@ -223,7 +223,45 @@ impl<'r> TableRef<'r> {
 #[derive(Clone, Copy)]
 pub(crate) enum StatsRef<'r> {
     Rule(&'r Counts),
-    Key(&'r str),
+    /// A name made from the request's values (`detailed_metric`, `value_to_metric`, a
+    /// per-request limit), and where its hits go once the statistics hold their budget.
+    Key(&'r str, Overflow<'r>),
+}
+
+/// Where the hits of a new statistics name go when the statistics are full
+/// ([`Limits::with_statistics_budget`]).
+#[derive(Clone, Copy)]
+pub(crate) enum Overflow<'r> {
+    /// The rule's own name (upstream's name without `detailed_metric`).
+    Rule(&'r Counts),
+    /// The domain's `<domain>.overflow` (a per-request limit has no rule).
+    Domain(&'r str),
+}
+
+/// Every statistics name's counts, and the bytes they hold.
+#[derive(Default)]
+struct Statistics {
+    names: HashMap<String, Arc<Counts>, ahash::RandomState>,
+    /// Each name's length and [`STATISTICS_ENTRY_BYTES`].
+    bytes: usize,
+}
+
+/// What a statistics name holds besides its text: the map's entry, the `Arc` and the counts.
+const STATISTICS_ENTRY_BYTES: usize = 128;
+
+/// The statistics' default budget: 32 MiB of names and counts.
+pub const DEFAULT_STATISTICS_BYTES: usize = 32 << 20;
+
+impl Statistics {
+    /// The counts of `name`, made for it whatever the budget (the configuration's own names,
+    /// and the overflow names, whose number the configuration bounds).
+    fn entry(&mut self, name: &str) -> Arc<Counts> {
+        if let Some(c) = self.names.get(name) {
+            return Arc::clone(c);
+        }
+        self.bytes += name.len() + STATISTICS_ENTRY_BYTES;
+        Arc::clone(self.names.entry(name.to_owned()).or_default())
+    }
 }
 
 /// One statistics key's counts, each added to with a saturating atomic add.
@@ -479,7 +517,9 @@ pub struct Limits {
     overrides: RwLock<Overrides>,
     /// Every statistics key's counts (the rules' own included), shared with the limits a
     /// reload makes.
-    counts: RwLock<HashMap<String, Arc<Counts>, ahash::RandomState>>,
+    counts: RwLock<Statistics>,
+    /// The most bytes the statistics' names made from requests may bring the statistics to.
+    statistics_budget: usize,
     clock: WallClock,
     keys_per_rule: usize,
     settings: Settings,
@@ -521,10 +561,12 @@ impl Limits {
         }
         // Counts carry over by name (the same counters, so that a decision of the old limits
         // still in flight is not lost); tables by rule and spec.
-        let mut counts: HashMap<String, Arc<Counts>, ahash::RandomState> = previous
-            .map_or_else(HashMap::default, |p| {
-                p.counts.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
-            });
+        let mut counts = Statistics::default();
+        if let Some(p) = previous {
+            let old = p.counts.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+            counts.names.clone_from(&old.names);
+            counts.bytes = old.bytes;
+        }
         let old_tables: HashMap<(&str, Spec), &Arc<Table>> = previous
             .iter()
             .flat_map(|p| p.rules.iter().flatten())
@@ -544,7 +586,7 @@ impl Limits {
                     spec,
                     max_lease: r.max_lease(),
                     table,
-                    counts: Arc::clone(counts.entry(rule.full_key.clone()).or_default()),
+                    counts: counts.entry(&rule.full_key),
                 });
             });
         }
@@ -562,6 +604,7 @@ impl Limits {
             rules: rules.into_boxed_slice(),
             overrides: RwLock::new(overrides),
             counts: RwLock::new(counts),
+            statistics_budget: previous.map_or(DEFAULT_STATISTICS_BYTES, |p| p.statistics_budget),
             clock,
             keys_per_rule: keys_per_rule.max(1),
             settings: Settings::default(),
@@ -581,6 +624,25 @@ impl Limits {
     /// The Redis backend, if any.
     pub fn redis(&self) -> Option<&RedisBackend> {
         self.redis.as_ref()
+    }
+
+    /// These limits keeping at most about `bytes` of statistics (default
+    /// [`DEFAULT_STATISTICS_BYTES`]): names and their counts, the configuration's own names
+    /// always. The names made from requests' values (`detailed_metric`, `value_to_metric`,
+    /// per-request limits) are kept until a new one would bring the statistics past `bytes`;
+    /// from then on a new name's hits count under its rule's own name (a per-request limit's
+    /// under `<domain>.overflow`), so that requests of ever new values cannot grow the
+    /// service's memory. Upstream keeps every name (its statistics grow without bound).
+    pub fn with_statistics_budget(mut self, bytes: usize) -> Limits {
+        self.statistics_budget = bytes;
+        self
+    }
+
+    /// The bytes the statistics hold (names and counts), by the measure of
+    /// [`with_statistics_budget`](Limits::with_statistics_budget), and how many names.
+    pub fn statistics_memory(&self) -> (usize, usize) {
+        let stats = self.counts.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (stats.bytes, stats.names.len())
     }
 
     /// These limits under `settings`.
@@ -638,6 +700,7 @@ impl Limits {
         self.counts
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .names
             .get(key)
             .map(|c| c.snapshot())
             .unwrap_or_default()
@@ -660,6 +723,7 @@ impl Limits {
             .counts
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .names
             .iter()
             .map(|(key, c)| (key.clone(), c.snapshot()))
             .collect();
@@ -784,7 +848,10 @@ impl Limits {
                         let slot =
                             self.rules[descriptor.index].as_ref().expect("every limited rule has a slot");
                         let (shared, stats) = match rule {
-                            Rule::Found(f) => (f.shared.as_slice(), StatsRef::Key(&f.stats_key)),
+                            Rule::Found(f) => (
+                                f.shared.as_slice(),
+                                StatsRef::Key(&f.stats_key, Overflow::Rule(&slot.counts)),
+                            ),
                             _ => (&[][..], StatsRef::Rule(&slot.counts)),
                         };
                         Step::Decide(Pending {
@@ -810,7 +877,7 @@ impl Limits {
                     table: TableRef::Override(&request.domain, *unit),
                     key: cache_key(&d.entries, &[]),
                     hits,
-                    stats: StatsRef::Key(stats_key),
+                    stats: StatsRef::Key(stats_key, Overflow::Domain(&request.domain)),
                     shadow: false,
                 }),
             });
@@ -914,8 +981,15 @@ impl Limits {
     fn account(&self, p: &Pending<'_>, decision: Option<Decision>, now_ns: u64) -> Status {
         let (limit, hits, shadow) = (p.limit.clone(), p.hits, p.shadow);
         let spec = p.table.spec();
-        // Upstream's reset: the end of the (aligned) window.
-        let window_reset = spec.until_reset(now_ns);
+        // Upstream's reset: the end of the (aligned) window, whole seconds rounded up (its
+        // formula) on the clock that decided: a fixed window's decision counts to its end,
+        // Redis's on the Redis backend (a lease's decision too); this machine's otherwise.
+        let window_reset = match decision {
+            Some(d) if spec.algorithm() == Algorithm::FixedWindow && d.reset_after_nanos().as_u64() > 0 => {
+                Duration::from_secs(d.reset_after_nanos().as_u64().div_ceil(1_000_000_000))
+            }
+            _ => spec.until_reset(now_ns),
+        };
         // `after`: the count after the hits, as upstream's INCRBY returns it; `over`: the count
         // above which a decision is over the limit.
         let (after, over, reset) = match decision {
@@ -978,22 +1052,32 @@ impl Limits {
         }
     }
 
-    /// `f` on the counts of `stats` (those of a name first counted now made for it).
+    /// `f` on the counts of `stats` (those of a name first counted now made for it, within
+    /// the statistics' budget; else those it overflows to).
     fn count<T>(&self, stats: StatsRef<'_>, f: impl FnOnce(&Counts) -> T) -> T {
-        let key = match stats {
+        let (key, overflow) = match stats {
             StatsRef::Rule(counts) => return f(counts),
-            StatsRef::Key(key) => key,
+            StatsRef::Key(key, overflow) => (key, overflow),
         };
-        if let Some(c) = self.counts.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(key) {
+        if let Some(c) = self.counts.read().unwrap_or_else(std::sync::PoisonError::into_inner).names.get(key)
+        {
             return f(c);
         }
-        let c = Arc::clone(
-            self.counts
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .entry(key.to_owned())
-                .or_default(),
-        );
+        let mut stats = self.counts.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let c = if stats.names.contains_key(key)
+            || stats.bytes.saturating_add(key.len() + STATISTICS_ENTRY_BYTES) <= self.statistics_budget
+        {
+            stats.entry(key)
+        } else {
+            match overflow {
+                Overflow::Rule(counts) => {
+                    drop(stats);
+                    return f(counts);
+                }
+                Overflow::Domain(domain) => stats.entry(&format!("{domain}.overflow")),
+            }
+        };
+        drop(stats);
         f(&c)
     }
 
@@ -1212,10 +1296,7 @@ fn check_rules(domain: &Domain) -> Result<(), ConfigError> {
             return;
         };
         let why = if r.counts_rejected() && u64::from(r.requests_per_unit) >= MAX_COUNT {
-            Some(format!(
-                "is beyond the embedded window's count (at most {}); use the Redis backend",
-                MAX_COUNT - 1
-            ))
+            Some(format!("is beyond what a window counts (at most {}, embedded or on Redis)", MAX_COUNT - 1))
         } else {
             Spec::of(r).table(1, 0).err().map(|e| format!("cannot be decided: {e}"))
         };

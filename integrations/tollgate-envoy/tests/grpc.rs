@@ -204,6 +204,45 @@ async fn odd_requests_are_answered_and_the_service_keeps_serving() {
     let _ = stop.send(());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_of_ever_new_values_cannot_grow_the_statistics_past_their_budget() {
+    // Names made from requests' values: `detailed_metric` (rl.unspec_<value>) and per-request
+    // limits (basic.key1_<value>), each value 16 KiB and new: 256 requests, 4 MiB of names
+    // offered to a budget of 256 KiB.
+    let budget = 256 << 10;
+    let limits =
+        Limits::new(config(&["basic.yaml", "example.yaml"]), 1000).unwrap().with_statistics_budget(budget);
+    let (base_bytes, base_names) = limits.statistics_memory();
+    let (service, mut client, _url, stop) = start(limits).await;
+    for i in 0..128 {
+        let value = format!("{i:05}{}", "v".repeat(16 << 10));
+        let r = client.should_rate_limit(request("rl", &[&[("unspec", &value)]])).await.unwrap().into_inner();
+        assert_eq!(r.overall_code, OK);
+        let mut over = request("basic", &[&[("key1", &value)]]);
+        over.descriptors[0].limit =
+            Some(RateLimitOverride { requests_per_unit: 5, unit: PbUnit::Minute as i32 });
+        let r = client.should_rate_limit(over).await.unwrap().into_inner();
+        assert_eq!(summary(&r), (OK, vec![(OK, 5, PbUnit::Minute as i32, 4)]));
+    }
+    let limits = service.limits();
+    let (bytes, names) = limits.statistics_memory();
+    assert!(bytes <= budget + 200, "{bytes} bytes of statistics, budget {budget}");
+    assert!(names < base_names + 2 * 16, "{names} names, {base_names} at the start ({base_bytes} B)");
+    // No hit is lost: those past the budget count under the rule's name, or the domain's overflow.
+    let detailed: u64 = (0..128)
+        .map(|i| limits.counts(&format!("rl.unspec_{i:05}{}", "v".repeat(16 << 10))).total_hits)
+        .sum();
+    assert!(detailed > 0 && detailed < 128, "{detailed} of 128 under their own names");
+    assert_eq!(detailed + limits.counts("rl.unspec").total_hits, 128);
+    let overridden: u64 = (0..128)
+        .map(|i| limits.counts(&format!("basic.key1_{i:05}{}", "v".repeat(16 << 10))).total_hits)
+        .sum();
+    assert_eq!(overridden + limits.counts("basic.overflow").total_hits, 128);
+    assert!(limits.counts("basic.overflow").total_hits > 0);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let _ = stop.send(());
+}
+
 /// A codec that sends its bytes as they are: a client that can send what no protobuf encoder
 /// would.
 #[derive(Clone, Copy, Debug, Default)]

@@ -399,3 +399,46 @@ descriptors:
         }
     });
 }
+
+/// On Redis, a window's `duration_until_reset` is counted on the clock that decided it,
+/// Redis's: an instance whose own clock is half an hour off still tells a client when Redis's
+/// window ends (embedded, its own clock decides, and its reset follows it).
+#[test]
+fn the_reset_is_counted_on_the_clock_that_decided() {
+    let server = Server::start(&[]);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        const SKEW: u64 = 1_800;
+        let skewed: tollgate_envoy::WallClock = Arc::new(|| {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+            u64::try_from(now.as_nanos()).unwrap() + SKEW * 1_000_000_000
+        });
+        let rules =
+            "domain: fleet\ndescriptors:\n  - key: h\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
+        let windows = RedisWindows::builder().url(server.url()).prefix("reset:").connect().await.unwrap();
+        let on_redis = Limits::with_clock(config(rules), 1_000, Arc::clone(&skewed))
+            .unwrap()
+            .with_redis(RedisBackend::new(windows, OnRedisFailure::Error));
+        let embedded = Limits::with_clock(config(rules), 1_000, skewed).unwrap();
+        let redis_secs =
+            || -> u64 { server.cli(&["TIME"]).unwrap().lines().next().unwrap().trim().parse().unwrap() };
+        // Seconds to the end of the hour, upstream's formula, and the distance of two resets
+        // on the hour's circle.
+        let to_end = |secs: u64| 3_600 - secs % 3_600;
+        let apart = |a: u64, b: u64| a.abs_diff(b).min(3_600 - a.abs_diff(b));
+        for _ in 0..3 {
+            let before = redis_secs();
+            let r = on_redis.should_rate_limit_async(&request(&[("h", "x")])).await.unwrap();
+            let reset = r.statuses[0].duration_until_reset.unwrap().as_secs();
+            assert!(
+                apart(reset, to_end(before)) <= 2,
+                "reset {reset}, Redis's hour ends in {}",
+                to_end(before)
+            );
+            let local = embedded.should_rate_limit(&request(&[("h", "x")])).unwrap();
+            let local = local.statuses[0].duration_until_reset.unwrap().as_secs();
+            assert!(apart(local, to_end(before + SKEW)) <= 2, "embedded reset {local}");
+            assert!(apart(local, reset) >= SKEW - 4, "the two clocks' resets {local} and {reset}");
+        }
+    });
+}
