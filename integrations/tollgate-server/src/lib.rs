@@ -359,6 +359,24 @@ enum Flow {
     Close,
 }
 
+/// The seconds' histograms' buckets (`le`): 1 µs to 10 s, so that a fleet's latencies add up
+/// across instances (a summary's quantiles do not).
+const SECONDS_BUCKETS: [f64; 19] = [
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
+    0.25, 1.0, 10.0,
+];
+
+/// The recorder behind GET /metrics: every histogram whose name ends in `_seconds` (the Envoy
+/// service's decisions, the Redis round trips) as a Prometheus histogram of
+/// [`SECONDS_BUCKETS`].
+fn prometheus_recorder() -> metrics_exporter_prometheus::PrometheusRecorder {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), &SECONDS_BUCKETS)
+        .expect("the buckets are not empty")
+        .build_recorder()
+}
+
 impl Server {
     /// A server with `config`, its declared quotas built (each writes every slot of its
     /// table: tens of milliseconds per million keys).
@@ -1053,7 +1071,7 @@ impl Server {
     pub async fn serve_metrics(self: Arc<Self>, listener: TcpListener) {
         use http_body_util::Full;
         use hyper::{body::Incoming, Request, Response, StatusCode};
-        let recorder = Arc::new(metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder());
+        let recorder = Arc::new(prometheus_recorder());
         let mut stopping = self.stopping.subscribe();
         loop {
             let accepted = tokio::select! {

@@ -132,9 +132,31 @@ fn start_with(dir: &std::path::Path, log: PathBuf, extra: &[&str]) -> Running {
     Running { child, grpc, http, metrics, log }
 }
 
+/// Statistics as upstream's Prometheus mapping labels them: nested levels, detailed values
+/// (an IPv4 address sanitized), a rule in shadow mode.
+const STATS: &str = "domain: stats
+descriptors:
+  - key: tenant
+    descriptors:
+      - key: path
+        descriptors:
+          - key: method
+            rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: client
+    detailed_metric: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+";
+
 fn request(entries: &[(&str, &str)]) -> RateLimitRequest {
+    request_in("edge", entries)
+}
+
+fn request_in(domain: &str, entries: &[(&str, &str)]) -> RateLimitRequest {
     RateLimitRequest {
-        domain: "edge".into(),
+        domain: domain.into(),
         descriptors: vec![RateLimitDescriptor {
             entries: entries.iter().map(|(k, v)| Entry { key: (*k).into(), value: (*v).into() }).collect(),
             ..RateLimitDescriptor::default()
@@ -149,6 +171,7 @@ fn the_server_answers_envoy_and_reloads_its_rules() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("config")).unwrap();
     std::fs::write(dir.join("config/edge.yaml"), RULES).unwrap();
+    std::fs::write(dir.join("config/stats.yaml"), STATS).unwrap();
     let log = dir.with_extension("log");
     let running = start(&dir, log.clone());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -168,9 +191,31 @@ fn the_server_answers_envoy_and_reloads_its_rules() {
     );
     assert!(status.contains("200"), "{status} {body}");
     assert!(body.contains(r#""overallCode":"OK""#), "{body}");
+    let mut stats_client = rt.block_on(RateLimitServiceClient::connect(running.grpc.clone())).unwrap();
+    let mut codes = Vec::new();
+    for entries in [
+        &[("tenant", "acme"), ("path", "/a"), ("method", "GET")][..],
+        &[("tenant", "acme"), ("path", "/a"), ("method", "GET")],
+        &[("client", "10.0.0.1")],
+        &[("shadow", "s")],
+        &[("shadow", "s")],
+    ] {
+        let r =
+            rt.block_on(stats_client.should_rate_limit(request_in("stats", entries))).unwrap().into_inner();
+        codes.push(r.overall_code);
+    }
+    assert_eq!(codes, [ok, over, ok, ok, ok], "the shadow rule answers OK over its limit");
     // Upstream's statistics, under its Prometheus names, on the server's /metrics.
     let page = running.scrape();
     for series in [
+        // Levels past the second add up into key2; a detailed value is its own key1, its
+        // IPv4 address's dots sanitized; a shadow rule counts what it let through.
+        r#"ratelimit_service_rate_limit_total_hits{domain="stats",key1="tenant",key2="path"} 2"#,
+        r#"ratelimit_service_rate_limit_over_limit{domain="stats",key1="tenant",key2="path"} 1"#,
+        r#"ratelimit_service_rate_limit_within_limit{domain="stats",key1="client_10_0_0_1"} 1"#,
+        r#"ratelimit_service_rate_limit_shadow_mode{domain="stats",key1="shadow"} 1"#,
+        r#"ratelimit_service_rate_limit_over_limit{domain="stats",key1="shadow"} 1"#,
+        "ratelimit_service_global_shadow_mode 0",
         r#"ratelimit_service_rate_limit_over_limit{domain="edge",key1="path_/login"} 1"#,
         r#"ratelimit_service_rate_limit_total_hits{domain="edge",key1="remote_address"} 3"#,
         r#"ratelimit_service_rate_limit_within_limit{domain="edge",key1="remote_address"} 3"#,
@@ -178,8 +223,9 @@ fn the_server_answers_envoy_and_reloads_its_rules() {
         assert!(page.lines().any(|l| l == series), "{series} in\n{page}");
     }
     // Every decision's time, gRPC's and /json's.
-    assert!(page.lines().any(|l| l == "ratelimit_service_decision_seconds_count 5"), "{page}");
-    assert!(page.contains("# TYPE ratelimit_service_decision_seconds summary"), "{page}");
+    assert!(page.lines().any(|l| l == "ratelimit_service_decision_seconds_count 10"), "{page}");
+    assert!(page.contains("# TYPE ratelimit_service_decision_seconds histogram"), "{page}");
+    assert!(page.contains("ratelimit_service_decision_seconds_bucket{le=\"+Inf\"} 10"), "{page}");
     // A bad file is refused on SIGHUP, with its file and line; the rules keep answering.
     std::fs::write(
         dir.join("config/edge.yaml"),
