@@ -106,8 +106,13 @@ fn descriptor(d: RateLimitDescriptor) -> RequestDescriptor {
 }
 
 /// An override's unit (`envoy.type.v3.RateLimitUnit`), `None` for UNKNOWN or a number it
-/// does not have.
+/// does not have. WEEK (7), newer than the protos `envoy-types` ships, is taken by its number,
+/// as upstream takes it.
 pub(crate) fn override_unit(unit: i32) -> Option<Unit> {
+    const WEEK: i32 = 7;
+    if unit == WEEK {
+        return Some(Unit::Week);
+    }
     match RateLimitUnit::try_from(unit).ok()? {
         RateLimitUnit::Second => Some(Unit::Second),
         RateLimitUnit::Minute => Some(Unit::Minute),

@@ -91,18 +91,19 @@ pub(crate) fn parse(body: &[u8]) -> Result<Request, String> {
 /// `envoy.type.v3.RateLimitUnit` by name or number (`None`: UNKNOWN), read as the gRPC
 /// request's is.
 fn override_unit(unit: Option<&Value>) -> Result<Option<Unit>, String> {
+    const WEEK: i32 = 7;
     let known = match unit {
         None | Some(Value::Null) => return Ok(None),
-        Some(Value::String(name)) => RateLimitUnit::from_str_name(name),
-        Some(Value::Number(n)) => {
-            n.as_i64().and_then(|n| i32::try_from(n).ok()).and_then(|n| RateLimitUnit::try_from(n).ok())
-        }
+        Some(Value::String(name)) if name == "WEEK" => Some(WEEK),
+        Some(Value::String(name)) => RateLimitUnit::from_str_name(name).map(|u| u as i32),
+        Some(Value::Number(n)) => n
+            .as_i64()
+            .and_then(|n| i32::try_from(n).ok())
+            .filter(|&n| n == WEEK || RateLimitUnit::try_from(n).is_ok()),
         Some(_) => None,
     };
     let unit = unit.map_or_else(String::new, Value::to_string);
-    known
-        .map(|u| grpc::override_unit(u as i32))
-        .ok_or_else(|| format!("limit.unit: {unit} is not a RateLimitUnit"))
+    known.map(grpc::override_unit).ok_or_else(|| format!("limit.unit: {unit} is not a RateLimitUnit"))
 }
 
 fn code_name(c: Code) -> &'static str {
@@ -251,7 +252,12 @@ mod tests {
         assert_eq!(r.descriptors[0].limit, Some((5, Some(Unit::Hour))));
         assert!(parse(br#"{"domain":"d","surprise":1}"#).is_err());
         assert!(parse(b"").is_err());
-        assert!(parse(br#"{"descriptors":[{"limit":{"unit":"WEEK"}}]}"#).is_err());
+        assert_eq!(
+            parse(br#"{"descriptors":[{"limit":{"unit":"WEEK"}}]}"#).unwrap().descriptors[0].limit,
+            Some((0, Some(Unit::Week)))
+        );
+        assert!(parse(br#"{"descriptors":[{"limit":{"unit":"FORTNIGHT"}}]}"#).is_err());
+        assert!(parse(br#"{"descriptors":[{"limit":{"unit":8}}]}"#).is_err());
         assert_eq!(
             parse(br#"{"descriptors":[{"limit":{"unit":0}}]}"#).unwrap().descriptors[0].limit,
             Some((0, None))

@@ -197,6 +197,11 @@ async fn odd_requests_are_answered_and_the_service_keeps_serving() {
     let e = client.should_rate_limit(bad).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unknown);
     assert!(e.message().contains("no unit"), "{}", e.message());
+    // WEEK (7), newer than envoy-types' protos, as upstream takes it.
+    let mut week = request("basic", &[&[("key1", "week")]]);
+    week.descriptors[0].limit = Some(RateLimitOverride { requests_per_unit: 5, unit: 7 });
+    let r = client.should_rate_limit(week).await.unwrap().into_inner();
+    assert_eq!(summary(&r), (OK, vec![(OK, 5, PbUnit::Week as i32, 4)]));
     // Still serving.
     let r = client.should_rate_limit(request("basic", &[&[("key1", "after")]])).await.unwrap().into_inner();
     assert_eq!(r.overall_code, OK);

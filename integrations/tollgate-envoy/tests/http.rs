@@ -73,6 +73,13 @@ async fn json_in_json_out_with_upstreams_codes() {
         r#"{"domain":"basic","unknown":1}"#,
         r#"{"domain":"","descriptors":[{"entries":[]}]}"#,
         r#"{"domain":"basic"}"#,
+        // A negative or too large hitsAddend (a uint32), per request or per descriptor (a
+        // UInt64Value), as protojson refuses them upstream.
+        r#"{"domain":"basic","descriptors":[{"entries":[{"key":"k","value":"v"}]}],"hitsAddend":-1}"#,
+        r#"{"domain":"basic","descriptors":[{"entries":[{"key":"k","value":"v"}]}],"hitsAddend":4294967296}"#,
+        r#"{"domain":"basic","descriptors":[{"entries":[{"key":"k","value":"v"}],"hitsAddend":-5}]}"#,
+        r#"{"domain":"basic","descriptors":[{"entries":[{"key":"k","value":"v"}],"hitsAddend":"-5"}]}"#,
+        r#"{"domain":"basic","descriptors":[{"entries":[{"key":"k","value":"v"}],"hitsAddend":1.5}]}"#,
     ] {
         let (status, ctype, text) = post(&url, "/json", bad).await;
         assert_eq!(
@@ -80,6 +87,17 @@ async fn json_in_json_out_with_upstreams_codes() {
             (400, "text/plain; charset=utf-8", "Bad Request\n"),
             "{bad:?}"
         );
+    }
+    // A per-request limit of unit WEEK (7, newer than envoy-types' protos), by name or number.
+    for (value, unit) in [("by-name", r#""WEEK""#), ("by-number", "7")] {
+        let body = format!(
+            r#"{{"domain":"basic","descriptors":[{{"entries":[{{"key":"w","value":"{value}"}}],"limit":{{"requestsPerUnit":3,"unit":{unit}}}}}]}}"#
+        );
+        let (status, _, text) = post(&url, "/json", &body).await;
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["statuses"][0]["currentLimit"], json!({"requestsPerUnit": 3, "unit": "WEEK"}), "{text}");
+        assert_eq!(v["statuses"][0]["limitRemaining"], json!(2), "{text}");
     }
     let (status, _, text) = post(&url, "/healthcheck", "").await;
     assert_eq!((status, text.as_str()), (200, "OK"));

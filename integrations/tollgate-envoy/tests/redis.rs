@@ -442,3 +442,33 @@ fn the_reset_is_counted_on_the_clock_that_decided() {
         }
     });
 }
+
+/// Odd requests on the Redis backend: a descriptor of 10,000 entries (no rule that deep: no
+/// call), a 1 MiB value (a 1 MiB key in Redis, decided and counted like any other), and the
+/// largest hits: answers, and the service keeps serving.
+#[test]
+fn odd_requests_on_redis_are_answered() {
+    let server = Server::start(&[]);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let l = service(&server, OnRedisFailure::Error, Duration::from_secs(2)).await;
+        let long: Vec<(String, String)> = (0..10_000).map(|i| (format!("k{i}"), "v".to_owned())).collect();
+        let mut r = request(&[]);
+        r.descriptors.push(RequestDescriptor { entries: long, ..RequestDescriptor::default() });
+        let answer = l.should_rate_limit_async(&r).await.unwrap();
+        assert_eq!((answer.overall_code, answer.statuses[0].current_limit.as_ref()), (Code::Ok, None));
+        assert_eq!(l.redis().unwrap().stats().redis, 0);
+        let big = "x".repeat(1 << 20);
+        for remaining in [29, 28] {
+            let answer = l.should_rate_limit_async(&request(&[("client", &big)])).await.unwrap();
+            assert_eq!((answer.overall_code, answer.statuses[0].limit_remaining), (Code::Ok, remaining));
+        }
+        let mut huge = request(&[("client", "huge")]);
+        huge.descriptors[0].hits_addend = Some(u64::MAX);
+        let answer = l.should_rate_limit_async(&huge).await.unwrap();
+        assert_eq!(answer.overall_code, Code::OverLimit);
+        let answer = l.should_rate_limit_async(&request(&[("client", "after")])).await.unwrap();
+        assert_eq!((answer.overall_code, answer.statuses[0].limit_remaining), (Code::Ok, 29));
+        assert_eq!(server.cli(&["PING"]).unwrap().trim(), "PONG");
+    });
+}

@@ -1,16 +1,26 @@
-//! `ShouldRateLimit`'s decisions, in process: the scenarios of envoyproxy/ratelimit's
-//! integration test (`basic`, `another`, `share_threshold`, `reload`) and of its Docker scripts
-//! (replaces, shadow mode, unlimited, detailed statistics), with upstream's statuses and
-//! counters, on a wall clock the test moves.
+//! `ShouldRateLimit`'s decisions: the scenarios of envoyproxy/ratelimit's integration test
+//! (`basic`, `another`, `share_threshold`, `reload`) and of its Docker scripts (replaces,
+//! shadow mode, unlimited, detailed statistics), with upstream's statuses and counters, each
+//! asked three ways: in process, over real gRPC (tonic's client against the service on
+//! 127.0.0.1, as Envoy asks), and on a real `redis-server` (the Redis backend, Redis's clock).
+//! The rest in process, on a wall clock the test moves.
+
+#[path = "../../tollgate-redis/tests/common/mod.rs"]
+mod common;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as PbUnit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tollgate_envoy::{
-    Code, Config, CurrentLimit, HeaderNames, Limits, LoadOptions, Request, RequestDescriptor, RequestError,
-    RuleCounts, Settings, Status, Unit,
+    Code, Config, CurrentLimit, HeaderNames, Limits, LoadOptions, OnRedisFailure, RedisBackend, Request,
+    RequestDescriptor, RequestError, Response, RuleCounts, Service, Settings, Status, Unit,
 };
 
 /// A wall clock at `start` seconds since the epoch, moved by the test.
@@ -49,24 +59,198 @@ fn limited(s: &Status) -> (Code, u32, Unit, u32) {
     (s.code, l.requests_per_unit, l.unit, s.limit_remaining)
 }
 
+/// Where a scenario's requests go.
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    Process,
+    Grpc,
+    Redis,
+}
+
+const VIAS: [Via; 3] = [Via::Process, Via::Grpc, Via::Redis];
+
+/// A service on `files`, asked `via` one way.
+struct Asker {
+    limits: Arc<Limits>,
+    rt: tokio::runtime::Runtime,
+    grpc: Option<std::cell::RefCell<RateLimitServiceClient<tonic::transport::Channel>>>,
+    _stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _redis: Option<common::Server>,
+    via: Via,
+}
+
+impl Asker {
+    /// `via` a service on `files` whose wall clock starts at `start_s` (on Redis, windows are
+    /// Redis's: the asker starts early enough in Redis's minute that no minute ends during a
+    /// scenario).
+    fn new(via: Via, files: &[&str], start_s: u64) -> Asker {
+        let limits = limits_of(files, start_s);
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let (mut grpc, mut stop, mut redis) = (None, None, None);
+        let limits = match via {
+            Via::Process => Arc::new(limits),
+            Via::Grpc => {
+                let service = Service::new(limits);
+                let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+                let url = format!("http://{}", listener.local_addr().unwrap());
+                let (stopper, stopped) = tokio::sync::oneshot::channel::<()>();
+                let serving = service.clone();
+                rt.spawn(async move {
+                    serving
+                        .serve(listener, async {
+                            let _ = stopped.await;
+                        })
+                        .await
+                        .unwrap();
+                });
+                grpc =
+                    Some(std::cell::RefCell::new(rt.block_on(RateLimitServiceClient::connect(url)).unwrap()));
+                stop = Some(stopper);
+                service.limits()
+            }
+            Via::Redis => {
+                let server = common::Server::start(&[]);
+                let windows = rt
+                    .block_on(
+                        tollgate_redis::RedisWindows::builder()
+                            .url(server.url())
+                            .prefix("scenario:")
+                            .connect(),
+                    )
+                    .unwrap();
+                while {
+                    let time = server.cli(&["TIME"]).unwrap();
+                    time.lines().next().unwrap().trim().parse::<u64>().unwrap() % 60 >= 45
+                } {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                redis = Some(server);
+                Arc::new(limits.with_redis(RedisBackend::new(windows, OnRedisFailure::Error)))
+            }
+        };
+        Asker { limits, rt, grpc, _stop: stop, _redis: redis, via }
+    }
+
+    fn ask(&self, request: &Request) -> Response {
+        match self.via {
+            Via::Process => self.limits.should_rate_limit(request).unwrap(),
+            Via::Redis => self.rt.block_on(self.limits.should_rate_limit_async(request)).unwrap(),
+            Via::Grpc => {
+                let mut client = self.grpc.as_ref().unwrap().borrow_mut();
+                let r = self.rt.block_on(client.should_rate_limit(to_pb(request))).unwrap().into_inner();
+                from_pb(&r)
+            }
+        }
+    }
+
+    fn counts(&self, key: &str) -> RuleCounts {
+        self.limits.counts(key)
+    }
+}
+
+impl Drop for Asker {
+    /// On Redis, the scenario's windows were Redis's: its script was called.
+    fn drop(&mut self) {
+        if let (Via::Redis, false) = (self.via, std::thread::panicking()) {
+            assert!(self.limits.redis().unwrap().stats().redis > 0, "no request reached Redis");
+        }
+    }
+}
+
+fn limits_of(files: &[&str], start_s: u64) -> Limits {
+    limits(files, start_s).1
+}
+
+fn to_pb(r: &Request) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: r.domain.clone(),
+        descriptors: r
+            .descriptors
+            .iter()
+            .map(|d| {
+                assert!(d.limit.is_none() && d.hits_addend.is_none(), "the scenarios send neither");
+                RateLimitDescriptor {
+                    entries: d
+                        .entries
+                        .iter()
+                        .map(|(k, v)| Entry { key: k.clone(), value: v.clone() })
+                        .collect(),
+                    ..RateLimitDescriptor::default()
+                }
+            })
+            .collect(),
+        hits_addend: r.hits_addend,
+    }
+}
+
+/// The answer as Envoy reads it: codes, limits, remaining and reset.
+fn from_pb(r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse) -> Response {
+    let code = |c: i32| match c {
+        1 => Code::Ok,
+        2 => Code::OverLimit,
+        c => panic!("code {c}"),
+    };
+    let unit = |u: i32| match PbUnit::try_from(u).unwrap() {
+        PbUnit::Second => Unit::Second,
+        PbUnit::Minute => Unit::Minute,
+        PbUnit::Hour => Unit::Hour,
+        PbUnit::Day => Unit::Day,
+        PbUnit::Week => Unit::Week,
+        PbUnit::Month => Unit::Month,
+        PbUnit::Year => Unit::Year,
+        PbUnit::Unknown => panic!("unit UNKNOWN"),
+    };
+    Response {
+        overall_code: code(r.overall_code),
+        statuses: r
+            .statuses
+            .iter()
+            .map(|s| Status {
+                code: code(s.code),
+                current_limit: s.current_limit.as_ref().map(|l| CurrentLimit {
+                    requests_per_unit: l.requests_per_unit,
+                    unit: unit(l.unit),
+                    name: l.name.clone(),
+                }),
+                limit_remaining: s.limit_remaining,
+                duration_until_reset: s.duration_until_reset.map(|d| {
+                    Duration::new(u64::try_from(d.seconds).unwrap(), u32::try_from(d.nanos).unwrap())
+                }),
+            })
+            .collect(),
+        headers: Vec::new(),
+        dynamic_metadata: None,
+    }
+}
+
 #[test]
 fn upstreams_basic_and_another_scenarios() {
-    // 600 s into an hour: the minute and hour windows are mid-way, none ends during the test.
-    let (_now, l) = limits(&["basic.yaml", "another.yaml"], 1_700_000_000 / 3600 * 3600 + 600);
+    for via in VIAS {
+        // 600 s into an hour: the minute and hour windows are mid-way, none ends during the
+        // test (on Redis, the asker starts early in Redis's minute).
+        basic_and_another(&Asker::new(
+            via,
+            &["basic.yaml", "another.yaml"],
+            1_700_000_000 / 3600 * 3600 + 600,
+        ));
+    }
+}
+
+fn basic_and_another(l: &Asker) {
     // An unknown domain is no error: OK, no limit.
-    let r = l.should_rate_limit(&request("foo", &[&[("hello", "world")]])).unwrap();
+    let r = l.ask(&request("foo", &[&[("hello", "world")]]));
     assert_eq!(r.overall_code, Code::Ok);
     assert_eq!(
         r.statuses,
         [Status { code: Code::Ok, current_limit: None, limit_remaining: 0, duration_until_reset: None }]
     );
 
-    let r = l.should_rate_limit(&request("basic", &[&[("key1", "foo")]])).unwrap();
+    let r = l.ask(&request("basic", &[&[("key1", "foo")]]));
     assert_eq!((r.overall_code, limited(&r.statuses[0])), (Code::Ok, (Code::Ok, 50, Unit::Second, 49)));
     assert_eq!(l.counts("basic.key1").total_hits, 1);
 
     for i in 0..25u32 {
-        let r = l.should_rate_limit(&request("another", &[&[("key2", "r1")]])).unwrap();
+        let r = l.ask(&request("another", &[&[("key2", "r1")]]));
         if i < 20 {
             assert_eq!(
                 (r.overall_code, limited(&r.statuses[0])),
@@ -83,7 +267,7 @@ fn upstreams_basic_and_another_scenarios() {
     }
 
     for i in 0..15u32 {
-        let r = l.should_rate_limit(&request("another", &[&[("key2", "r2")], &[("key3", "r2")]])).unwrap();
+        let r = l.ask(&request("another", &[&[("key2", "r2")], &[("key3", "r2")]]));
         assert_eq!(limited(&r.statuses[0]), (Code::Ok, 20, Unit::Minute, 19 - i));
         let expected =
             if i < 10 { (Code::Ok, 10, Unit::Hour, 9 - i) } else { (Code::OverLimit, 10, Unit::Hour, 0) };
@@ -113,41 +297,53 @@ fn duration_until_reset_counts_down_to_the_windows_end_on_the_epochs_grid() {
 
 #[test]
 fn a_shared_threshold_is_one_counter_for_every_matching_value() {
-    let (_now, l) = limits(&["share_threshold.yaml"], 3_600 * 500_000);
-    for _ in 0..10 {
-        l.should_rate_limit(&request("share-threshold-test", &[&[("files", "files/a.pdf")]])).unwrap();
+    for via in VIAS {
+        shared_threshold(&Asker::new(via, &["share_threshold.yaml"], 3_600 * 500_000));
     }
-    let r = l.should_rate_limit(&request("share-threshold-test", &[&[("files", "files/b.csv")]])).unwrap();
+}
+
+fn shared_threshold(l: &Asker) {
+    for _ in 0..10 {
+        l.ask(&request("share-threshold-test", &[&[("files", "files/a.pdf")]]));
+    }
+    let r = l.ask(&request("share-threshold-test", &[&[("files", "files/b.csv")]]));
     assert_eq!(
         (r.overall_code, limited(&r.statuses[0])),
         (Code::OverLimit, (Code::OverLimit, 10, Unit::Hour, 0))
     );
     for i in 0..10 {
         let value = format!("files_no_share/{i}");
-        let r =
-            l.should_rate_limit(&request("share-threshold-test", &[&[("files_no_share", &value)]])).unwrap();
+        let r = l.ask(&request("share-threshold-test", &[&[("files_no_share", &value)]]));
         assert_eq!(limited(&r.statuses[0]), (Code::Ok, 10, Unit::Hour, 9));
     }
 }
 
 #[test]
 fn a_zero_limit_blocks_every_request() {
-    let (_now, l) = limits(&["reload.yaml"], 1_000_000);
-    let r = l.should_rate_limit(&request("reload", &[&[("block", "foo")]])).unwrap();
+    for via in VIAS {
+        zero_limit(&Asker::new(via, &["reload.yaml"], 1_000_000));
+    }
+}
+
+fn zero_limit(l: &Asker) {
+    let r = l.ask(&request("reload", &[&[("block", "foo")]]));
     assert_eq!(
         (r.overall_code, limited(&r.statuses[0])),
         (Code::OverLimit, (Code::OverLimit, 0, Unit::Second, 0))
     );
-    let r = l.should_rate_limit(&request("reload", &[&[("key1", "foo")]])).unwrap();
+    let r = l.ask(&request("reload", &[&[("key1", "foo")]]));
     assert_eq!(limited(&r.statuses[0]), (Code::Ok, 50, Unit::Second, 49));
 }
 
 #[test]
 fn the_docker_scripts_replaces_shadow_mode_and_unlimited() {
-    let (_now, l) = limits(&["example.yaml"], 60 * 30_000_000);
-    let ask = |descriptors: &[&[(&str, &str)]]| {
-        l.should_rate_limit(&request("rl", descriptors)).unwrap().overall_code
-    };
+    for via in VIAS {
+        docker_scripts(&Asker::new(via, &["example.yaml"], 60 * 30_000_000));
+    }
+}
+
+fn docker_scripts(l: &Asker) {
+    let ask = |descriptors: &[&[(&str, &str)]]| l.ask(&request("rl", descriptors)).overall_code;
     // simple-get: a shadow rule over its limit still answers OK.
     for _ in 0..5 {
         assert_eq!(ask(&[&[("foo", "pelle"), ("baz", "shady")]]), Code::Ok);
@@ -184,7 +380,7 @@ fn the_docker_scripts_replaces_shadow_mode_and_unlimited() {
     assert_eq!(two("not_bkthomps"), Code::Ok, "the bkthomps rule was never incremented while replaced");
     assert_eq!(two("not_bkthomps"), Code::OverLimit);
     // Unlimited: OK with u32::MAX remaining and no limit.
-    let r = l.should_rate_limit(&request("rl", &[&[("qux", "x")], &[("foo", "f"), ("bay", "y")]])).unwrap();
+    let r = l.ask(&request("rl", &[&[("qux", "x")], &[("foo", "f"), ("bay", "y")]]));
     assert_eq!(
         r.statuses[0],
         Status { code: Code::Ok, current_limit: None, limit_remaining: u32::MAX, duration_until_reset: None }
@@ -455,4 +651,35 @@ descriptors:
     // Off by default, as upstream's.
     let l = inline(&yaml("name"), 1_700_000_040, Settings::default());
     assert_eq!(ask(&l, 1).dynamic_metadata, None);
+}
+
+/// A rule's table is sized for `keys_per_rule` values: past what it holds, a new value is
+/// answered over the limit (never admitted uncounted) until a window ends and frees room;
+/// values already held keep their counts meanwhile.
+#[test]
+fn a_full_table_refuses_new_values_until_a_window_ends() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/integration");
+    let config = Config::from_files(
+        [("another.yaml", std::fs::read_to_string(dir.join("another.yaml")).unwrap())],
+        LoadOptions::default(),
+    )
+    .unwrap();
+    let start = 86_400 * 20_000 + 100;
+    let (now, wall) = clock(start);
+    let l = Limits::with_clock(config, 64, wall).unwrap();
+    let ask = |value: &str| {
+        l.should_rate_limit(&request("another", &[&[("key4", value)]])).unwrap().statuses[0].clone()
+    };
+    // 640 new values: the table holds at least the 64 it was sized for, at most its capacity.
+    let refused: Vec<usize> = (0..640).filter(|i| ask(&format!("v{i}")).code == Code::OverLimit).collect();
+    let held = 640 - refused.len();
+    assert!((64..=4 * 64).contains(&held), "{held} values held, 64 asked for");
+    // Full: a refused value stays over the limit; a held one keeps its count (20 a day).
+    let first_refused = format!("v{}", refused[0]);
+    assert_eq!(limited(&ask(&first_refused)), (Code::OverLimit, 20, Unit::Day, 0));
+    let first_held = format!("v{}", (0..640).find(|i| !refused.contains(i)).unwrap());
+    assert_eq!(limited(&ask(&first_held)), (Code::Ok, 20, Unit::Day, 18));
+    // The day ends: its counts are gone, and there is room again.
+    now.fetch_add(86_400 * 1_000_000_000, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(limited(&ask(&first_refused)), (Code::Ok, 20, Unit::Day, 19));
 }
