@@ -506,3 +506,29 @@ fn a_directory_is_read_whole_with_upstreams_file_names() {
     assert_eq!(e.to_string(), "config.bad.yaml:5: duplicate descriptor composite key 'x.k'");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A Kubernetes ConfigMap's mount: each file is a link to `..data/<file>`, `..data` a link to
+/// a timestamped directory. Upstream reads it with RUNTIME_IGNOREDOTFILES; without, each
+/// domain is read twice.
+#[test]
+fn a_configmap_mount_is_read_once_when_dotfiles_are_ignored() {
+    let dir = std::env::temp_dir().join(format!("tollgate-envoy-configmap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let stamped = dir.join("..2026_12_07_00_00_00.000000001");
+    std::fs::create_dir_all(&stamped).unwrap();
+    std::fs::write(
+        stamped.join("edge.yaml"),
+        "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("..2026_12_07_00_00_00.000000001", dir.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/edge.yaml", dir.join("edge.yaml")).unwrap();
+    let c = Config::from_dir(&dir, LoadOptions { ignore_dotfiles: true, ..LoadOptions::default() }).unwrap();
+    assert_eq!(
+        c.domains().map(|d| (d.name.as_str(), d.file.as_str())).collect::<Vec<_>>(),
+        [("edge", "edge.yaml")]
+    );
+    let e = Config::from_dir(&dir, LoadOptions::default()).unwrap_err();
+    assert!(e.upstream().ends_with("duplicate domain 'edge' in config file"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

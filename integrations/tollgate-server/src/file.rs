@@ -41,6 +41,7 @@
 //! http = "127.0.0.1:8080"     # optional: /json and /healthcheck
 //! keys_per_rule = 65536
 //! merge_domains = false
+//! ignore_dotfiles = false     # skip names starting with '.' (a Kubernetes ConfigMap's ..data)
 //! shadow_mode = false
 //! quota_mode = false
 //! response_headers = false    # limit_header, remaining_header, reset_header name them
@@ -111,6 +112,8 @@ pub struct Envoy {
     pub keys_per_rule: usize,
     /// Upstream's MERGE_DOMAIN_CONFIG.
     pub merge_domains: bool,
+    /// Upstream's RUNTIME_IGNOREDOTFILES.
+    pub ignore_dotfiles: bool,
     /// Upstream's SHADOW_MODE.
     pub shadow_mode: bool,
     /// Upstream's QUOTA_MODE.
@@ -133,6 +136,7 @@ impl Default for Envoy {
             http: None,
             keys_per_rule: 65_536,
             merge_domains: false,
+            ignore_dotfiles: false,
             shadow_mode: false,
             quota_mode: false,
             response_headers: None,
@@ -215,6 +219,7 @@ struct EnvoySection {
     http: Option<Spanned<String>>,
     keys_per_rule: Option<Spanned<u64>>,
     merge_domains: Option<bool>,
+    ignore_dotfiles: Option<bool>,
     shadow_mode: Option<bool>,
     quota_mode: Option<bool>,
     response_headers: Option<bool>,
@@ -490,6 +495,7 @@ pub fn parse(path: &Path, text: &str) -> Result<(Config, Service), FileError> {
                 None => defaults.keys_per_rule,
             },
             merge_domains: e.merge_domains.unwrap_or_default(),
+            ignore_dotfiles: e.ignore_dotfiles.unwrap_or_default(),
             shadow_mode: e.shadow_mode.unwrap_or_default(),
             quota_mode: e.quota_mode.unwrap_or_default(),
             response_headers: e.response_headers.unwrap_or_default().then(|| {
@@ -682,6 +688,7 @@ config = "ratelimit"
 grpc = "127.0.0.1:9081"
 http = "127.0.0.1:9080"
 keys_per_rule = 1000
+ignore_dotfiles = true
 shadow_mode = true
 response_dynamic_metadata = true
 response_headers = true
@@ -699,7 +706,9 @@ lease_ttl_ms = 200
         let e = service.envoy.unwrap();
         assert_eq!(e.config, Path::new("/etc/tollgate/ratelimit"));
         assert_eq!((e.grpc.port(), e.http.map(|h| h.port()), e.keys_per_rule), (9081, Some(9080), 1000));
-        assert!(e.shadow_mode && e.dynamic_metadata && !e.quota_mode && !e.merge_domains);
+        assert!(
+            e.shadow_mode && e.dynamic_metadata && e.ignore_dotfiles && !e.quota_mode && !e.merge_domains
+        );
         assert_eq!(e.response_headers.unwrap()[2], "X-Reset");
         assert_eq!(e.near_limit_ratio, 0.5);
         let r = e.redis.unwrap();

@@ -125,6 +125,11 @@ struct Args {
     /// Files of one domain add up instead of being refused (upstream's MERGE_DOMAIN_CONFIG).
     #[arg(long, env = "MERGE_DOMAIN_CONFIG")]
     envoy_merge_domains: bool,
+    /// Files and directories of the Envoy configuration whose name starts with `.` are skipped
+    /// (upstream's RUNTIME_IGNOREDOTFILES): set it for a Kubernetes ConfigMap, whose mount
+    /// holds each file twice (`..data/` and a link beside it).
+    #[arg(long, env = "RUNTIME_IGNOREDOTFILES")]
+    envoy_ignore_dotfiles: bool,
     /// A request over a limit is answered OK overall (its statuses keep OVER_LIMIT) and
     /// counted (upstream's SHADOW_MODE).
     #[arg(long, env = "SHADOW_MODE")]
@@ -190,6 +195,7 @@ fn envoy_from_flags(args: &Args) -> Option<tollgate_server::file::Envoy> {
         http: args.envoy_http,
         keys_per_rule: args.envoy_keys_per_rule,
         merge_domains: args.envoy_merge_domains,
+        ignore_dotfiles: args.envoy_ignore_dotfiles,
         shadow_mode: args.envoy_shadow_mode,
         quota_mode: args.envoy_quota_mode,
         response_headers: args.envoy_response_headers.then(|| {
@@ -239,7 +245,7 @@ impl Envoy {
     fn options(&self) -> tollgate_envoy::LoadOptions {
         tollgate_envoy::LoadOptions {
             merge_domains: self.settings.merge_domains,
-            ..tollgate_envoy::LoadOptions::default()
+            ignore_dotfiles: self.settings.ignore_dotfiles,
         }
     }
 
