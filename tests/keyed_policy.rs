@@ -96,6 +96,37 @@ proptest! {
         }
     }
 
+    /// A limit above 2^24 − 1 (a wider count, a shorter index), costs in units of a third of it.
+    #[test]
+    fn a_wide_fixed_window_matches_a_hashmap_of_models(
+        limit in prop_oneof![
+            (FixedWindow::MAX_LIMIT + 1)..=(FixedWindow::MAX_LIMIT + 6),
+            (FixedWindow::MAX_LIMIT + 1)..=FixedWindow::MAX_LONG_LIMIT,
+        ],
+        window in 1_000_000_000u64..=100_000_000_000,
+        ops in ops(4, 80, 200_000_000_000),
+        fail_open in any::<bool>(),
+        charging in any::<bool>(),
+    ) {
+        let unit = limit / 3;
+        let ops: Vec<Op> = ops
+            .into_iter()
+            .map(|op| match op {
+                Op::Check(k, n) => Op::Check(k, n * unit),
+                Op::Peek(k, n) => Op::Peek(k, n * unit),
+                other => other,
+            })
+            .collect();
+        let p = FixedWindow::new(limit, Duration::from_nanos(window)).unwrap();
+        let most = (1u64 << (64 - limit.leading_zeros())) - 1;
+        if charging {
+            let model = || FixedWindowModel::charging(limit, window);
+            matches_models(p.charging_refusals(), model, most, ops, fail_open)?;
+        } else {
+            matches_models(p, || FixedWindowModel::new(limit, window), limit, ops, fail_open)?;
+        }
+    }
+
     #[test]
     fn sliding_window_matches_a_hashmap_of_models(
         limit in 1u64..=6,

@@ -53,10 +53,29 @@ fn limits() {
         Err(ConfigError::ZeroWindow { algorithm: "fixed window" })
     );
     assert!(FixedWindow::new(FixedWindow::MAX_LIMIT, Duration::from_nanos(1 << 62)).is_ok());
+    // Above 2^24 − 1, a window of a second or more, up to 2^32 − 1.
+    assert!(FixedWindow::new(FixedWindow::MAX_LIMIT + 1, Duration::from_secs(1)).is_ok());
+    assert!(FixedWindow::new(FixedWindow::MAX_LONG_LIMIT, Duration::from_secs(86_400)).is_ok());
     assert!(matches!(
-        FixedWindow::new(FixedWindow::MAX_LIMIT + 1, Duration::from_secs(1)),
-        Err(ConfigError::LimitTooLarge { algorithm: "fixed window", max: FixedWindow::MAX_LIMIT, .. })
+        FixedWindow::new(FixedWindow::MAX_LONG_LIMIT + 1, Duration::from_secs(1)),
+        Err(ConfigError::LimitTooLarge { algorithm: "fixed window", max: FixedWindow::MAX_LONG_LIMIT, .. })
     ));
+    let short = FixedWindow::new(FixedWindow::MAX_LIMIT + 1, Duration::from_millis(999));
+    assert_eq!(
+        short,
+        Err(ConfigError::WindowTooShortForLimit {
+            limit: FixedWindow::MAX_LIMIT + 1,
+            window_nanos: 999_000_000,
+            min_nanos: 1_000_000_000,
+            max_short: FixedWindow::MAX_LIMIT
+        })
+    );
+    let message = short.unwrap_err().to_string();
+    assert!(message.contains("16777216") && message.contains("16777215"), "{message}");
+    // The count's width cannot change at runtime.
+    let l = FixedWindowLimiter::with_clock(FixedWindow::new(10, Duration::from_secs(1)).unwrap(), ManualClock::new());
+    assert!(l.set_policy(FixedWindow::new(FixedWindow::MAX_LIMIT, Duration::from_secs(1)).unwrap()).is_ok());
+    assert!(l.set_policy(FixedWindow::new(FixedWindow::MAX_LIMIT + 1, Duration::from_secs(1)).unwrap()).is_err());
     assert!(matches!(
         FixedWindow::new(1, Duration::from_nanos((1 << 62) + 1)),
         Err(ConfigError::WindowTooLong { algorithm: "fixed window", .. })
@@ -80,11 +99,18 @@ proptest! {
 
     #[test]
     fn engine_matches_model(
-        limit in prop_oneof![1u64..=5, 1u64..=FixedWindow::MAX_LIMIT],
+        limit in prop_oneof![
+            1u64..=5,
+            1u64..=FixedWindow::MAX_LIMIT,
+            (FixedWindow::MAX_LIMIT - 3)..=(FixedWindow::MAX_LIMIT + 3),
+            FixedWindow::MAX_LIMIT..=FixedWindow::MAX_LONG_LIMIT,
+        ],
         window in prop_oneof![1u64..=1_000, 1u64..=10 * S, 1u64..=1 << 62],
         ops in prop::collection::vec((prop_oneof![Just(0u64), 0u64..2_000, 0u64..20 * S, any::<u64>()], any::<bool>(), prop_oneof![0u64..=3, any::<u64>()]), 1..100),
         charging in any::<bool>(),
     ) {
+        // A limit above 2^24 − 1 takes a window of a second or more.
+        let window = if limit > FixedWindow::MAX_LIMIT { window.max(S) } else { window };
         let q = FixedWindow::new(limit, Duration::from_nanos(window)).unwrap();
         let (q, mut model) = if charging {
             (q.charging_refusals(), FixedWindowModel::charging(limit, window))

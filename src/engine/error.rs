@@ -111,6 +111,18 @@ pub enum ConfigError {
         /// The largest supported limit.
         max: u64,
     },
+    /// A fixed window's limit above 2^24 − 1 with a window shorter than a second: a wider
+    /// count leaves fewer bits for the window's index, which must last.
+    WindowTooShortForLimit {
+        /// The limit asked for.
+        limit: u64,
+        /// The window, in nanoseconds.
+        window_nanos: u64,
+        /// The shortest window for that limit, in nanoseconds.
+        min_nanos: u64,
+        /// The largest limit of a shorter window.
+        max_short: u64,
+    },
     /// A window of zero length.
     ZeroWindow {
         /// The algorithm.
@@ -282,6 +294,11 @@ impl fmt::Display for ConfigError {
             ConfigError::LimitTooLarge { algorithm, limit, max } => {
                 write!(f, "a {algorithm} limit of {limit} exceeds the maximum of {max}")
             }
+            ConfigError::WindowTooShortForLimit { limit, window_nanos, min_nanos, max_short } => write!(
+                f,
+                "a fixed window limit of {limit} needs a window of at least {min_nanos} ns, got \
+                 {window_nanos} ns (a shorter window counts to {max_short})"
+            ),
             ConfigError::ZeroWindow { algorithm } => {
                 write!(f, "a {algorithm} of zero length: the window must be at least 1 ns")
             }

@@ -14,8 +14,10 @@
 //! (index 0 never matches a current window, which is stored as `i + 1`). The stored index never
 //! moves back: a decision whose clock reads an older window counts in the stored one. 40 bits of windows last
 //! 2^40 − 2 windows (34.8 years of 1 ms windows); after that the index saturates, the last window
-//! never ends and the limiter only denies. `limit` is at most 2^24 − 1. Updated by [`Direct`]'s
-//! relaxed CAS loop.
+//! never ends and the limiter only denies. `limit` is at most 2^24 − 1 for any window; a window of
+//! a second or more takes a limit up to 2^32 − 1, its count then as wide as the limit needs
+//! (`b` = 25 to 32 bits, the index the other `64 − b`: 2^32 − 2 windows of a second, 136 years,
+//! at the least). Updated by [`Direct`]'s relaxed CAS loop.
 
 use core::time::Duration;
 
@@ -25,12 +27,22 @@ use crate::engine::direct::Direct;
 use crate::policies::policy::Policy;
 use crate::{ConfigError, Decision, DefaultClock, Nanos, Outcome, UpdateError};
 
+/// The count's width for every limit up to [`FixedWindow::MAX_LIMIT`].
 const COUNT_BITS: u32 = 24;
 const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
-/// The largest stored index (`i + 1`).
-const MAX_INDEX: u64 = (1 << (64 - COUNT_BITS)) - 1;
+/// The shortest window of a limit above [`COUNT_MASK`]: a second.
+const LONG_WINDOW: u64 = 1_000_000_000;
 /// Elapsed time is clamped below 2^63 ns (292 years), the divisor's range.
 const MAX_ELAPSED: u64 = (1 << 63) - 1;
+
+/// The count's width for `limit`: 24 bits, or as many as a larger limit needs (at most 32).
+const fn count_bits(limit: u64) -> u32 {
+    if limit <= COUNT_MASK {
+        COUNT_BITS
+    } else {
+        64 - limit.leading_zeros()
+    }
+}
 
 /// `limit` per fixed window of `window`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,25 +52,59 @@ pub struct FixedWindow {
     per_window: Divisor,
     /// Refused units count in the window too ([`FixedWindow::charging_refusals`]).
     charge_refused: bool,
+    /// The count's width, [`count_bits`] of the limit.
+    bits: u32,
 }
 
 impl FixedWindow {
-    /// The largest limit: 2^24 − 1.
+    /// The largest limit of any window: 2^24 − 1.
     pub const MAX_LIMIT: u64 = COUNT_MASK;
 
-    /// At most `limit` per `window` (1 ns to 2^62 ns).
+    /// The largest limit of a window of a second or more: 2^32 − 1.
+    pub const MAX_LONG_LIMIT: u64 = u32::MAX as u64;
+
+    /// At most `limit` per `window` (1 ns to 2^62 ns): a limit up to [`MAX_LIMIT`](Self::MAX_LIMIT)
+    /// for any window, up to [`MAX_LONG_LIMIT`](Self::MAX_LONG_LIMIT) for a window of a second
+    /// or more.
     pub fn new(limit: u64, window: Duration) -> Result<FixedWindow, ConfigError> {
-        let window = check_window("fixed-window", limit, COUNT_MASK, window)?;
-        Ok(FixedWindow { limit, window, per_window: Divisor::new(window), charge_refused: false })
+        let window = check_window("fixed-window", limit, Self::MAX_LONG_LIMIT, window)?;
+        if limit > COUNT_MASK && window < LONG_WINDOW {
+            return Err(ConfigError::WindowTooShortForLimit {
+                limit,
+                window_nanos: window,
+                min_nanos: LONG_WINDOW,
+                max_short: COUNT_MASK,
+            });
+        }
+        Ok(FixedWindow {
+            limit,
+            window,
+            per_window: Divisor::new(window),
+            charge_refused: false,
+            bits: count_bits(limit),
+        })
+    }
+
+    /// The count's largest value: 2^24 − 1, or 2^b − 1 for a limit of `b` > 24 bits.
+    #[inline(always)]
+    const fn count_mask(&self) -> u64 {
+        (1 << self.bits) - 1
+    }
+
+    /// The largest stored index (`i + 1`).
+    #[inline(always)]
+    const fn max_index(&self) -> u64 {
+        (1 << (64 - self.bits)) - 1
     }
 
     /// This window, counting refused units as well as admitted ones: the count of a window
-    /// is every unit asked for in it (up to 2^24 − 1), as in limiters that increment a
+    /// is every unit asked for in it (up to the count's largest value: 2^24 − 1, or
+    /// 2^b − 1 for a limit of `b` > 24 bits), as in limiters that increment a
     /// counter before they compare it (envoyproxy/ratelimit's `INCRBY`, most Redis `INCR`
     /// scripts). A client that keeps asking past the limit stays refused until the window
     /// ends, and its refusals never turn into admissions. Decisions are unchanged otherwise;
-    /// refused units are not refundable, and a request of more than 2^24 − 1 units is refused
-    /// without counting.
+    /// refused units are not refundable, and a request of more units than the count's largest
+    /// value is refused without counting.
     ///
     /// ```
     /// use std::time::Duration;
@@ -87,8 +133,9 @@ impl FixedWindow {
     /// A request of more than that largest count is refused without counting.
     #[inline]
     fn refused_count(&self, count: u64, n: u64) -> Option<u64> {
-        let next = count.saturating_add(n).min(COUNT_MASK);
-        (self.charge_refused && n > 0 && n <= COUNT_MASK && next > count).then_some(next)
+        let mask = self.count_mask();
+        let next = count.saturating_add(n).min(mask);
+        (self.charge_refused && n > 0 && n <= mask && next > count).then_some(next)
     }
 
     /// The limit per window.
@@ -110,12 +157,12 @@ impl Policy for FixedWindow {
         // (stored as `s`, short of the lifetime's end), which starts at (s − 1)·W, below 2^63
         // for every index a decision stored; the wrapping difference is below W exactly when
         // the clock is in it. The general path below gives the same answers.
-        let stored = word >> COUNT_BITS;
+        let stored = word >> self.bits;
         let delta = e.wrapping_sub(stored.wrapping_sub(1).wrapping_mul(self.window));
-        if delta < self.window && stored < MAX_INDEX && n.wrapping_sub(1) < self.limit {
-            let count = word & COUNT_MASK;
+        if delta < self.window && stored < self.max_index() && n.wrapping_sub(1) < self.limit {
+            let count = word & self.count_mask();
             let until_end = self.window - delta;
-            #[expect(clippy::cast_possible_truncation, reason = "at most the limit, below 2^24")]
+            #[expect(clippy::cast_possible_truncation, reason = "at most the limit, below 2^32")]
             let remaining = |c: u64| self.limit.saturating_sub(c) as u32;
             if count + n <= self.limit {
                 let d = Decision::from_nanos(
@@ -134,22 +181,24 @@ impl Policy for FixedWindow {
             );
         }
         let i = self.per_window.div(e);
-        let now_index = (i + 1).min(MAX_INDEX);
+        let now_index = (i + 1).min(self.max_index());
         // The window index never moves back: a thread whose clock reads an earlier window than
         // the stored one counts in the stored window (found by loom-tests/tests/window.rs, where a
         // late window-0 write otherwise erased window 1's count).
-        let stored = word >> COUNT_BITS;
-        let (index, count) = if stored >= now_index { (stored, word & COUNT_MASK) } else { (now_index, 0) };
+        let stored = word >> self.bits;
+        let (index, count) =
+            if stored >= now_index { (stored, word & self.count_mask()) } else { (now_index, 0) };
         // Window `index − 1` ends at index·W; past the lifetime it never does.
-        let until_end = if index < MAX_INDEX { index.saturating_mul(self.window) - e } else { u64::MAX };
+        let until_end =
+            if index < self.max_index() { index.saturating_mul(self.window) - e } else { u64::MAX };
         let reset = Nanos::new(if count == 0 { 0 } else { until_end });
         let remaining = |c: u64| {
-            #[expect(clippy::cast_possible_truncation, reason = "at most the limit, below 2^24")]
+            #[expect(clippy::cast_possible_truncation, reason = "at most the limit, below 2^32")]
             let r = self.limit.saturating_sub(c) as u32;
             r
         };
         if n > self.limit {
-            let stored = self.refused_count(count, n).map(|c| (index << COUNT_BITS) | c);
+            let stored = self.refused_count(count, n).map(|c| (index << self.bits) | c);
             let reset = if stored.is_some() { Nanos::new(until_end) } else { reset };
             return (
                 stored,
@@ -160,7 +209,7 @@ impl Policy for FixedWindow {
             return (None, Decision::from_nanos(Outcome::Allowed, remaining(count), Nanos::ZERO, reset));
         }
         if count + n <= self.limit {
-            let next = (index << COUNT_BITS) | (count + n);
+            let next = (index << self.bits) | (count + n);
             let d = Decision::from_nanos(
                 Outcome::Allowed,
                 remaining(count + n),
@@ -169,7 +218,7 @@ impl Policy for FixedWindow {
             );
             (Some(next), d)
         } else {
-            let stored = self.refused_count(count, n).map(|c| (index << COUNT_BITS) | c);
+            let stored = self.refused_count(count, n).map(|c| (index << self.bits) | c);
             let reset = if stored.is_some() { Nanos::new(until_end) } else { reset };
             let d = Decision::from_nanos(Outcome::Denied, remaining(count), Nanos::new(until_end), reset);
             (stored, d)
@@ -182,10 +231,10 @@ impl Policy for FixedWindow {
     /// matters and nothing is owed.
     #[inline]
     fn refund(&self, word: u64, _prior: u64, stored: u64, _elapsed: Nanos, n: u64) -> Option<u64> {
-        if word >> COUNT_BITS != stored >> COUNT_BITS || n == 0 {
+        if word >> self.bits != stored >> self.bits || n == 0 {
             return None;
         }
-        Some(word - n.min(word & COUNT_MASK))
+        Some(word - n.min(word & self.count_mask()))
     }
 
     fn config_words(&self) -> Option<[u64; WORDS]> {
@@ -200,23 +249,36 @@ impl Policy for FixedWindow {
             window,
             per_window: Divisor::from_words([magic, shift]),
             charge_refused: charge != 0,
+            bits: count_bits(limit),
         })
     }
 
-    /// Any new limit; the window's length stays (the state counts in windows).
+    /// Any new limit of the same count width (both at most 2^24 − 1, or both of `b` > 24
+    /// bits); the window's length stays (the state counts in windows).
     fn running_update(&self, new: FixedWindow) -> Result<FixedWindow, UpdateError> {
         if new.window != self.window {
             return Err(UpdateError::Incompatible {
                 reason: "a fixed window's length cannot change at runtime: its state counts in windows",
             });
         }
+        if new.bits != self.bits {
+            return Err(UpdateError::Incompatible {
+                reason: "a fixed window's limit cannot change at runtime to one of another width \
+                         (at most 2^24 - 1, or as many bits as a larger limit has): its count's width would change",
+            });
+        }
         Ok(new)
     }
 }
 
-/// The largest stored index a keyed clock reaches (`i + 1`): two below the most a word with two
-/// bits free can hold, so that a new key's word above a slot's high-water mark (`above`) fits.
-const KEYED_MAX_INDEX: u64 = (1 << (62 - COUNT_BITS)) - 4;
+impl FixedWindow {
+    /// The largest stored index a keyed clock reaches (`i + 1`): two below the most a word with
+    /// two bits free can hold, so that a new key's word above a slot's high-water mark (`above`)
+    /// fits. 2^38 − 4 windows; 2^30 − 4 (34 years of a second) at the widest count.
+    const fn keyed_max_index(&self) -> u64 {
+        (1 << (62 - self.bits)) - 4
+    }
+}
 
 /// Keyed words: see `keyed/policy.rs`. Decided as direct ones: stored words only grow (the
 /// index never moves back, and within a window only the count grows).
@@ -230,7 +292,7 @@ impl crate::keyed::sealed::KeyedWords for FixedWindow {
 
     fn keyed_lifetime(&self) -> Nanos {
         // Windows 0 ..= KEYED_MAX_INDEX − 1, so that `i + 1` stays at or below the keyed maximum.
-        Nanos::new(KEYED_MAX_INDEX.saturating_mul(self.window).min(MAX_ELAPSED + 1) - 1)
+        Nanos::new(self.keyed_max_index().saturating_mul(self.window).min(MAX_ELAPSED + 1) - 1)
     }
 
     /// The limit; with refusals counted, the largest count (a refused request up to it is
@@ -238,7 +300,7 @@ impl crate::keyed::sealed::KeyedWords for FixedWindow {
     #[inline]
     fn most_at_once(&self) -> u64 {
         if self.charge_refused {
-            COUNT_MASK
+            self.count_mask()
         } else {
             self.limit
         }
@@ -247,10 +309,10 @@ impl crate::keyed::sealed::KeyedWords for FixedWindow {
     /// The current window, nothing counted: what a word of an earlier window decides as.
     #[inline]
     fn fresh(&self, elapsed: Nanos) -> u64 {
-        (self.per_window.div(elapsed.as_u64().min(MAX_ELAPSED)) + 1) << COUNT_BITS
+        (self.per_window.div(elapsed.as_u64().min(MAX_ELAPSED)) + 1) << self.bits
     }
 
-    /// Every word of an earlier window. A word of window `i` is at most `(i + 1)·2^24 − 1`, so
+    /// Every word of an earlier window. A word of window `i` is at most `(i + 1)·2^b − 1`, so
     /// its evicted value + 1 is at most the fresh word of any later window.
     #[inline]
     fn evictable(&self, elapsed: Nanos) -> u64 {
@@ -258,12 +320,12 @@ impl crate::keyed::sealed::KeyedWords for FixedWindow {
     }
 
     /// The mark itself if it is a window with nothing counted, else the next window's fresh
-    /// word (a mark `index·2^24 + count + 1` is not a state when the count was the limit).
+    /// word (a mark `index·2^b + count + 1` is not a state when the count was the limit).
     fn above(&self, mark: u64) -> u64 {
-        if mark & COUNT_MASK == 0 {
+        if mark & self.count_mask() == 0 {
             mark
         } else {
-            ((mark >> COUNT_BITS) + 1) << COUNT_BITS
+            ((mark >> self.bits) + 1) << self.bits
         }
     }
 }

@@ -1,5 +1,7 @@
 //! Fixed window as its documentation states it, in `i128`: window `i` covers `[i·W, (i+1)·W)`
-//! ns since creation; the index saturates after 2^40 − 2 windows and elapsed time at 2^63 − 1.
+//! ns since creation; the count is 24 bits wide (a limit above 2^24 − 1: as many bits as the
+//! limit has), the index the rest of the 64; the index saturates after 2^(64 − b) − 2 windows
+//! and elapsed time at 2^63 − 1.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -22,8 +24,10 @@ pub struct FixedWindowModel {
     limit: i128,
     window: i128,
     state: Option<(i128, i128)>, // (stored index = i + 1, count)
-    /// Refused units count too, up to 2^24 − 1 (`FixedWindow::charging_refusals`).
+    /// Refused units count too, up to the count's largest value (`FixedWindow::charging_refusals`).
     charge_refused: bool,
+    /// The count's width.
+    bits: u32,
 }
 
 impl FixedWindowModel {
@@ -33,6 +37,7 @@ impl FixedWindowModel {
             window: i128::from(window_ns),
             state: None,
             charge_refused: false,
+            bits: if limit < 1 << 24 { 24 } else { 64 - limit.leading_zeros() },
         }
     }
 
@@ -44,8 +49,9 @@ impl FixedWindowModel {
     /// Counts `n` refused units of window `index`, if refusals count, `n` is at most the
     /// largest count and the count can grow; whether it did.
     fn charge(&mut self, index: i128, count: i128, n: i128) -> bool {
-        let next = (count + n).min((1 << 24) - 1);
-        let grew = self.charge_refused && n < (1 << 24) && next > count;
+        let largest = (1i128 << self.bits) - 1;
+        let next = (count + n).min(largest);
+        let grew = self.charge_refused && n <= largest && next > count;
         if grew {
             self.state = Some((index, next));
         }
@@ -66,16 +72,16 @@ impl FixedWindowModel {
     }
 
     pub fn check_n(&mut self, elapsed_ns: u64, n: u64) -> WindowAnswer {
-        const MAX_INDEX: i128 = (1 << 40) - 1;
+        let max_index: i128 = (1 << (64 - self.bits)) - 1;
         let e = i128::from(elapsed_ns.min((1 << 63) - 1));
         let i = e / self.window;
-        let now_index = (i + 1).min(MAX_INDEX);
+        let now_index = (i + 1).min(max_index);
         // The stored window never moves back.
         let (index, count) = match self.state {
             Some((s, c)) if s >= now_index => (s, c),
             _ => (now_index, 0),
         };
-        let until_end = if index < MAX_INDEX { index * self.window - e } else { i128::from(u64::MAX) };
+        let until_end = if index < max_index { index * self.window - e } else { i128::from(u64::MAX) };
         let reset = if count == 0 { 0 } else { until_end };
         let n = i128::from(n);
         let u = |x: i128| u64::try_from(x).unwrap();
