@@ -3,12 +3,13 @@
 -- bucket.
 --
 -- Each value is the engine's own fixed-window word (tollgate's `FixedWindow`, src/policies/
--- window.rs): the window's index + 1 in its high 40 bits, the window's count in its low 24,
--- windows of W µs aligned on multiples of W since the Unix epoch. 12 bytes: the tag 'tgw1'
--- (the format, version 1) and the word as two big-endian 32-bit limbs. Lua's numbers are
--- doubles, exact below 2^53, so the word is read and written as (hi, lo) limbs: index + 1 is
--- hi·2^8 + floor(lo / 2^24), the count lo mod 2^24. A value that is not one is refused with
--- the code TOLLGATE_CORRUPT, never read as a window.
+-- window.rs): the window's count in its low b bits (24 for a limit up to 2^24 − 1, else as
+-- many as the limit has, at most 32), the window's index + 1 in the high 64 − b, windows of
+-- W µs aligned on multiples of W since the Unix epoch. 12 bytes: the tag 'tgw1' (the format,
+-- version 1) and the word as two big-endian 32-bit limbs. Lua's numbers are doubles, exact
+-- below 2^53, so the word is read and written as (hi, lo) limbs: index + 1 is
+-- hi·2^(32 − b) + floor(lo / 2^b), the count lo mod 2^b. A value that is not one is refused
+-- with the code TOLLGATE_CORRUPT, never read as a window.
 --
 -- The script decides and writes every key of the batch; the client runs the engine's decision
 -- on the word each key held and the instant the script read, and checks that the engine would
@@ -21,7 +22,8 @@
 --               flags   bit 0: refused hits count (`FixedWindow::charging_refusals`); bit 2:
 --                       `window` is in whole seconds, else in µs (a year is 2^44.8 µs,
 --                       beyond one word)
---               limit   the window's limit, at most 2^24 − 1
+--               limit   the window's limit, at most 2^32 − 1 (above 2^24 − 1, a window of a
+--                       second or more)
 --               window  the window's length, in µs or seconds (see bit 2), at least 1
 --               n (hi, lo)
 --               up_to (hi, lo)  a lease: when the window has at least n left, take up to
@@ -60,9 +62,6 @@
 -- nginx.rs). The client decides with the engine on the clock whose origin is the earlier of
 -- that instant and now (nginx's decision depends on their difference only) and checks the
 -- script's write.
-local C = 16777216 -- 2^24
-local MASK = C - 1
-local MAX_INDEX = 1099511627775 -- 2^40 − 1
 local args = ARGV[1]
 
 local batch_flags, at = struct.unpack('>I4', args)
@@ -85,11 +84,16 @@ local function window(key, raw, flags, limit, window, nh, nl, uh, ul)
   if raw then
     hi, lo = struct.unpack('>I4I4', raw, 5)
   end
-  local stored = hi * 256 + math.floor(lo / C)
+  -- The engine's layout for this limit: b bits of count (C = 2^b), the index above them.
+  local b = 24
+  while limit > 2 ^ b - 1 do b = b + 1 end
+  local C, I = 2 ^ b, 2 ^ (32 - b)
+  local MASK, MAX_INDEX = C - 1, 2 ^ (64 - b) - 1
+  local stored = hi * I + math.floor(lo / C)
   local count = lo % C
   -- The engine's: the current window's index + 1; the stored index never moves back.
-  -- (At most 2^40 − 1, where the engine's index stops: a window of under 1.6 ms on the
-  -- epoch's clock is already there, and never ends.)
+  -- (At most 2^(64 − b) − 1, where the engine's index stops: with 24 bits of count, a window
+  -- of under 1.6 ms on the epoch's clock is already there, and never ends.)
   local now_index = math.floor(now_us / w_us) + 1
   if now_index > MAX_INDEX then now_index = MAX_INDEX end
   local index = now_index
@@ -111,8 +115,8 @@ local function window(key, raw, flags, limit, window, nh, nl, uh, ul)
   end
   local whi, wlo = 0, 0
   if next_count then
-    whi = math.floor(index / 256)
-    wlo = (index % 256) * C + next_count
+    whi = math.floor(index / I)
+    wlo = (index % I) * C + next_count
     -- The key lives until its window ends (then a missing key is a fresh window, as the
     -- engine's word of an older window is); 1 ms more for Redis's millisecond clock.
     -- A replayed instant has no relation to the server's real time, and the last window never

@@ -176,6 +176,46 @@ fn a_batch_over_a_cluster_is_one_call_per_slot_and_decides_as_one_server() {
 }
 
 proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Limits above 2^24 − 1 (a count of 25 to 32 bits in the word, as the engine's), asks in
+    /// tenths of the limit: every decision equals the engine's, every word the engine's.
+    #[test]
+    fn wide_windows_decide_as_the_engine(
+        specs in prop::collection::vec(((1u64 << 24)..=u64::from(u32::MAX), 0usize..3, any::<bool>()), 2),
+        steps in prop::collection::vec((0u64..30_000_000, prop::collection::vec((0u64..16, 0u64..20), 2)), 1..20),
+    ) {
+        let server = Server::start(&[]);
+        let lengths = [Duration::from_secs(1), Duration::from_secs(60), Duration::from_secs(86_400)];
+        let windows_of: Vec<FixedWindow> =
+            specs.iter().map(|&(limit, len, charge)| fw(limit, lengths[len], charge)).collect();
+        let names = [b"wa".as_slice(), b"wb"];
+        rt().block_on(async {
+            let w = windows(server.url()).await;
+            let mut words = [0u64; 2];
+            let mut now = T0;
+            for (gap, asks) in &steps {
+                now += gap;
+                let tenth = |i: usize, k: u64| k * (windows_of[i].limit() / 10);
+                let checks: Vec<WindowCheck<'_>> = (0..2)
+                    .map(|i| WindowCheck { key: names[i], window: windows_of[i], n: tenth(i, asks[i].0), up_to: 0 })
+                    .collect();
+                let got = w.take_all_at_server_time(&checks, now).await.unwrap();
+                for i in 0..2 {
+                    let n = tenth(i, asks[i].0);
+                    let (next, want) = windows_of[i].decide(words[i], Nanos::new(now * 1000), n);
+                    if let Some(next) = next {
+                        words[i] = next;
+                    }
+                    assert_eq!(got[i].units, if want.is_allowed() { n } else { 0 }, "key {i} at {now} µs");
+                    assert_eq!(got[i].decision, want, "key {i} at {now} µs");
+                }
+            }
+        });
+    }
+}
+
+proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     /// Random batches over four keys with their own windows, replayed at increasing instants,
