@@ -73,9 +73,14 @@ fn limits() {
     let message = short.unwrap_err().to_string();
     assert!(message.contains("16777216") && message.contains("16777215"), "{message}");
     // The count's width cannot change at runtime.
-    let l = FixedWindowLimiter::with_clock(FixedWindow::new(10, Duration::from_secs(1)).unwrap(), ManualClock::new());
+    let l = FixedWindowLimiter::with_clock(
+        FixedWindow::new(10, Duration::from_secs(1)).unwrap(),
+        ManualClock::new(),
+    );
     assert!(l.set_policy(FixedWindow::new(FixedWindow::MAX_LIMIT, Duration::from_secs(1)).unwrap()).is_ok());
-    assert!(l.set_policy(FixedWindow::new(FixedWindow::MAX_LIMIT + 1, Duration::from_secs(1)).unwrap()).is_err());
+    assert!(l
+        .set_policy(FixedWindow::new(FixedWindow::MAX_LIMIT + 1, Duration::from_secs(1)).unwrap())
+        .is_err());
     assert!(matches!(
         FixedWindow::new(1, Duration::from_nanos((1 << 62) + 1)),
         Err(ConfigError::WindowTooLong { algorithm: "fixed window", .. })

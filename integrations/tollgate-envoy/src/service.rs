@@ -3,15 +3,17 @@
 //!
 //! Each rule (a descriptor with a `rate_limit`) gets a keyed table of window counters, made on
 //! its first request: a [`FixedWindow`] of the rule's unit whose windows start at multiples of
-//! the unit since the Unix epoch (the table's clock starts at the epoch, and each decision is
-//! made at the wall-clock time), keyed by the request's values as upstream's cache key is.
+//! the unit since the Unix epoch (the table's clock starts at such a multiple, and each
+//! decision is made at the wall-clock time), keyed by the request's values as upstream's cache
+//! key is.
 //! The table counts every hit, as upstream's `INCRBY` does before it compares: its count after
 //! the hits is `after`, the descriptor is over the limit when `after > requests_per_unit`,
 //! and `limit_remaining` is `requests_per_unit − after` otherwise. Rejected hits therefore
 //! count, and a migration changes no verdict.
 //!
-//! The table's count is 24 bits wide: a rule of 16,777,215 requests per unit or more is
-//! refused when the configuration is loaded (see [`Limits::new`]).
+//! The table's count is 32 bits wide (upstream's `requests_per_unit` is a uint32): only a
+//! rule of 4,294,967,295 requests per unit, whose count could never pass it, is refused when
+//! the configuration is loaded (see [`Limits::new`]).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -29,16 +31,18 @@ use crate::config::{Algorithm, Config, ConfigError, Domain, Metadata, RateLimit,
 use crate::matching::{Found, Lookup};
 use crate::redis::{Decided, RedisBackend};
 
-/// The largest count a window holds; rules must stay below it.
-pub(crate) const MAX_COUNT: u64 = FixedWindow::MAX_LIMIT;
+/// The largest count upstream's window holds (2^32 − 1, its windows being whole seconds);
+/// rules must stay below it.
+pub(crate) const MAX_COUNT: u64 = FixedWindow::MAX_LONG_LIMIT;
 
 /// A rule's table of per-value state.
 enum Table {
     /// Upstream's: a window counter that counts every hit (its limit the largest count), the
-    /// rule's limit compared with the count after the hits. Its clock's zero is the Unix epoch.
-    Counted(Keyed<FixedWindow, str, ManualClock>),
-    /// tollgate's algorithms, each with the rule's own quota: refused hits take nothing. Their
-    /// clock's zero is `origin` ns after the Unix epoch.
+    /// rule's limit compared with the count after the hits.
+    Counted(Keyed<FixedWindow, str, ManualClock>, u64),
+    /// tollgate's algorithms, each with the rule's own quota: refused hits take nothing.
+    /// Every table's clock's zero is `origin` ns after the Unix epoch (a window's, a multiple of
+    /// its length).
     Window(Keyed<FixedWindow, str, ManualClock>, u64),
     Bucket(Keyed<TokenBucket, str, ManualClock>, u64),
     Sliding(Keyed<SlidingWindow, str, ManualClock>, u64),
@@ -50,7 +54,7 @@ impl Table {
     fn check(&self, key: &str, now_ns: u64, n: u64) -> tollgate::Decision {
         let at = |origin: u64| Nanos::new(now_ns.saturating_sub(origin));
         match self {
-            Table::Counted(t) => t.check_n_at(key, Nanos::new(now_ns), n),
+            Table::Counted(t, origin) => t.check_n_at(key, at(*origin), n),
             Table::Window(t, origin) => t.check_n_at(key, at(*origin), n),
             Table::Bucket(t, origin) => t.check_n_at(key, at(*origin), n),
             Table::Sliding(t, origin) => t.check_n_at(key, at(*origin), n),
@@ -60,7 +64,7 @@ impl Table {
 
     fn memory_bytes(&self) -> usize {
         match self {
-            Table::Counted(t) | Table::Window(t, _) => t.memory_bytes(),
+            Table::Counted(t, _) | Table::Window(t, _) => t.memory_bytes(),
             Table::Bucket(t, _) => t.memory_bytes(),
             Table::Sliding(t, _) => t.memory_bytes(),
             Table::Nginx(t, _) => t.memory_bytes(),
@@ -162,7 +166,7 @@ impl Spec {
                 .build_with_clock(ManualClock::new())
         }
         Ok(match self.algorithm {
-            _ if self.counted() => Table::Counted(build(self.fixed_window()?, capacity)?),
+            _ if self.counted() => Table::Counted(build(self.fixed_window()?, capacity)?, aligned),
             Algorithm::FixedWindow => Table::Window(build(self.fixed_window()?, capacity)?, aligned),
             Algorithm::SlidingWindow => Table::Sliding(build(self.sliding()?, capacity)?, aligned),
             Algorithm::TokenBucket => Table::Bucket(build(self.bucket()?, capacity)?, now_ns),

@@ -472,3 +472,29 @@ fn odd_requests_on_redis_are_answered() {
         assert_eq!(server.cli(&["PING"]).unwrap().trim(), "PONG");
     });
 }
+
+/// On Redis too, a rule counts to its uint32 `requests_per_unit` exactly (the window's count as
+/// wide as the limit), counted or not.
+#[test]
+fn limits_above_2_24_count_exactly_on_redis() {
+    let server = Server::start(&[]);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let rules = "domain: fleet\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 100000000}\n  - key: b\n    rate_limit: {unit: day, requests_per_unit: 100000000, count_rejected_hits: false}\n";
+        let windows = RedisWindows::builder().url(server.url()).prefix("wide:").connect().await.unwrap();
+        let l = Limits::new(config(rules), 10).unwrap().with_redis(RedisBackend::new(windows, OnRedisFailure::Error));
+        let first_day = day();
+        let mut answers = Vec::new();
+        for (key, hits) in [("a", 99_999_999), ("a", 1), ("a", 1), ("b", 99_999_999), ("b", 1), ("b", 1)] {
+            let mut r = request(&[(key, "v")]);
+            r.descriptors[0].hits_addend = Some(hits);
+            let s = l.should_rate_limit_async(&r).await.unwrap().statuses[0].clone();
+            answers.push((s.code, s.limit_remaining));
+        }
+        if day() == first_day {
+            let expected = [(Code::Ok, 1), (Code::Ok, 0), (Code::OverLimit, 0)];
+            assert_eq!(answers, [expected, expected].concat());
+        }
+        assert_eq!(l.redis().unwrap().stats().redis, 6);
+    });
+}

@@ -463,16 +463,42 @@ fn bad_requests_get_upstreams_errors_and_overrides_apply_without_a_rule() {
     assert_eq!(r.statuses[0].current_limit, None);
 }
 
+/// Upstream's `requests_per_unit` is a uint32: a day of 100,000,000 counts to it exactly,
+/// counted (upstream's) or not (tollgate's), and so does a per-request limit; only
+/// 4,294,967,295, which a 32-bit count can never pass, is refused at load, with its line.
 #[test]
-fn rules_beyond_the_windows_count_are_refused_at_load() {
+fn limits_up_to_a_uint32_count_exactly() {
+    let yaml = "domain: big\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 100000000}\n  - key: b\n    rate_limit: {unit: day, requests_per_unit: 100000000, count_rejected_hits: false}\n";
+    let config = Config::from_files([("big.yaml", yaml)], LoadOptions::default()).unwrap();
+    let (_now, wall) = clock(86_400 * 20_000 + 100);
+    let l = Limits::with_clock(config, 10, wall).unwrap();
+    let ask = |key: &str, hits: u64, limit: Option<(u32, Option<Unit>)>| {
+        let mut r = request("big", &[&[(key, "v")]]);
+        r.descriptors[0].hits_addend = Some(hits);
+        r.descriptors[0].limit = limit;
+        let s = l.should_rate_limit(&r).unwrap().statuses[0].clone();
+        (s.code, s.limit_remaining)
+    };
+    for key in ["a", "b"] {
+        assert_eq!(ask(key, 99_999_999, None), (Code::Ok, 1), "{key}");
+        assert_eq!(ask(key, 1, None), (Code::Ok, 0), "{key}");
+        assert_eq!(ask(key, 1, None), (Code::OverLimit, 0), "{key}");
+    }
+    // Counted, the refused hit stays; tollgate's window took nothing for it.
+    assert_eq!(l.counts("big.a").over_limit, 1);
+    // A per-request limit above 2^24 (once a count that never passed it: every request OK).
+    let limit = Some((50_000_000, Some(Unit::Day)));
+    assert_eq!(ask("c", 49_999_999, limit), (Code::Ok, 1));
+    assert_eq!(ask("c", 2, limit), (Code::OverLimit, 0));
     let config = Config::from_files(
-        [("big.yaml", "domain: big\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 100000000}\n")],
+        [("max.yaml", "domain: max\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 4294967295}\n")],
         LoadOptions::default(),
     )
     .unwrap();
     let e = Limits::new(config, 10).unwrap_err();
     assert_eq!(e.line, Some(3));
-    assert!(e.message.contains("requests_per_unit 100000000 of 'big.a'"), "{e}");
+    assert!(e.message.contains("requests_per_unit 4294967295 of 'max.a'"), "{e}");
+    assert!(e.message.contains("at most 4294967294"), "{e}");
 }
 
 const QUOTAS: &str = "domain: rl
