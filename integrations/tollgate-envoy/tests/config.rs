@@ -268,6 +268,11 @@ fn metadata_is_kept_for_the_response() {
     let d = c.domain("test-domain").unwrap();
     let m = d.find(&[("key1", "value1"), ("subkey1", "something")]).unwrap().descriptor.metadata.clone();
     assert_eq!(m, Some(Metadata::Struct(vec![("name".into(), Metadata::String("service_1".into()))])));
+    // Upstream's file has a specific override beside it: 10 a second, no metadata.
+    let found = d.find(&[("key1", "value1"), ("subkey1", "subvalue1")]).unwrap();
+    assert_eq!(found.descriptor.rate_limit.as_ref().unwrap().requests_per_unit, 10);
+    assert_eq!(found.descriptor.metadata, None);
+    assert_eq!(found.stats_key, "test-domain.key1_value1.subkey1_subvalue1");
     let m = d.find(&[("key2", "something")]).unwrap().descriptor.metadata.clone();
     assert_eq!(
         m,

@@ -248,6 +248,26 @@ async fn requests_of_ever_new_values_cannot_grow_the_statistics_past_their_budge
     let _ = stop.send(());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_headers_reach_envoy_in_the_response() {
+    let settings = tollgate_envoy::Settings {
+        response_headers: Some(tollgate_envoy::HeaderNames::default()),
+        ..tollgate_envoy::Settings::default()
+    };
+    let limits = Limits::new(config(&["another.yaml"]), 100).unwrap().with_settings(settings);
+    let (_service, mut client, _url, stop) = start(limits).await;
+    let r = client.should_rate_limit(request("another", &[&[("key3", "h")]])).await.unwrap().into_inner();
+    let headers: Vec<(String, String)> =
+        r.response_headers_to_add.iter().map(|h| (h.key.clone(), h.value.clone())).collect();
+    assert_eq!(headers.len(), 3, "{headers:?}");
+    assert_eq!(headers[0], ("RateLimit-Limit".to_owned(), "10".to_owned()));
+    assert_eq!(headers[1], ("RateLimit-Remaining".to_owned(), "9".to_owned()));
+    assert_eq!(headers[2].0, "RateLimit-Reset");
+    let reset: u64 = headers[2].1.parse().unwrap();
+    assert!((1..=3_600).contains(&reset), "{headers:?}");
+    let _ = stop.send(());
+}
+
 /// A codec that sends its bytes as they are: a client that can send what no protobuf encoder
 /// would.
 #[derive(Clone, Copy, Debug, Default)]
