@@ -152,6 +152,13 @@ assert r["memory"] and r["targets"]
 assert len(r["pacing"]) == 5 and all(p["sent"] > 0 for i, p in enumerate(r["pacing"]) if i != 3), r["pacing"]
 assert r["redis_skipped"] is None and len(r["redis"]) == 9, (r["redis_skipped"], r["redis"])
 assert all(x["decisions"] > 0 for x in r["redis"]), r["redis"]
+# Envoy's rate limit service: every subject ran, and on Redis one script call a request.
+assert r["envoy_skipped"] is None and r["envoy"], r["envoy_skipped"]
+subjects = {x["subject"] for x in r["envoy"]}
+assert len(subjects) == 5, subjects
+assert all(x["requests"] > 0 and x["per_sec"] > 0 for x in r["envoy"]), r["envoy"]
+on_redis = [x for x in r["envoy"] if x["subject"].startswith("tollgate on Redis (one")]
+assert on_redis and all(abs(x["redis_sent"] - 1) < 0.1 for x in on_redis), on_redis
 assert "<!-- results:end -->" in (d / "report.md").read_text()
 scaled = len(r["threads"]) > 1 and workloads & {"1-key", "1K-keys"}
 charts = ["decisions.svg", "latency.svg"] + (["scaling.svg"] if scaled else [])
