@@ -23,8 +23,9 @@
 //!   as a new node's first request (at that millisecond if its clock is earlier).
 //!
 //! Two bits of every word are the table's, so a keyed limiter's clock stops at
-//! [`Keyed::lifetime`], a quarter of the direct limiter's: 8.7 years for nginx; 2^38 − 4
-//! windows for the fixed window; `2^(62 − 2c) − 4` windows for the sliding window, where `c`
+//! [`Keyed::lifetime`], a quarter of the direct limiter's: 8.7 years for nginx; `2^(62 − b) − 4`
+//! windows for the fixed window, where `b` is its count's width (2^38 − 4 for a limit up to
+//! 2^24 − 1; at least 2^30 − 4 windows of a second, 34 years, above); `2^(62 − 2c) − 4` windows for the sliding window, where `c`
 //! is the bits of its limit (at least 25 years, as construction of the direct one demands 100).
 //! Past it, no window ends and nothing leaks: the limiter only denies, with `retry_after` and
 //! `reset_after` at their largest (as the direct limiters past theirs).

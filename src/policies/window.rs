@@ -8,6 +8,11 @@
 //! +------------------------------+------------------------+
 //! |  window index + 1 (40 bits)  |   count (24 bits)      |
 //! +------------------------------+------------------------+
+//!
+//!  63                           b b−1                    0     (a limit above 2^24 − 1:
+//! +------------------------------+------------------------+     b = its bits, 25 to 32)
+//! | window index + 1 (64 − b)    |   count (b bits)       |
+//! +------------------------------+------------------------+
 //! ```
 //!
 //! Window `i` covers `[i·W, (i+1)·W)` ns since the limiter's creation; the word 0 is a fresh key
@@ -83,6 +88,13 @@ impl FixedWindow {
             charge_refused: false,
             bits: count_bits(limit),
         })
+    }
+
+    /// The count's width in the word: 24 bits, or the bits of a limit above 2^24 − 1 (25 to
+    /// 32). Words of one width mean nothing under another: a store that keeps words (a Redis
+    /// key, a file) must keep the width with them.
+    pub const fn count_bits(&self) -> u32 {
+        self.bits
     }
 
     /// The count's largest value: 2^24 − 1, or 2^b − 1 for a limit of `b` > 24 bits.

@@ -197,15 +197,25 @@ fn limit_of(p: &Pending<'_>) -> Limit {
 }
 
 /// A step's Redis key (after the backend's prefix): the table (rule or per-request limits),
-/// the window and whether it counts refusals (or `bucket`), and upstream's cache key.
+/// the window and its kind (or `bucket`, `nginx`), and upstream's cache key. A fixed window's
+/// kind names its word's layout, whose count's width depends on the limit: `c32` for
+/// upstream's counted windows (32 bits), `u` for tollgate's of a limit up to 2^24 − 1 and
+/// `u<bits>` above, so that a reload moving a limit across widths starts a new key instead of
+/// reading the old one's word under another layout.
 fn redis_key(p: &Pending<'_>) -> String {
     let spec = p.table.spec();
     let kind = match spec.algorithm() {
         crate::Algorithm::TokenBucket => return format!("{}|bucket|{}", p.table.name(), p.key),
         crate::Algorithm::Nginx => return format!("{}|nginx|{}", p.table.name(), p.key),
-        crate::Algorithm::SlidingWindow => "s",
-        _ if spec.counted() => "c",
-        _ => "u",
+        crate::Algorithm::SlidingWindow => std::borrow::Cow::Borrowed("s"),
+        _ => {
+            let bits = spec.fixed_window().map_or(24, |w| w.count_bits());
+            match (spec.counted(), bits) {
+                (true, _) => std::borrow::Cow::Owned(format!("c{bits}")),
+                (false, 24) => std::borrow::Cow::Borrowed("u"),
+                (false, bits) => std::borrow::Cow::Owned(format!("u{bits}")),
+            }
+        }
     };
     format!("{}|{}s|{kind}|{}", p.table.name(), spec.window, p.key)
 }

@@ -11,9 +11,8 @@
 //! and `limit_remaining` is `requests_per_unit − after` otherwise. Rejected hits therefore
 //! count, and a migration changes no verdict.
 //!
-//! The table's count is 32 bits wide (upstream's `requests_per_unit` is a uint32): only a
-//! rule of 4,294,967,295 requests per unit, whose count could never pass it, is refused when
-//! the configuration is loaded (see [`Limits::new`]).
+//! The table's count is 32 bits wide, as upstream's `requests_per_unit` (a uint32): a hit
+//! that would take it past 2^32 − 1 is past every limit, over it (see [`Limits::new`]).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -238,7 +237,7 @@ pub(crate) enum StatsRef<'r> {
 pub(crate) enum Overflow<'r> {
     /// The rule's own name (upstream's name without `detailed_metric`).
     Rule(&'r Counts),
-    /// The domain's `<domain>.overflow` (a per-request limit has no rule).
+    /// The domain's `<domain>.statistics_overflow` (a per-request limit has no rule).
     Domain(&'r str),
 }
 
@@ -246,12 +245,25 @@ pub(crate) enum Overflow<'r> {
 #[derive(Default)]
 struct Statistics {
     names: HashMap<String, Arc<Counts>, ahash::RandomState>,
-    /// Each name's length and [`STATISTICS_ENTRY_BYTES`].
+    /// Each name's [`statistics_bytes`].
     bytes: usize,
 }
 
-/// What a statistics name holds besides its text: the map's entry, the `Arc` and the counts.
-const STATISTICS_ENTRY_BYTES: usize = 128;
+/// What a statistics name holds besides its text: the map's entry, the `Arc` and the counts,
+/// and its five series in a `/metrics` exporter.
+const STATISTICS_ENTRY_BYTES: usize = 640;
+
+/// The copies of a statistics name's text: the map's key, and the labels of its five series
+/// in a `/metrics` exporter (which keeps every series it was given).
+const STATISTICS_NAME_COPIES: usize = 6;
+
+/// The bytes a statistics name costs the budget.
+fn statistics_bytes(name: &str) -> usize {
+    name.len().saturating_mul(STATISTICS_NAME_COPIES).saturating_add(STATISTICS_ENTRY_BYTES)
+}
+
+/// Where a per-request limit's hits count once the statistics are full: `<domain>.` and this.
+pub(crate) const OVERFLOW_NAME: &str = "statistics_overflow";
 
 /// The statistics' default budget: 32 MiB of names and counts.
 pub const DEFAULT_STATISTICS_BYTES: usize = 32 << 20;
@@ -263,7 +275,7 @@ impl Statistics {
         if let Some(c) = self.names.get(name) {
             return Arc::clone(c);
         }
-        self.bytes += name.len() + STATISTICS_ENTRY_BYTES;
+        self.bytes += statistics_bytes(name);
         Arc::clone(self.names.entry(name.to_owned()).or_default())
     }
 }
@@ -631,12 +643,14 @@ impl Limits {
     }
 
     /// These limits keeping at most about `bytes` of statistics (default
-    /// [`DEFAULT_STATISTICS_BYTES`]): names and their counts, the configuration's own names
-    /// always. The names made from requests' values (`detailed_metric`, `value_to_metric`,
-    /// per-request limits) are kept until a new one would bring the statistics past `bytes`;
-    /// from then on a new name's hits count under its rule's own name (a per-request limit's
-    /// under `<domain>.overflow`), so that requests of ever new values cannot grow the
-    /// service's memory. Upstream keeps every name (its statistics grow without bound).
+    /// [`DEFAULT_STATISTICS_BYTES`]): names, their counts and the five series each becomes in
+    /// a `/metrics` exporter (six copies of the name, and 640 bytes besides), the
+    /// configuration's own names always. The names made from requests' values
+    /// (`detailed_metric`, `value_to_metric`, per-request limits) are kept until a new one
+    /// would bring the statistics past `bytes`; from then on a new name's hits count under its
+    /// rule's own name (a per-request limit's under `<domain>.statistics_overflow`), so that
+    /// requests of ever new values cannot grow the service's memory. Upstream keeps every name
+    /// (its statistics grow without bound).
     pub fn with_statistics_budget(mut self, bytes: usize) -> Limits {
         self.statistics_budget = bytes;
         self
@@ -999,10 +1013,15 @@ impl Limits {
         let (after, over, reset) = match decision {
             None => (hits, 0, window_reset),
             Some(d) if spec.counted() => {
+                // The window's count is what its largest count leaves remaining: after the
+                // units it took (the hits, held at 2^32 − 1: `Pending::units`), or before the
+                // hits it could not take (a count past 2^32 − 1, past every uint32 limit; a
+                // full table answers with nothing remaining). Upstream's `after` is the count
+                // before plus every hit.
+                let count = MAX_COUNT.saturating_sub(d.remaining());
                 let after = match d.outcome() {
-                    Outcome::Allowed => MAX_COUNT.saturating_sub(d.remaining()),
-                    // A full table, or a count past what a window holds: over the limit.
-                    _ => MAX_COUNT,
+                    Outcome::Allowed => count.saturating_add(hits - p.units()),
+                    _ => count.saturating_add(hits),
                 };
                 (after, u64::from(limit.requests_per_unit), window_reset)
             }
@@ -1069,7 +1088,7 @@ impl Limits {
         }
         let mut stats = self.counts.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         let c = if stats.names.contains_key(key)
-            || stats.bytes.saturating_add(key.len() + STATISTICS_ENTRY_BYTES) <= self.statistics_budget
+            || stats.bytes.saturating_add(statistics_bytes(key)) <= self.statistics_budget
         {
             stats.entry(key)
         } else {
@@ -1078,7 +1097,7 @@ impl Limits {
                     drop(stats);
                     return f(counts);
                 }
-                Overflow::Domain(domain) => stats.entry(&format!("{domain}.overflow")),
+                Overflow::Domain(domain) => stats.entry(&format!("{domain}.{OVERFLOW_NAME}")),
             }
         };
         drop(stats);
@@ -1299,11 +1318,7 @@ fn check_rules(domain: &Domain) -> Result<(), ConfigError> {
         let Some(r) = rule.rate_limit.as_ref().filter(|r| !r.unlimited && r.requests_per_unit > 0) else {
             return;
         };
-        let why = if r.counts_rejected() && u64::from(r.requests_per_unit) >= MAX_COUNT {
-            Some(format!("is beyond what a window counts (at most {}, embedded or on Redis)", MAX_COUNT - 1))
-        } else {
-            Spec::of(r).table(1, 0).err().map(|e| format!("cannot be decided: {e}"))
-        };
+        let why = Spec::of(r).table(1, 0).err().map(|e| format!("cannot be decided: {e}"));
         if let (Some(why), None) = (why, &first) {
             first = Some((rule, why));
         }

@@ -231,8 +231,8 @@ async fn requests_of_ever_new_values_cannot_grow_the_statistics_past_their_budge
     }
     let limits = service.limits();
     let (bytes, names) = limits.statistics_memory();
-    assert!(bytes <= budget + 200, "{bytes} bytes of statistics, budget {budget}");
-    assert!(names < base_names + 2 * 16, "{names} names, {base_names} at the start ({base_bytes} B)");
+    assert!(bytes <= budget + 1_000, "{bytes} bytes of statistics, budget {budget}");
+    assert!(names < base_names + 6, "{names} names, {base_names} at the start ({base_bytes} B)");
     // No hit is lost: those past the budget count under the rule's name, or the domain's overflow.
     let detailed: u64 = (0..128)
         .map(|i| limits.counts(&format!("rl.unspec_{i:05}{}", "v".repeat(16 << 10))).total_hits)
@@ -242,8 +242,8 @@ async fn requests_of_ever_new_values_cannot_grow_the_statistics_past_their_budge
     let overridden: u64 = (0..128)
         .map(|i| limits.counts(&format!("basic.key1_{i:05}{}", "v".repeat(16 << 10))).total_hits)
         .sum();
-    assert_eq!(overridden + limits.counts("basic.overflow").total_hits, 128);
-    assert!(limits.counts("basic.overflow").total_hits > 0);
+    assert_eq!(overridden + limits.counts("basic.statistics_overflow").total_hits, 128);
+    assert!(limits.counts("basic.statistics_overflow").total_hits > 0);
     tokio::time::sleep(Duration::from_millis(1)).await;
     let _ = stop.send(());
 }

@@ -464,8 +464,8 @@ fn bad_requests_get_upstreams_errors_and_overrides_apply_without_a_rule() {
 }
 
 /// Upstream's `requests_per_unit` is a uint32: a day of 100,000,000 counts to it exactly,
-/// counted (upstream's) or not (tollgate's), and so does a per-request limit; only
-/// 4,294,967,295, which a 32-bit count can never pass, is refused at load, with its line.
+/// counted (upstream's) or not (tollgate's), and so does a per-request limit, up to the
+/// largest uint32.
 #[test]
 fn limits_up_to_a_uint32_count_exactly() {
     let yaml = "domain: big\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 100000000}\n  - key: b\n    rate_limit: {unit: day, requests_per_unit: 100000000, count_rejected_hits: false}\n";
@@ -490,15 +490,25 @@ fn limits_up_to_a_uint32_count_exactly() {
     let limit = Some((50_000_000, Some(Unit::Day)));
     assert_eq!(ask("c", 49_999_999, limit), (Code::Ok, 1));
     assert_eq!(ask("c", 2, limit), (Code::OverLimit, 0));
+    // The largest uint32 too: its count reaches it, and the next hit is past it.
     let config = Config::from_files(
         [("max.yaml", "domain: max\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 4294967295}\n")],
         LoadOptions::default(),
     )
     .unwrap();
-    let e = Limits::new(config, 10).unwrap_err();
-    assert_eq!(e.line, Some(3));
-    assert!(e.message.contains("requests_per_unit 4294967295 of 'max.a'"), "{e}");
-    assert!(e.message.contains("at most 4294967294"), "{e}");
+    let (_now, wall) = clock(86_400 * 20_000 + 100);
+    let l = Limits::with_clock(config, 10, wall).unwrap();
+    for (hits, expected) in [(4_294_967_294, (Code::Ok, 1)), (1, (Code::Ok, 0)), (1, (Code::OverLimit, 0))] {
+        let mut r = request("max", &[&[("a", "v")]]);
+        r.descriptors[0].hits_addend = Some(hits);
+        let s = l.should_rate_limit(&r).unwrap().statuses[0].clone();
+        assert_eq!((s.code, s.limit_remaining), expected, "{hits} hits");
+    }
+    // And a per-request limit of it.
+    let mut r = request("max", &[&[("b", "v")]]);
+    r.descriptors[0].limit = Some((u32::MAX, Some(Unit::Day)));
+    r.descriptors[0].hits_addend = Some(u64::from(u32::MAX) + 1);
+    assert_eq!(l.should_rate_limit(&r).unwrap().statuses[0].code, Code::OverLimit);
 }
 
 const QUOTAS: &str = "domain: rl

@@ -189,7 +189,8 @@ impl Limit {
     }
 
     /// The kind, the fingerprint of what a stored word's meaning depends on (the window's
-    /// length; a sliding window's count width too; nginx's rate, which its key's expiry
+    /// length; a window's count width too, a fixed window's when above 24 bits, so that the
+    /// fingerprints of 24-bit windows stay as they were; nginx's rate, which its key's expiry
     /// depends on), and whether its clock starts at the key's first decision (else at
     /// [`WINDOW_EPOCH_S`]: windows on the wall clock's grid).
     fn word_kind(&self) -> (u64, u64, bool) {
@@ -197,7 +198,10 @@ impl Limit {
         let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         match self {
             Limit::Bucket(_) => (KIND_BUCKET, 0, false),
-            Limit::Window(w) => (KIND_WINDOW, fp(ns(w.window())), false),
+            Limit::Window(w) => {
+                let wide = if w.count_bits() > 24 { u64::from(w.count_bits()) << 58 } else { 0 };
+                (KIND_WINDOW, fp(ns(w.window()) ^ wide), false)
+            }
             Limit::Sliding(w) => {
                 (KIND_SLIDING, fp(ns(w.window()) ^ u64::from(64 - w.limit().leading_zeros()) << 58), false)
             }

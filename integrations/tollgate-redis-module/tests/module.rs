@@ -491,6 +491,14 @@ fn windows_and_nginx_forms() {
     assert!(e.contains("WRONGTYPE w:window 3/min holds a fixed window, not what this limit counts"), "{e}");
     let e = error_of(redis::cmd("TG.CHECK").arg("w:window 3/min").arg("window 3/s").query::<Value>(&mut c));
     assert!(e.contains("holds a fixed window of another length or width"), "{e}");
+    // Above 2^24 − 1 a window's count is wider: a key of one width is never read as the other.
+    let _: Value = redis::cmd("TG.CHECK").arg("w:wide").arg("window 20000000/s").query(&mut c).unwrap();
+    let e = error_of(redis::cmd("TG.CHECK").arg("w:wide").arg("window 3/s").query::<Value>(&mut c));
+    assert!(e.contains("holds a fixed window of another length or width"), "{e}");
+    let e = error_of(
+        redis::cmd("TG.CHECK").arg("w:window 3/min").arg("window 20000000/min").query::<Value>(&mut c),
+    );
+    assert!(e.contains("holds a fixed window of another length or width"), "{e}");
     let e = error_of(throttle(&mut c, &["w:sliding 3/min", "5", "10", "60"]));
     assert!(e.contains("holds a sliding window"), "{e}");
     let e = error_of(redis::cmd("TG.CHECK").arg("k").arg("sliding 100/fortnight").query::<Value>(&mut c));

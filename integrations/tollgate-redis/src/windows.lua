@@ -6,7 +6,9 @@
 -- window.rs): the window's count in its low b bits (24 for a limit up to 2^24 − 1, else as
 -- many as the limit has, at most 32), the window's index + 1 in the high 64 − b, windows of
 -- W µs aligned on multiples of W since the Unix epoch. 12 bytes: the tag 'tgw1' (the format,
--- version 1) and the word as two big-endian 32-bit limbs. Lua's numbers are doubles, exact
+-- version 1, a 24-bit count) or 'tgwA' to 'tgwH' (a count of 25 to 32 bits: a word means
+-- nothing under another width, and a key holding one is refused as any foreign value is) and
+-- the word as two big-endian 32-bit limbs. Lua's numbers are doubles, exact
 -- below 2^53, so the word is read and written as (hi, lo) limbs: index + 1 is
 -- hi·2^(32 − b) + floor(lo / 2^b), the count lo mod 2^b. A value that is not one is refused
 -- with the code TOLLGATE_CORRUPT, never read as a window.
@@ -74,6 +76,20 @@ else
   now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+-- The count's width of a window of `limit` (the engine's `FixedWindow::count_bits`): 24, or
+-- the limit's bits.
+local function window_bits(limit)
+  local b = 24
+  while limit > 2 ^ b - 1 do b = b + 1 end
+  return b
+end
+
+-- A window value's tag for its count's width.
+local function window_tag(b)
+  if b == 24 then return 'tgw1' end
+  return 'tgw' .. string.char(64 + b - 24)
+end
+
 local function window(key, raw, flags, limit, window, nh, nl, uh, ul)
   local charge = flags % 2 == 1
   local w_us = window
@@ -85,8 +101,7 @@ local function window(key, raw, flags, limit, window, nh, nl, uh, ul)
     hi, lo = struct.unpack('>I4I4', raw, 5)
   end
   -- The engine's layout for this limit: b bits of count (C = 2^b), the index above them.
-  local b = 24
-  while limit > 2 ^ b - 1 do b = b + 1 end
+  local b = window_bits(limit)
   local C, I = 2 ^ b, 2 ^ (32 - b)
   local MASK, MAX_INDEX = C - 1, 2 ^ (64 - b) - 1
   local stored = hi * I + math.floor(lo / C)
@@ -121,7 +136,7 @@ local function window(key, raw, flags, limit, window, nh, nl, uh, ul)
     -- engine's word of an older window is); 1 ms more for Redis's millisecond clock.
     -- A replayed instant has no relation to the server's real time, and the last window never
     -- ends: no expiry then.
-    local value = 'tgw1' .. struct.pack('>I4I4', whi, wlo)
+    local value = window_tag(b) .. struct.pack('>I4I4', whi, wlo)
     if replay or index == MAX_INDEX then
       redis.call('SET', key, value)
     else
@@ -225,7 +240,7 @@ end
 -- nothing changed, not after the keys before it were decided (a script's writes are not
 -- rolled back).
 local SHAPES = {
-  [1] = { words = 28, tag = 'tgw1', bytes = 12, what = 'a tollgate window' },
+  [1] = { words = 28, tag = 'tgw1', bytes = 12, what = 'a tollgate window' }, -- the tag by width
   [2] = { words = 56 },
   [3] = { words = 28, tag = 'tgs1', bytes = 20, what = 'a tollgate sliding window' },
   [4] = { words = 28, tag = 'tgn1', bytes = 16, what = 'a tollgate nginx limit' },
@@ -246,10 +261,17 @@ for i, key in ipairs(KEYS) do
   local raw = redis.call('GET', key)
   if raw then
     local why
+    local tag, what = shape.tag, shape.what
+    if kind == 1 then
+      local _, limit = struct.unpack('>I4I4', args, starts[i])
+      local b = window_bits(limit)
+      tag = window_tag(b)
+      if b > 24 then what = 'a tollgate window of a ' .. b .. '-bit count' end
+    end
     if kind == 2 then
       why = tollgate_bucket_invalid(raw)
-    elseif #raw ~= shape.bytes or string.sub(raw, 1, 4) ~= shape.tag then
-      why = 'holds ' .. #raw .. ' bytes that are not ' .. shape.what .. ' (' .. shape.tag .. ', ' .. shape.bytes .. ' bytes)'
+    elseif #raw ~= shape.bytes or string.sub(raw, 1, 4) ~= tag then
+      why = 'holds ' .. #raw .. ' bytes that are not ' .. what .. ' (' .. tag .. ', ' .. shape.bytes .. ' bytes)'
     end
     if why then
       return redis.error_reply('TOLLGATE_CORRUPT ' .. key .. ' ' .. why)

@@ -118,6 +118,21 @@ fn bad_batches_and_values_are_typed_errors() {
             "{e}"
         );
         assert!(!e.is_transient());
+        // A window's word means nothing under another count width: a key written with a
+        // 24-bit count is refused to a limit of 25 bits, and the other way round, each tag
+        // named.
+        let narrow = fw(10, Duration::from_secs(60), false);
+        let wide = fw(1 << 24, Duration::from_secs(60), false);
+        w.check_all(&[WindowCheck { key: b"width", window: narrow, n: 1, up_to: 0 }]).await.unwrap();
+        let e = w.check_all(&[WindowCheck { key: b"width", window: wide, n: 1, up_to: 0 }]).await.unwrap_err();
+        assert!(
+            matches!(&e, Error::Corrupt { reason, .. } if reason.contains("25-bit count (tgwA")),
+            "{e}"
+        );
+        w.check_all(&[WindowCheck { key: b"wide", window: wide, n: 1, up_to: 0 }]).await.unwrap();
+        assert_eq!(&server.cli(&["GET", "tollgate:w:wide"]).unwrap().as_bytes()[..4], b"tgwA");
+        let e = w.check_all(&[WindowCheck { key: b"wide", window: narrow, n: 1, up_to: 0 }]).await.unwrap_err();
+        assert!(matches!(&e, Error::Corrupt { reason, .. } if reason.contains("(tgw1")), "{e}");
         // A bad key late in a batch fails it before anything is written: the healthy key
         // before it is not counted. The error names the bad key, spaces and all.
         server.cli(&["SET", "tollgate:w:a b", "x"]).unwrap();
