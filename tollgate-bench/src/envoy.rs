@@ -47,6 +47,10 @@ pub struct EnvoyRow {
     pub values: u64,
     pub requests: u64,
     pub per_sec: f64,
+    /// Requests per second over the floor's: the median of the rounds' ratios, each round's
+    /// subject against the floor's round just before it (a drift of the shared machine
+    /// between rounds lands on both sides of each ratio).
+    pub vs_floor: f64,
     pub p50_us: f64,
     pub p99_us: f64,
     /// Commands the client sent to Redis per request (`EVALSHA`, `EVAL`, `INCRBY`, `EXPIRE`
@@ -412,7 +416,12 @@ pub fn run(quick: bool) -> Result<Vec<EnvoyRow>, String> {
                         run.cpu += after.2 - before.2;
                     }
                 }
+                // The floor is the first subject of every round.
+                let floor_rates = runs[0].rates.clone();
                 for ((name, _, redis), mut run) in subjects.iter().zip(runs) {
+                    let mut ratios: Vec<f64> =
+                        run.rates.iter().zip(&floor_rates).map(|(r, f)| r / f).collect();
+                    ratios.sort_by(f64::total_cmp);
                     run.rates.sort_by(f64::total_cmp);
                     // Per request answered, warm-up and drain included: Redis saw them all.
                     let per = |d: f64| if *redis && run.all > 0 { Some(d / run.all as f64) } else { None };
@@ -422,6 +431,7 @@ pub fn run(quick: bool) -> Result<Vec<EnvoyRow>, String> {
                         values,
                         requests: run.requests,
                         per_sec: run.rates[run.rates.len() / 2],
+                        vs_floor: ratios[ratios.len() / 2],
                         p50_us: run.hist.value_at_quantile(0.5) as f64 / 1e3,
                         p99_us: run.hist.value_at_quantile(0.99) as f64 / 1e3,
                         redis_sent: per(run.sent as f64),
