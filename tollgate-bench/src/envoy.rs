@@ -62,8 +62,9 @@ pub struct EnvoyRow {
     pub redis_cpu_us: Option<f64>,
 }
 
-/// Rounds in which the subjects take turns.
-const ROUNDS: usize = 5;
+/// Rounds in which the subjects take turns (each a ninth of a cell's time: nine ratios make a
+/// steadier median on a shared host than five did).
+const ROUNDS: usize = 9;
 
 /// One subject's rounds in one cell.
 struct Run {
