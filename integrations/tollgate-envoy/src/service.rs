@@ -12,7 +12,7 @@
 //! count, and a migration changes no verdict.
 //!
 //! The table's count is 32 bits wide, as upstream's `requests_per_unit` (a uint32): a hit
-//! that would take it past 2^32 − 1 is past every limit, over it (see [`Limits::new`]).
+//! that would take it past 2^32 − 1 is past every limit, over it.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -30,8 +30,8 @@ use crate::config::{Algorithm, Config, ConfigError, Domain, Metadata, RateLimit,
 use crate::matching::{Found, Lookup};
 use crate::redis::{Decided, RedisBackend};
 
-/// The largest count upstream's window holds (2^32 − 1, its windows being whole seconds);
-/// rules must stay below it.
+/// The largest count upstream's window holds (2^32 − 1, its windows being whole seconds),
+/// every uint32 limit's: a hit that would take a count past it is over every limit.
 pub(crate) const MAX_COUNT: u64 = FixedWindow::MAX_LONG_LIMIT;
 
 /// A rule's table of per-value state.
@@ -1042,7 +1042,9 @@ impl Limits {
             }
         };
         let before = after.saturating_sub(hits);
-        let near = (over as f32 * self.settings.near_limit_ratio).floor() as u64;
+        // At most `over`: a ratio of 1 on a limit an f32 rounds up (above 2^24) must not put
+        // the near line past the limit, where the counts below would go negative.
+        let near = ((over as f64 * f64::from(self.settings.near_limit_ratio)).floor() as u64).min(over);
         let (code, remaining) = self.count(p.stats, |c| {
             Counts::add(&c.total_hits, hits);
             let (code, remaining) = if after > over {
@@ -1309,9 +1311,8 @@ pub(crate) fn each_rule<'c>(
     }
 }
 
-/// Every limited rule's table made once, so that a quota tollgate cannot hold (a count past
-/// what upstream's window counts, a rate or burst out of range) is refused at load, naming the
-/// rule.
+/// Every limited rule's table made once, so that a quota tollgate cannot hold (a sliding
+/// window's limit, a rate, burst or window out of range) is refused at load, naming the rule.
 fn check_rules(domain: &Domain) -> Result<(), ConfigError> {
     let mut first = None;
     each_rule(&domain.root, &mut |rule| {

@@ -504,6 +504,21 @@ fn limits_up_to_a_uint32_count_exactly() {
         let s = l.should_rate_limit(&r).unwrap().statuses[0].clone();
         assert_eq!((s.code, s.limit_remaining), expected, "{hits} hits");
     }
+    // With NEAR_LIMIT_RATIO 1 the near line is the limit itself, which an f32 would round
+    // past (2^32): the statistics stay whole (no count goes negative).
+    let max =
+        "domain: max\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 4294967295}\n";
+    let near = inline(max, 86_400 * 20_000 + 100, Settings { near_limit_ratio: 1.0, ..Settings::default() });
+    for hits in [4_294_967_294, 3] {
+        let mut r = request("max", &[&[("a", "v")]]);
+        r.descriptors[0].hits_addend = Some(hits);
+        near.should_rate_limit(&r).unwrap();
+    }
+    let c = near.counts("max.a");
+    assert_eq!(
+        (c.total_hits, c.within_limit, c.over_limit, c.near_limit),
+        (4_294_967_297, 4_294_967_294, 2, 0)
+    );
     // And a per-request limit of it.
     let mut r = request("max", &[&[("b", "v")]]);
     r.descriptors[0].limit = Some((u32::MAX, Some(Unit::Day)));

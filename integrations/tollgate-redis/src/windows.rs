@@ -33,7 +33,10 @@ const SLOTS: u16 = 16384;
 /// script read, and checks that the engine would have stored what the script stored (a
 /// mismatch is [`Error::Corrupt`]), so a
 /// decision equals what a local [`FixedWindow`] table on a clock starting at the Unix epoch
-/// answers at that instant, field for field. A key expires when its window ends.
+/// answers at that instant, field for field. A key expires when its window ends. The word's
+/// layout depends on the limit's count width ([`FixedWindow::count_bits`]: 24 bits up to
+/// 2^24 − 1, wider above), which the value's tag records: a key checked with a limit of
+/// another width is [`Error::Corrupt`] until it expires, so give each width its own key.
 ///
 /// Cheap to clone. Failures are returned ([`Error::is_transient`] says which a failure
 /// policy may answer); the breaker and the timeout bound every call.

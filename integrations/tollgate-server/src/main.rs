@@ -149,7 +149,7 @@ struct Args {
     #[arg(long, env = "LIMIT_RESET_HEADER", default_value = "RateLimit-Reset", hide = true)]
     envoy_reset_header: String,
     /// Hits above this share of a limit count as near it (upstream's NEAR_LIMIT_RATIO).
-    #[arg(long, env = "NEAR_LIMIT_RATIO", default_value_t = 0.8)]
+    #[arg(long, env = "NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = near_limit_ratio)]
     envoy_near_limit_ratio: f32,
     /// Answers carry Envoy dynamic metadata: the request and the metadata of the rules it
     /// passed (upstream's RESPONSE_DYNAMIC_METADATA).
@@ -184,6 +184,16 @@ struct Args {
 struct Envoy {
     settings: tollgate_server::file::Envoy,
     backend: Option<tollgate_envoy::RedisBackend>,
+}
+
+/// `--envoy-near-limit-ratio`: above 0, at most 1, as the file's `near_limit_ratio`.
+fn near_limit_ratio(text: &str) -> Result<f32, String> {
+    let v: f32 = text.parse().map_err(|e| format!("{text:?} is not a number: {e}"))?;
+    if v > 0.0 && v <= 1.0 {
+        Ok(v)
+    } else {
+        Err(format!("{v} is out of range: above 0, at most 1"))
+    }
 }
 
 /// The `--envoy-*` flags as the file's `[envoy]` section.
