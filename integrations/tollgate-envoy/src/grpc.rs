@@ -105,11 +105,13 @@ fn descriptor(d: RateLimitDescriptor) -> RequestDescriptor {
     }
 }
 
+/// `envoy.type.v3.RateLimitUnit`'s WEEK, newer than the protos `envoy-types` ships: taken by
+/// its number, as upstream takes it.
+pub(crate) const WEEK: i32 = 7;
+
 /// An override's unit (`envoy.type.v3.RateLimitUnit`), `None` for UNKNOWN or a number it
-/// does not have. WEEK (7), newer than the protos `envoy-types` ships, is taken by its number,
-/// as upstream takes it.
+/// does not have ([`WEEK`] included).
 pub(crate) fn override_unit(unit: i32) -> Option<Unit> {
-    const WEEK: i32 = 7;
     if unit == WEEK {
         return Some(Unit::Week);
     }

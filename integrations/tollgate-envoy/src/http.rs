@@ -91,7 +91,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Request, String> {
 /// `envoy.type.v3.RateLimitUnit` by name or number (`None`: UNKNOWN), read as the gRPC
 /// request's is.
 fn override_unit(unit: Option<&Value>) -> Result<Option<Unit>, String> {
-    const WEEK: i32 = 7;
+    use grpc::WEEK;
     let known = match unit {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(name)) if name == "WEEK" => Some(WEEK),

@@ -114,7 +114,8 @@ impl RedisBackend {
         let mut wanted = Vec::new();
         for (i, step) in steps.iter().enumerate() {
             let Some(p) = step.pending().filter(|p| p.limit.requests_per_unit > 0) else { continue };
-            wanted.push((i, redis_key(p), limit_of(p)));
+            let limit = limit_of(p);
+            wanted.push((i, redis_key(p, &limit), limit));
         }
         // Rounds in which no key repeats: a key named twice is decided twice, in order.
         let mut rounds: Vec<Vec<usize>> = Vec::new();
@@ -202,20 +203,16 @@ fn limit_of(p: &Pending<'_>) -> Limit {
 /// upstream's counted windows (32 bits), `u` for tollgate's of a limit up to 2^24 − 1 and
 /// `u<bits>` above, so that a reload moving a limit across widths starts a new key instead of
 /// reading the old one's word under another layout.
-fn redis_key(p: &Pending<'_>) -> String {
-    let spec = p.table.spec();
-    let kind = match spec.algorithm() {
-        crate::Algorithm::TokenBucket => return format!("{}|bucket|{}", p.table.name(), p.key),
-        crate::Algorithm::Nginx => return format!("{}|nginx|{}", p.table.name(), p.key),
-        crate::Algorithm::SlidingWindow => std::borrow::Cow::Borrowed("s"),
-        _ => {
-            let bits = spec.fixed_window().map_or(24, |w| w.count_bits());
-            match (spec.counted(), bits) {
-                (true, _) => std::borrow::Cow::Owned(format!("c{bits}")),
-                (false, 24) => std::borrow::Cow::Borrowed("u"),
-                (false, bits) => std::borrow::Cow::Owned(format!("u{bits}")),
-            }
-        }
-    };
-    format!("{}|{}s|{kind}|{}", p.table.name(), spec.window, p.key)
+fn redis_key(p: &Pending<'_>, limit: &Limit) -> String {
+    let (name, window) = (p.table.name(), p.table.spec().window);
+    match limit {
+        Limit::Bucket { .. } => format!("{name}|bucket|{}", p.key),
+        Limit::Nginx { .. } => format!("{name}|nginx|{}", p.key),
+        Limit::Sliding { .. } => format!("{name}|{window}s|s|{}", p.key),
+        Limit::Window { window: w, .. } => match (p.table.spec().counted(), w.count_bits()) {
+            (true, bits) => format!("{name}|{window}s|c{bits}|{}", p.key),
+            (false, 24) => format!("{name}|{window}s|u|{}", p.key),
+            (false, bits) => format!("{name}|{window}s|u{bits}|{}", p.key),
+        },
+    }
 }

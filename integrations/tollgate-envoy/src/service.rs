@@ -36,12 +36,12 @@ pub(crate) const MAX_COUNT: u64 = FixedWindow::MAX_LONG_LIMIT;
 
 /// A rule's table of per-value state.
 enum Table {
-    /// Upstream's: a window counter that counts every hit (its limit the largest count), the
-    /// rule's limit compared with the count after the hits.
-    Counted(Keyed<FixedWindow, str, ManualClock>, u64),
-    /// tollgate's algorithms, each with the rule's own quota: refused hits take nothing.
+    /// A fixed window: upstream's counted one (its limit the largest count, refused hits
+    /// counted, the rule's limit compared with the count after the hits: [`Spec::counted`]),
+    /// or tollgate's with the rule's own quota.
     /// Every table's clock's zero is `origin` ns after the Unix epoch (a window's, a multiple of
-    /// its length).
+    /// its length); tollgate's other algorithms, each with the rule's own quota, take nothing
+    /// for a refused hit.
     Window(Keyed<FixedWindow, str, ManualClock>, u64),
     Bucket(Keyed<TokenBucket, str, ManualClock>, u64),
     Sliding(Keyed<SlidingWindow, str, ManualClock>, u64),
@@ -53,7 +53,6 @@ impl Table {
     fn check(&self, key: &str, now_ns: u64, n: u64) -> tollgate::Decision {
         let at = |origin: u64| Nanos::new(now_ns.saturating_sub(origin));
         match self {
-            Table::Counted(t, origin) => t.check_n_at(key, at(*origin), n),
             Table::Window(t, origin) => t.check_n_at(key, at(*origin), n),
             Table::Bucket(t, origin) => t.check_n_at(key, at(*origin), n),
             Table::Sliding(t, origin) => t.check_n_at(key, at(*origin), n),
@@ -63,7 +62,7 @@ impl Table {
 
     fn memory_bytes(&self) -> usize {
         match self {
-            Table::Counted(t, _) | Table::Window(t, _) => t.memory_bytes(),
+            Table::Window(t, _) => t.memory_bytes(),
             Table::Bucket(t, _) => t.memory_bytes(),
             Table::Sliding(t, _) => t.memory_bytes(),
             Table::Nginx(t, _) => t.memory_bytes(),
@@ -165,7 +164,6 @@ impl Spec {
                 .build_with_clock(ManualClock::new())
         }
         Ok(match self.algorithm {
-            _ if self.counted() => Table::Counted(build(self.fixed_window()?, capacity)?, aligned),
             Algorithm::FixedWindow => Table::Window(build(self.fixed_window()?, capacity)?, aligned),
             Algorithm::SlidingWindow => Table::Sliding(build(self.sliding()?, capacity)?, aligned),
             Algorithm::TokenBucket => Table::Bucket(build(self.bucket()?, capacity)?, now_ns),
