@@ -68,3 +68,26 @@ fn small_tables_report_no_huge_pages() {
         KeyedLimiter::<u64>::builder(TokenBucket::per_second(10).unwrap()).capacity(1000).build().unwrap();
     assert_eq!(l.stats().huge_page_bytes, 0);
 }
+
+/// Issue 38: a large flow meter table (every core's and the shared one) is on huge pages too,
+/// with its slots aligned: a flow's slot in one cache line.
+#[test]
+fn flow_meter_tables_are_on_huge_pages() {
+    use tollgate::{FlowMeters, Meter, Nanos, SharedFlowMeters};
+    churn_the_heap();
+    let meter: Meter = "trtcm cir=10Mbit/s cbs=16KiB pir=20Mbit/s pbs=32KiB".parse().unwrap();
+    let mut one = FlowMeters::<u64>::new(meter, 1 << 18).unwrap();
+    let shared = SharedFlowMeters::<u64>::new(meter, 1 << 18).unwrap();
+    for k in 0..1000u64 {
+        one.check(&k, Nanos::ZERO, 64);
+        shared.check(&k, Nanos::ZERO, 64);
+    }
+    let small = FlowMeters::<u64>::new(meter, 64).unwrap();
+    assert_eq!(small.huge_page_bytes(), 0);
+    if !thp_on() {
+        assert_eq!((one.huge_page_bytes(), shared.huge_page_bytes()), (0, 0));
+        return;
+    }
+    eprintln!("{} and {} bytes on huge pages", one.huge_page_bytes(), shared.huge_page_bytes());
+    assert!(one.huge_page_bytes() > 0 && shared.huge_page_bytes() > 0);
+}

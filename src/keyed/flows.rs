@@ -15,7 +15,9 @@
 
 use core::fmt;
 use core::hash::Hash;
+use core::mem::MaybeUninit;
 
+use super::pages::Pages;
 use super::prefetch_line;
 use crate::policies::meter::{RFC4115, SRTCM, TRTCM};
 use crate::{Color, ConfigError, Meter, MeterKind, MeterState, Nanos};
@@ -26,11 +28,65 @@ const WINDOW: usize = 8;
 /// Packets a burst handles at once: hashes and prefetches for these, then decides them.
 const BURST: usize = 32;
 
-/// One slot: a flow and its state.
-#[derive(Clone, Debug)]
+/// An empty slot's first word. No flow's committed bucket is ever full at this tick: a full
+/// tick is at most `MAX_TICK + MAX_SIZE` (2^63 + 2^40), and a decision never moves it past that.
+const EMPTY: u64 = u64::MAX;
+
+/// One slot: a flow's state and key, or no flow (its first word [`EMPTY`], its key
+/// uninitialised). Without an `Option`'s tag, a 5-tuple (48 bytes) and its state fill one
+/// cache line, and a word key's slot is half of one; aligned to 32 bytes, a slot of 32 never
+/// straddles two lines.
+#[repr(C, align(32))]
 struct Slot<K> {
-    key: Option<K>,
     state: MeterState,
+    key: MaybeUninit<K>,
+}
+
+impl<K> Slot<K> {
+    const fn empty() -> Slot<K> {
+        Slot { state: MeterState::from_words([EMPTY, 0]), key: MaybeUninit::uninit() }
+    }
+
+    #[inline(always)]
+    fn is_empty(&self) -> bool {
+        self.state.words()[0] == EMPTY
+    }
+
+    /// The flow's key, if the slot holds one.
+    #[inline(always)]
+    fn key(&self) -> Option<&K> {
+        if self.is_empty() {
+            None
+        } else {
+            // SAFETY: a slot's first word leaves EMPTY only in `fill`, which writes the key
+            // first, and returns to it only in `vacate`, which drops it: the key is
+            // initialised whenever the word is not EMPTY.
+            Some(unsafe { self.key.assume_init_ref() })
+        }
+    }
+
+    /// Holds `key`'s flow from now, both buckets full (a flow it held before is forgotten).
+    fn fill(&mut self, key: K) {
+        self.vacate();
+        self.key.write(key);
+        self.state = MeterState::new();
+    }
+
+    /// Forgets the slot's flow, if any.
+    fn vacate(&mut self) {
+        if !self.is_empty() {
+            self.state = MeterState::from_words([EMPTY, 0]);
+            // SAFETY: the key is initialised (see `key`) and, the word now EMPTY, is read or
+            // dropped by nothing else.
+            unsafe { self.key.assume_init_drop() };
+        }
+    }
+}
+
+impl<K> Drop for Slot<K> {
+    fn drop(&mut self) {
+        self.vacate();
+    }
 }
 
 /// Flows metered under one [`Meter`] profile, in memory fixed at construction, owned by one
@@ -50,8 +106,10 @@ struct Slot<K> {
 /// ```
 pub struct FlowMeters<K> {
     meter: Meter,
-    slots: Box<[Slot<K>]>,
+    slots: Pages<Slot<K>>,
     mask: usize,
+    /// Whether every slot lies in one cache line (a fetch of its first byte brings it whole).
+    one_line: bool,
     hasher: ahash::RandomState,
     flows: usize,
     table_full: u64,
@@ -92,15 +150,15 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         capacity: usize,
         hasher: ahash::RandomState,
     ) -> Result<FlowMeters<K>, ConfigError> {
-        let v = slot_array(capacity, Self::MAX_CAPACITY, "a flow meter table", || Slot {
-            key: None,
-            state: MeterState::new(),
-        })?;
+        let v = slot_array(capacity, Self::MAX_CAPACITY, "a flow meter table", Slot::empty)?;
         let slots = v.len();
+        let size = size_of::<Slot<K>>();
+        let one_line = 64 % size == 0 && v.as_ptr() as usize % size == 0;
         Ok(FlowMeters {
             meter,
             slots: v,
             mask: slots - 1,
+            one_line,
             hasher,
             flows: 0,
             table_full: 0,
@@ -132,6 +190,14 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
     /// still metering).
     pub fn table_full(&self) -> u64 {
         self.table_full
+    }
+
+    /// Bytes of the table the kernel backs with huge pages now: a table of 2 MiB or more maps
+    /// its slots itself and asks for them (Linux with transparent huge pages in `madvise` or
+    /// `always` mode); 0 for a smaller table or elsewhere. Reads `/proc/self/smaps`: not for
+    /// a hot path.
+    pub fn huge_page_bytes(&self) -> u64 {
+        super::pages::huge_bytes([self.slots.mapping()])
     }
 
     /// Colour-blind: one packet of `bytes` of flow `key` at `elapsed` since the meter's origin.
@@ -244,11 +310,12 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         for (c, ((keys, lens), out)) in chunks.enumerate() {
             for (home, key) in homes.iter_mut().zip(keys) {
                 *home = self.home(key);
-                // The slot's first and last bytes: a slot that straddles two cache lines
-                // (slots are not aligned to lines) is fetched whole.
+                // The slot's first byte, and its last when slots may straddle two lines.
                 let p: *const u8 = core::ptr::from_ref(&self.slots[*home]).cast();
                 prefetch_line(p);
-                prefetch_line(p.wrapping_add(size_of::<Slot<K>>() - 1));
+                if !self.one_line {
+                    prefetch_line(p.wrapping_add(size_of::<Slot<K>>() - 1));
+                }
             }
             for (j, (((home, key), len), out)) in homes.iter().zip(keys).zip(lens).zip(out).enumerate() {
                 let i = c * BURST + j;
@@ -264,8 +331,8 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         let ticks = self.ticks_at(elapsed);
         let mut removed = 0;
         for slot in self.slots.iter_mut() {
-            if slot.key.is_some() && self.meter.is_full(&slot.state, ticks) {
-                slot.key = None;
+            if !slot.is_empty() && self.meter.is_full(&slot.state, ticks) {
+                slot.vacate();
                 removed += 1;
             }
         }
@@ -305,7 +372,7 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
     ) -> Color {
         for j in 0..WINDOW {
             let slot = &mut self.slots[(home + j) & self.mask];
-            if slot.key.as_ref() == Some(key) {
+            if slot.key() == Some(key) {
                 return slot.state.check_as::<KIND>(&self.meter, ticks, bytes, input);
             }
         }
@@ -320,18 +387,17 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         let window = (0..WINDOW).map(|j| (home + j) & self.mask);
         let free = window
             .clone()
-            .find(|&i| self.slots[i].key.is_none())
+            .find(|&i| self.slots[i].is_empty())
             .or_else(|| window.clone().find(|&i| self.meter.is_full(&self.slots[i].state, ticks)));
         let Some(i) = free else {
             self.table_full += 1;
             return Color::Red;
         };
         let slot = &mut self.slots[i];
-        if slot.key.is_none() {
+        if slot.is_empty() {
             self.flows += 1;
         }
-        slot.key = Some(key.clone());
-        slot.state = MeterState::new();
+        slot.fill(key.clone());
         slot.state.check_at(&self.meter, ticks, bytes, input)
     }
 }
@@ -344,14 +410,15 @@ pub(super) const MAX_SLOTS: usize = 1 << 32;
 pub(super) const MAX_SLOTS: usize = 1 << 26;
 
 /// The slots of a flow table asked to hold `capacity` flows (a power of two, at least one
-/// window, at most `max`), each made by `slot`; or the error that says why not (`what`: the
-/// table, for an allocation that fails).
+/// window, at most `max`), each made by `slot`, on huge pages where the table is large (see
+/// `pages.rs`); or the error that says why not (`what`: the table, for an allocation that
+/// fails).
 pub(super) fn slot_array<T>(
     capacity: usize,
     max: usize,
     what: &'static str,
     slot: impl FnMut() -> T,
-) -> Result<Box<[T]>, ConfigError> {
+) -> Result<Pages<T>, ConfigError> {
     if capacity == 0 {
         return Err(ConfigError::ZeroCapacity);
     }
@@ -359,11 +426,7 @@ pub(super) fn slot_array<T>(
     let Some(n) = n else {
         return Err(ConfigError::CapacityTooLarge { capacity: capacity as u64, max: max as u64 });
     };
-    let mut v = Vec::new();
-    v.try_reserve_exact(n)
-        .map_err(|_| ConfigError::OutOfMemory { what, bytes: n as u64 * size_of::<T>() as u64 })?;
-    v.extend(core::iter::repeat_with(slot).take(n));
-    Ok(v.into_boxed_slice())
+    Pages::new(n, what, slot)
 }
 
 #[cfg(all(test, not(tollgate_loom)))]
@@ -450,6 +513,38 @@ mod tests {
         flows.check_burst_at(&times, &[1, 1], &[1_000, 1_000], None, &mut out);
         // The second packet, stamped earlier, is read at the first's time: C empty then.
         assert_eq!(out, [Color::Green, Color::Yellow]);
+    }
+
+    /// Keys are owned by their slots: each dropped once, when swept, replaced or with the
+    /// table (the slots hold no `Option`, so this is the table's own bookkeeping).
+    #[test]
+    fn keys_are_dropped_once() {
+        use std::rc::Rc;
+        let meter = Meter::srtcm(1_000, 1_000, 0).unwrap();
+        let keys: Vec<Rc<u32>> = (0..40).map(Rc::new).collect();
+        let mut flows = FlowMeters::<Rc<u32>>::with_seeds(meter, 64, [7; 4]).unwrap();
+        for k in &keys {
+            assert_eq!(flows.check(k, Nanos::ZERO, 1_000), Color::Green);
+        }
+        assert_eq!(flows.len(), 40);
+        assert!(keys.iter().all(|k| Rc::strong_count(k) == 2), "one clone a slot");
+        // Full again at 1 s: swept, every key dropped.
+        assert_eq!(flows.sweep(Nanos::new(1_000_000_000)), 40);
+        assert!(keys.iter().all(|k| Rc::strong_count(k) == 1));
+        // Reused: a full flow's slot taken by a new one drops the old key.
+        for k in &keys[..20] {
+            flows.check(k, Nanos::new(1_000_000_000), 1_000);
+        }
+        let later = Nanos::new(3_000_000_000);
+        let others: Vec<Rc<u32>> = (100..140).map(Rc::new).collect();
+        for k in &others {
+            flows.check(k, later, 1);
+        }
+        let held = keys[..20].iter().map(|k| Rc::strong_count(k) - 1).sum::<usize>()
+            + others.iter().map(|k| Rc::strong_count(k) - 1).sum::<usize>();
+        assert_eq!(held, flows.len(), "every slot holds one key, no key held twice");
+        drop(flows);
+        assert!(keys.iter().chain(&others).all(|k| Rc::strong_count(k) == 1));
     }
 
     #[test]

@@ -65,7 +65,7 @@ struct Slot {
 /// ```
 pub struct SharedFlowMeters<K: ?Sized> {
     meter: Meter,
-    slots: Box<[Slot]>,
+    slots: super::pages::Pages<Slot>,
     mask: usize,
     hasher: ahash::RandomState,
     table_full: AtomicU64,
@@ -147,6 +147,12 @@ impl<K: Hash + ?Sized> SharedFlowMeters<K> {
     /// Packets coloured red because their new flow found its window full of other flows.
     pub fn table_full(&self) -> u64 {
         self.table_full.load(Relaxed)
+    }
+
+    /// Bytes of the table the kernel backs with huge pages now, as
+    /// [`FlowMeters::huge_page_bytes`](crate::FlowMeters::huge_page_bytes).
+    pub fn huge_page_bytes(&self) -> u64 {
+        super::pages::huge_bytes([self.slots.mapping()])
     }
 
     /// Empties the table (every flow forgotten, both buckets full again).

@@ -145,17 +145,21 @@ struct Bucket {
 impl Bucket {
     /// The whole bytes this bucket's rate has credited by `elapsed` since the origin: byte `k`
     /// arrives at `k / rate` s, so `⌊elapsed · rate / 10^9⌋`, held at [`MAX_TICK`].
+    ///
+    /// In 64-bit arithmetic (a 128-bit division is a library call of some 50 cycles, twice a
+    /// burst): with `rate = q·10^9 + m` and `elapsed = a·10^9 + b`,
+    /// `elapsed · rate / 10^9 = elapsed·q + a·m + ⌊b·m / 10^9⌋` exactly (the first two terms are
+    /// whole), and `b·m < 10^18` fits. A sum past 64 bits is past `MAX_TICK` too.
     #[inline]
     fn tick(&self, elapsed: Nanos) -> u64 {
-        let k = u128::from(elapsed.as_u64()) * u128::from(self.rate) / 1_000_000_000;
-        if k > u128::from(MAX_TICK) {
-            MAX_TICK
-        } else {
-            // At most MAX_TICK, checked above.
-            #[expect(clippy::cast_possible_truncation, reason = "at most MAX_TICK")]
-            let k = k as u64;
-            k
-        }
+        const G: u64 = 1_000_000_000;
+        let e = elapsed.as_u64();
+        let (a, b) = (e / G, e % G);
+        let (q, m) = (self.rate / G, self.rate % G);
+        e.checked_mul(q)
+            .and_then(|k| k.checked_add(a.checked_mul(m)?))
+            .and_then(|k| k.checked_add(b * m / G))
+            .map_or(MAX_TICK, |k| k.min(MAX_TICK))
     }
 
     /// The bytes the bucket holds at tick `k` if it is full at `full`.
@@ -768,6 +772,38 @@ mod tests {
         assert_eq!(s.check(&m, Nanos::new(5_000 * MS), 1), Color::Red);
         assert_eq!(s.check(&m, Nanos::ZERO, 1), Color::Red);
         assert_eq!(s.check(&m, Nanos::new(10_001 * MS), 2), Color::Green);
+    }
+
+    /// The 64-bit byte-ticks equal the 128-bit `⌊elapsed · rate / 10^9⌋` (held at `MAX_TICK`),
+    /// at the ends of both ranges and between.
+    #[test]
+    fn ticks_are_the_exact_quotient() {
+        let exact = |e: u64, r: u64| {
+            let k = (u128::from(e) * u128::from(r) / 1_000_000_000).min(u128::from(MAX_TICK));
+            u64::try_from(k).unwrap()
+        };
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut rates = vec![1, 2, 999_999_999, 1_000_000_000, 1_000_000_001, 12_500_000, Meter::MAX_RATE];
+        let mut times = vec![0, 1, 999_999_999, 1_000_000_000, 1_000_000_001, u64::MAX, u64::MAX - 1, 1 << 63];
+        for _ in 0..200 {
+            rates.push(1 + next() % Meter::MAX_RATE);
+            times.push(next() >> (next() % 64));
+        }
+        // Around the end of the ticks, for the fastest rate: 2^63 / 2^37 s = 2^26 s.
+        let end = 67_108_864_000_000_000u64;
+        times.extend([end - 1, end, end + 1]);
+        for &r in &rates {
+            let b = Bucket { rate: r, size: 1 };
+            for &e in &times {
+                assert_eq!(b.tick(Nanos::new(e)), exact(e, r), "rate {r}, elapsed {e}");
+            }
+        }
     }
 
     #[test]

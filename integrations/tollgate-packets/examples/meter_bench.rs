@@ -2,7 +2,7 @@
 //! process, in bursts of 32 (one clock reading a burst):
 //!
 //! - **floor**: a hash and one CAS a packet, on a table of 16-byte slots as large as the
-//!   meters' table, with the same prefetch;
+//!   meters' table, with the same prefetch, on huge pages as the meters' tables are;
 //! - **tollgate**: `FlowMeters` (trTCM, colour-blind), the one-core table (no atomic); and
 //!   `SharedFlowMeters`, the table every core may use (a 16-byte compare-and-swap a packet),
 //!   uncontended here (one thread);
@@ -14,8 +14,9 @@
 //!   against its floor: parse, key, hash and one CAS.
 //!
 //! Packets pick flows uniformly at random (every packet a likely cache miss at 1M flows);
-//! sizes follow IMIX. Each cell runs for about 0.3 s, three times, interleaved; the median
-//! is reported.
+//! sizes follow IMIX. Each cell runs for about 0.3 s, once a round, in five rounds; a time is
+//! the median of its rounds, a ratio the median of its rounds' ratios (both cells of a ratio
+//! measured in the same round, a second apart).
 //!
 //! ```text
 //! cargo run --release -p tollgate-packets --features dpdk --example meter_bench
@@ -33,6 +34,8 @@ use tollgate_packets::packet::{self, FlowKey, KeyBy};
 
 const BURST: usize = 32;
 const PACKETS: usize = 1 << 21;
+/// Rounds of every cell (each about 0.3 s).
+const ROUNDS: usize = 5;
 
 fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
@@ -66,11 +69,73 @@ fn measure(packets: usize, mut run: impl FnMut()) -> (f64, f64) {
     (ns / n as f64, c / n as f64)
 }
 
+/// `n` values on memory of their own, asked for huge pages before it is touched, 2 MiB-aligned
+/// (as FlowMeters maps its slots): every table of the benchmark on the same kind of memory.
+struct Huge<T> {
+    ptr: *mut T,
+    n: usize,
+    /// The whole mapping (one huge page more than the values, for the alignment).
+    map: (*mut libc::c_void, usize),
+}
+
+impl<T> Huge<T> {
+    fn new(n: usize, mut value: impl FnMut() -> T) -> Huge<T> {
+        const HUGE: usize = 2 << 20;
+        let bytes = (n * size_of::<T>()).next_multiple_of(HUGE) + HUGE;
+        // SAFETY: a new private anonymous mapping; MAP_FAILED is checked.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED, "mmap of {bytes} bytes");
+        let start = (base as usize).next_multiple_of(HUGE);
+        let ptr = start as *mut T;
+        // SAFETY: inside the mapping (it has a huge page to spare for the alignment); each value
+        // written once, aligned (2 MiB-aligned start, `T`'s size a multiple of its alignment).
+        unsafe {
+            libc::madvise(start as *mut _, bytes - (start - base as usize), libc::MADV_HUGEPAGE);
+            for i in 0..n {
+                ptr.add(i).write(value());
+            }
+        }
+        Huge { ptr, n, map: (base, bytes) }
+    }
+}
+
+impl<T> std::ops::Deref for Huge<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: `n` values written in `new`, owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.n) }
+    }
+}
+
+impl<T> std::ops::DerefMut for Huge<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as above, through `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.n) }
+    }
+}
+
+impl<T> Drop for Huge<T> {
+    fn drop(&mut self) {
+        // The values hold nothing to drop (plain words and pointers).
+        // SAFETY: our own mapping, which nothing refers to any more.
+        unsafe { libc::munmap(self.map.0, self.map.1) };
+    }
+}
+
 /// An open-addressing table of every flow, its value in its slot, hashed and prefetched as
 /// `FlowMeters` does: the table DPDK's runtimes are held in.
 #[cfg(feature = "dpdk")]
 struct Slots<V> {
-    slots: Vec<(u64, V)>,
+    slots: Huge<(u64, V)>,
     mask: usize,
     hasher: ahash::RandomState,
 }
@@ -81,11 +146,10 @@ impl<V> Slots<V> {
     fn new(keys: &[u64], value: impl Fn() -> V) -> Slots<V> {
         let n = (keys.len() * 2).next_power_of_two();
         let mut t = Slots {
-            slots: Vec::with_capacity(n),
+            slots: Huge::new(n, || (0, value())),
             mask: n - 1,
             hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
         };
-        t.slots.extend((0..n).map(|_| (0, value())));
         for &k in keys {
             let mut i = t.hasher.hash_one(k) as usize & t.mask;
             while t.slots[i].0 != 0 {
@@ -123,7 +187,7 @@ fn parse_burst(frames: &[Frame], keys: &mut [FlowKey; BURST], lens: &mut [u32; B
 
 /// The floor: a hash and one CAS a packet, bursts prefetched as the meters' table does.
 struct Floor {
-    slots: Vec<[AtomicU64; 2]>,
+    slots: Huge<[AtomicU64; 2]>,
     mask: usize,
     hasher: ahash::RandomState,
 }
@@ -132,7 +196,7 @@ impl Floor {
     fn new(flows: usize) -> Floor {
         let n = (flows * 2).next_power_of_two();
         Floor {
-            slots: (0..n).map(|_| [AtomicU64::new(0), AtomicU64::new(0)]).collect(),
+            slots: Huge::new(n, || [AtomicU64::new(0), AtomicU64::new(0)]),
             mask: n - 1,
             hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
         }
@@ -161,7 +225,7 @@ fn main() {
                 .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
         })
         .unwrap_or_default();
-    println!("CPU: {cpu}; bursts of {BURST}; {PACKETS} packets a pass, uniform over the flows; median of 3 runs of ~0.3 s");
+    println!("CPU: {cpu}; bursts of {BURST}; {PACKETS} packets a pass, uniform over the flows; median of {ROUNDS} rounds of ~0.3 s a cell, ratios paired within a round");
     #[cfg(feature = "dpdk")]
     let hz = tollgate_packets::dpdk::start_eal().unwrap_or_else(|e| panic!("{e}"));
     let meter: Meter = "trtcm cir=10Mbit/s cbs=16KiB pir=20Mbit/s pbs=32KiB".parse().unwrap();
@@ -169,6 +233,7 @@ fn main() {
     println!("| flows | floor (hash + CAS) | tollgate FlowMeters | ×floor | DPDK rte_meter | tollgate ÷ DPDK (speed) | SharedFlowMeters (lock-free, 1 thread) | ×floor | pipeline floor (parse + hash + CAS) | pipeline (parse, key, meter) | ×floor |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let imix = [40u32, 40, 40, 40, 40, 40, 40, 576, 576, 576, 576, 1_500];
+    let mut huge = Vec::new();
     for flows in [1usize << 10, 1 << 16, 1 << 20] {
         let mut rng = SplitMix(flows as u64);
         let flow_keys: Vec<u64> = (0..flows).map(|_| rng.next()).collect();
@@ -269,8 +334,11 @@ fn main() {
             }
         };
 
+        // Each round measures every cell once, one after another: a ratio is taken within a
+        // round (its two cells a second apart on a shared host), and the median of a cell's
+        // ratios over the rounds is reported beside the median of its times.
         let mut cells: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 6];
-        for _ in 0..3 {
+        for _ in 0..ROUNDS {
             cells[0].push(measure(PACKETS, run_floor));
             cells[1].push(measure(PACKETS, &mut run_tollgate));
             cells[5].push(measure(PACKETS, &run_shared));
@@ -279,33 +347,44 @@ fn main() {
             cells[3].push(measure(frames.len(), run_pipeline_floor));
             cells[4].push(measure(frames.len(), &mut run_pipeline));
         }
-        let median = |v: &mut Vec<(f64, f64)>| -> Option<(f64, f64)> {
-            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        huge.push(format!(
+            "{flows} flows: FlowMeters {} MiB of {} MiB on huge pages",
+            table.huge_page_bytes() >> 20,
+            (table.capacity() * 32) >> 20
+        ));
+        let median = |mut v: Vec<f64>| -> Option<f64> {
+            v.sort_by(f64::total_cmp);
             v.get(v.len() / 2).copied()
         };
-        let m: Vec<Option<(f64, f64)>> = cells.iter_mut().map(median).collect();
-        let show = |c: Option<(f64, f64)>| {
-            c.map_or("—".to_owned(), |(ns, cyc)| {
-                format!("{ns:.1} ns, {cyc:.0} cycles, {:.1} Mpps", 1e3 / ns)
-            })
+        let show = |c: usize| {
+            let ns = median(cells[c].iter().map(|x| x.0).collect());
+            let cyc = median(cells[c].iter().map(|x| x.1).collect());
+            match (ns, cyc) {
+                (Some(ns), Some(cyc)) => format!("{ns:.1} ns, {cyc:.0} cycles, {:.1} Mpps", 1e3 / ns),
+                _ => "—".to_owned(),
+            }
         };
-        let ratio = |a: Option<(f64, f64)>, b: Option<(f64, f64)>| match (a, b) {
-            (Some(a), Some(b)) => format!("{:.2}×", a.0 / b.0),
-            _ => "—".to_owned(),
+        let ratio = |a: usize, b: usize| {
+            let r: Vec<f64> = cells[a].iter().zip(&cells[b]).map(|(a, b)| a.0 / b.0).collect();
+            median(r).map_or("—".to_owned(), |r| format!("{r:.2}×"))
         };
         println!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             if flows >= 1 << 20 { "1M".to_owned() } else { format!("{}K", flows >> 10) },
-            show(m[0]),
-            show(m[1]),
-            ratio(m[1], m[0]),
-            show(m[2]),
-            ratio(m[2], m[1]),
-            show(m[5]),
-            ratio(m[5], m[0]),
-            show(m[3]),
-            show(m[4]),
-            ratio(m[4], m[3]),
+            show(0),
+            show(1),
+            ratio(1, 0),
+            show(2),
+            ratio(2, 1),
+            show(5),
+            ratio(5, 0),
+            show(3),
+            show(4),
+            ratio(4, 3),
         );
+    }
+    println!();
+    for line in huge {
+        println!("{line}");
     }
 }
