@@ -67,13 +67,16 @@ proptest! {
 
     /// The one-core table colours every packet as a meter of its own per flow would (a flow
     /// whose buckets are full again may lose its slot: it comes back as a fresh flow, the same
-    /// state), in bursts, while no window is full.
+    /// state), in bursts, while no window is full: a small table (its bursts decided without
+    /// branches) and a large one (with them).
     #[test]
     fn a_flow_table_is_a_meter_per_flow(
         m in meter(),
+        large in any::<bool>(),
         bursts in prop::collection::vec((0u64..50_000_000, prop::collection::vec((0u16..40, 1u32..9_000), 1..70)), 1..30),
     ) {
-        let mut table = tollgate::FlowMeters::<u16>::with_seeds(m, 4_096, [9, 8, 7, 6]).unwrap();
+        let capacity = if large { 1 << 16 } else { 4_096 };
+        let mut table = tollgate::FlowMeters::<u16>::with_seeds(m, capacity, [9, 8, 7, 6]).unwrap();
         let mut each = std::collections::HashMap::<u16, MeterState>::new();
         let mut t = 0u64;
         for (gap, packets) in bursts {

@@ -3,6 +3,9 @@
 //!
 //! - **floor**: a hash and one CAS a packet, on a table of 16-byte slots as large as the
 //!   meters' table, with the same prefetch, on huge pages as the meters' tables are;
+//! - **lookup floor**: a hash, the flow's key found in a table laid out as `FlowMeters`' (32-byte
+//!   slots, linear probing), and one CAS a packet: the floor of any table that must find its
+//!   flow, between which and the floor lies the cost of finding it;
 //! - **tollgate**: `FlowMeters` (trTCM, colour-blind), the one-core table (no atomic); and
 //!   `SharedFlowMeters`, the table every core may use (a 16-byte compare-and-swap a packet),
 //!   uncontended here (one thread);
@@ -185,6 +188,62 @@ fn parse_burst(frames: &[Frame], keys: &mut [FlowKey; BURST], lens: &mut [u32; B
     }
 }
 
+/// A flow's slot in the lookup floor: its key and a counter, 32 bytes as FlowMeters' for a
+/// word key.
+#[repr(C, align(32))]
+struct Counted {
+    key: u64,
+    count: AtomicU64,
+}
+
+/// The floor of any table that must find its flow: a hash, the flow's key found in an
+/// open-addressing table laid out as FlowMeters' (32-byte slots, twice the flows, linear
+/// probing from the home), and one CAS a packet; bursts prefetched as the meters' table does.
+/// What it costs beyond the floor is finding a flow; what FlowMeters costs beyond it is the
+/// meter.
+struct LookupFloor {
+    slots: Huge<Counted>,
+    mask: usize,
+    hasher: ahash::RandomState,
+}
+
+impl LookupFloor {
+    /// Every flow of `keys`, inserted in order.
+    fn new(keys: &[u64]) -> LookupFloor {
+        let n = (keys.len() * 2).next_power_of_two();
+        let mut t = LookupFloor {
+            slots: Huge::new(n, || Counted { key: u64::MAX, count: AtomicU64::new(0) }),
+            mask: n - 1,
+            hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
+        };
+        for &k in keys {
+            let mut i = t.hasher.hash_one(k) as usize & t.mask;
+            while t.slots[i].key != u64::MAX && t.slots[i].key != k {
+                i = (i + 1) & t.mask;
+            }
+            t.slots[i].key = k;
+        }
+        t
+    }
+
+    fn burst(&self, keys: &[u64], lens: &[u32]) {
+        let mut homes = [0usize; BURST];
+        for (h, k) in homes.iter_mut().zip(keys) {
+            *h = self.hasher.hash_one(k) as usize & self.mask;
+            prefetch(&self.slots[*h]);
+        }
+        for ((&h, k), &len) in homes.iter().zip(keys).zip(lens) {
+            let mut i = h;
+            while self.slots[i].key != *k {
+                i = (i + 1) & self.mask;
+            }
+            let c = &self.slots[i].count;
+            let v = c.load(Relaxed);
+            let _ = c.compare_exchange(v, v + u64::from(len), Relaxed, Relaxed);
+        }
+    }
+}
+
 /// The floor: a hash and one CAS a packet, bursts prefetched as the meters' table does.
 struct Floor {
     slots: Huge<[AtomicU64; 2]>,
@@ -230,8 +289,8 @@ fn main() {
     let hz = tollgate_packets::dpdk::start_eal().unwrap_or_else(|e| panic!("{e}"));
     let meter: Meter = "trtcm cir=10Mbit/s cbs=16KiB pir=20Mbit/s pbs=32KiB".parse().unwrap();
     println!();
-    println!("| flows | floor (hash + CAS) | tollgate FlowMeters | ×floor | DPDK rte_meter | tollgate ÷ DPDK (speed) | SharedFlowMeters (lock-free, 1 thread) | ×floor | pipeline floor (parse + hash + CAS) | pipeline (parse, key, meter) | ×floor |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| flows | floor (hash + CAS) | lookup floor (hash + find + CAS) | ×floor | tollgate FlowMeters | ×floor | ×lookup floor | DPDK rte_meter | tollgate ÷ DPDK (speed) | SharedFlowMeters (lock-free, 1 thread) | ×floor | pipeline floor (parse + hash + CAS) | pipeline (parse, key, meter) | ×floor |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let imix = [40u32, 40, 40, 40, 40, 40, 40, 576, 576, 576, 576, 1_500];
     let mut huge = Vec::new();
     for flows in [1usize << 10, 1 << 16, 1 << 20] {
@@ -246,6 +305,12 @@ fn main() {
         let run_floor = || {
             for (k, l) in keys.chunks(BURST).zip(lens.chunks(BURST)) {
                 floor.burst(k, l);
+            }
+        };
+        let lookup = LookupFloor::new(&flow_keys);
+        let run_lookup = || {
+            for (k, l) in keys.chunks(BURST).zip(lens.chunks(BURST)) {
+                lookup.burst(k, l);
             }
         };
 
@@ -337,9 +402,10 @@ fn main() {
         // Each round measures every cell once, one after another: a ratio is taken within a
         // round (its two cells a second apart on a shared host), and the median of a cell's
         // ratios over the rounds is reported beside the median of its times.
-        let mut cells: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 6];
+        let mut cells: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 7];
         for _ in 0..ROUNDS {
             cells[0].push(measure(PACKETS, run_floor));
+            cells[6].push(measure(PACKETS, run_lookup));
             cells[1].push(measure(PACKETS, &mut run_tollgate));
             cells[5].push(measure(PACKETS, &run_shared));
             #[cfg(feature = "dpdk")]
@@ -369,11 +435,14 @@ fn main() {
             median(r).map_or("—".to_owned(), |r| format!("{r:.2}×"))
         };
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             if flows >= 1 << 20 { "1M".to_owned() } else { format!("{}K", flows >> 10) },
             show(0),
+            show(6),
+            ratio(6, 0),
             show(1),
             ratio(1, 0),
+            ratio(1, 6),
             show(2),
             ratio(2, 1),
             show(5),
