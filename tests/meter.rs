@@ -73,7 +73,8 @@ proptest! {
     fn a_flow_table_is_a_meter_per_flow(
         m in meter(),
         large in any::<bool>(),
-        bursts in prop::collection::vec((0u64..50_000_000, prop::collection::vec((0u16..40, 1u32..9_000), 1..70)), 1..30),
+        aware in any::<bool>(),
+        bursts in prop::collection::vec((0u64..50_000_000, prop::collection::vec((0u16..40, 0u32..9_000, 0u8..3), 1..70)), 1..30),
     ) {
         let capacity = if large { 1 << 16 } else { 4_096 };
         let mut table = tollgate::FlowMeters::<u16>::with_seeds(m, capacity, [9, 8, 7, 6]).unwrap();
@@ -84,10 +85,16 @@ proptest! {
             let at = Nanos::new(t);
             let keys: Vec<u16> = packets.iter().map(|p| p.0).collect();
             let lens: Vec<u32> = packets.iter().map(|p| p.1).collect();
+            let inputs: Vec<Color> = packets.iter().map(|p| Color::from_u8(p.2).unwrap()).collect();
             let mut out = vec![Color::Red; keys.len()];
-            table.check_burst(at, &keys, &lens, None, &mut out);
-            for (i, (k, len)) in packets.iter().enumerate() {
-                let want = each.entry(*k).or_default().check(&m, at, u64::from(*len));
+            table.check_burst(at, &keys, &lens, aware.then_some(&inputs[..]), &mut out);
+            for (i, (k, len, _)) in packets.iter().enumerate() {
+                let state = each.entry(*k).or_default();
+                let want = if aware {
+                    state.check_aware(&m, at, u64::from(*len), inputs[i])
+                } else {
+                    state.check(&m, at, u64::from(*len))
+                };
                 prop_assert_eq!(out[i], want, "flow {} packet {} at {} ns under {}", k, i, t, m);
             }
         }

@@ -251,23 +251,27 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         inputs: Option<&[Color]>,
         out: &mut [Color],
     ) -> usize {
-        let n = keys.len().min(times.len());
+        let mut n = keys.len().min(times.len()).min(lens.len()).min(out.len());
+        if let Some(inputs) = inputs {
+            n = n.min(inputs.len());
+        }
         let meter = self.meter;
-        // Packets are decided in order: each at its time or the latest before it.
+        // Packets are decided in order: each at its time or the latest before it. The table's
+        // latest moves to the burst's before any is decided, so that even a burst cut short
+        // (a key's `Hash` or `Eq` panicking) leaves no state decided later than it.
         let latest = core::cell::Cell::new(self.latest);
-        let done = self.burst(
+        self.latest = times[..n].iter().fold(self.latest, |a, &t| a.max(t));
+        self.burst(
             |i| {
                 let t = times[i].max(latest.get());
                 latest.set(t);
                 meter.ticks(t)
             },
             &keys[..n],
-            lens,
+            &lens[..n],
             inputs,
-            out,
-        );
-        self.latest = latest.get();
-        done
+            &mut out[..n],
+        )
     }
 
     /// The byte-ticks at `elapsed`, or at the latest time the table has seen if that is later
@@ -434,11 +438,12 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
             self.table_full += 1;
             return Color::Red;
         };
+        let key = key.clone();
         let slot = &mut self.slots[i];
         if slot.is_empty() {
             self.flows += 1;
         }
-        slot.fill(key.clone());
+        slot.fill(key);
         slot.state.check_at(&self.meter, ticks, bytes, input)
     }
 }

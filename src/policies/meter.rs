@@ -875,18 +875,26 @@ mod tests {
             x ^= x << 17;
             x
         };
-        for round in 0..300 {
-            let (r1, r2) = (1 + next() % 100_000, 1 + next() % 100_000);
-            let (s1, s2) = (1 + next() % 20_000, next() % 20_000);
+        // The fastest rate's ticks end (are held) at 2^26 s.
+        let end = 67_108_864_000_000_000u64;
+        for round in 0..400 {
+            // The last hundred rounds: the largest rates and buckets, up to and past the end.
+            let big = round >= 300;
+            let (r1, r2, s1, s2) = if big {
+                let near = |max: u64, x: u64| max - x % 1_000;
+                (near(Meter::MAX_RATE, next()), near(Meter::MAX_RATE, next()), near(Meter::MAX_SIZE, next()), near(Meter::MAX_SIZE, next()))
+            } else {
+                (1 + next() % 100_000, 1 + next() % 100_000, 1 + next() % 20_000, next() % 20_000)
+            };
             let m = match round % 3 {
                 0 => Meter::srtcm(r1, s1, s2).unwrap(),
                 1 => Meter::trtcm(r1, s1, r2, s2.max(1)).unwrap(),
                 _ => Meter::rfc4115(r1, s1, r2, s2).unwrap(),
             };
             let (mut a, mut b) = (MeterState::new(), MeterState::new());
-            let mut t = 0u64;
+            let mut t = if big { end - next() % 100_000 } else { 0 };
             for step in 0..400 {
-                t += next() % 3_000_000;
+                t += if big { next() % 1_000 } else { next() % 3_000_000 };
                 let ticks = m.ticks(Nanos::new(t));
                 // Often a bucket's level exactly, or one byte either side of it.
                 let (lc, l2) = m.levels(&a, Nanos::new(t));
