@@ -371,8 +371,10 @@ impl Meter {
             Some(Color::Red) => (false, false),
         };
         let (c, second) = (&self.committed, &self.second);
-        let c_at = select(fc > kc, fc, kc) + b;
-        let (green, yellow, next) = match KIND {
+        let c_at = max(fc, kc) + b;
+        // The colour as DPDK numbers it (green 0, yellow 1, red 2): 2 less one for each bucket
+        // the packet passes (trTCM's C only after P), or 2 for green and 1 for yellow.
+        let (code, next) = match KIND {
             SRTCM => {
                 // E's ticks are C's; its deficit counts from the tick C is full.
                 let c_full = c_at - b;
@@ -381,28 +383,23 @@ impl Meter {
                 let e_short = select(e_deficit < second.size, e_deficit, second.size);
                 let yellow = !green & yellow_ok & (e_short + b <= second.size);
                 let f2 = select(green | yellow, c_at + e_deficit, f2);
-                (green, yellow, [select(green, c_at, fc), f2])
+                (2 - 2 * u8::from(green) - u8::from(yellow), [select(green, c_at, fc), f2])
             }
             TRTCM => {
-                let p_at = select(f2 > k2, f2, k2) + b;
+                let p_at = max(f2, k2) + b;
                 let yellow_or_green = yellow_ok & (p_at <= k2 + second.size);
                 let green = yellow_or_green & green_ok & (c_at <= kc + c.size);
-                (green, yellow_or_green & !green, [select(green, c_at, fc), select(yellow_or_green, p_at, f2)])
+                let next = [select(green, c_at, fc), select(yellow_or_green, p_at, f2)];
+                (2 - u8::from(yellow_or_green) - u8::from(green), next)
             }
             _ => {
-                let e_at = select(f2 > k2, f2, k2) + b;
+                let e_at = max(f2, k2) + b;
                 let green = green_ok & (c_at <= kc + c.size);
                 let yellow = !green & yellow_ok & (e_at <= k2 + second.size);
-                (green, yellow, [select(green, c_at, fc), select(yellow, e_at, f2)])
+                (2 - 2 * u8::from(green) - u8::from(yellow), [select(green, c_at, fc), select(yellow, e_at, f2)])
             }
         };
-        // Green 0, yellow 1, red 2 (the two are never both true).
-        let color = match 2 - 2 * u8::from(green) - u8::from(yellow) {
-            0 => Color::Green,
-            1 => Color::Yellow,
-            _ => Color::Red,
-        };
-        (next, color)
+        (next, Color::from_u8(code).unwrap_or(Color::Red))
     }
 
     /// Whether both buckets of `state` are full at the byte-ticks `t`: the state is then a
@@ -455,6 +452,29 @@ fn select(c: bool, a: u64, b: u64) -> u64 {
     } else {
         b
     }
+}
+
+/// The larger of `a` and `b` by a compare and a conditional move, never a branch.
+#[inline(always)]
+fn max(a: u64, b: u64) -> u64 {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        let mut r = a;
+        // SAFETY: two register instructions on the values given: no memory, no stack; the
+        // flags are clobbered (the default).
+        unsafe {
+            core::arch::asm!(
+                "cmp {r}, {b}",
+                "cmovb {r}, {b}",
+                b = in(reg) b,
+                r = inout(reg) r,
+                options(pure, nomem, nostack),
+            );
+        }
+        r
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    a.max(b)
 }
 
 /// One flow's state under a [`Meter`]: two words, both buckets full when new. Owned by one
