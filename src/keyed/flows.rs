@@ -339,28 +339,31 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         out: &mut [Color],
     ) {
         let mut homes = [0usize; BURST];
+        let mask = self.mask;
         let chunks = keys.chunks(BURST).zip(lens.chunks(BURST)).zip(out.chunks_mut(BURST));
         for (c, ((keys, lens), out)) in chunks.enumerate() {
+            // `..=mask` is every slot: an index masked by `mask` needs no bounds check in it.
+            let slots = &self.slots[..=mask];
             for (home, key) in homes.iter_mut().zip(keys) {
                 *home = self.home(key);
                 // The slot's first byte, and its last when slots may straddle two lines.
-                let p: *const u8 = core::ptr::from_ref(&self.slots[*home]).cast();
+                let p: *const u8 = core::ptr::from_ref(&slots[*home & mask]).cast();
                 prefetch_line(p);
                 if !self.one_line {
                     prefetch_line(p.wrapping_add(size_of::<Slot<K>>() - 1));
                 }
             }
-            for (j, (((home, key), len), out)) in homes.iter().zip(keys).zip(lens).zip(out).enumerate() {
+            for (j, (((&home, key), len), out)) in homes.iter().zip(keys).zip(lens).zip(out).enumerate() {
                 let i = c * BURST + j;
-                *out = match self.find(*home, key) {
-                    Some(s) if FLAT => {
-                        let state = &mut self.slots[s].state;
-                        let (next, color) = self.meter.decide_flat::<KIND>(state.words(), ticks(i), *len, input(i));
-                        *state = MeterState::from_words(next);
+                let meter = self.meter;
+                *out = match find(&mut self.slots[..=mask], home, key) {
+                    Some(slot) if FLAT => {
+                        let (next, color) = meter.decide_flat::<KIND>(slot.state.words(), ticks(i), *len, input(i));
+                        slot.state = MeterState::from_words(next);
                         color
                     }
-                    Some(s) => self.slots[s].state.check_as::<KIND>(&self.meter, ticks(i), u64::from(*len), input(i)),
-                    None => self.insert(*home, key, ticks(i), u64::from(*len), input(i)),
+                    Some(slot) => slot.state.check_as::<KIND>(&meter, ticks(i), u64::from(*len), input(i)),
+                    None => self.insert(home, key, ticks(i), u64::from(*len), input(i)),
                 };
             }
         }
@@ -412,16 +415,11 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         bytes: u64,
         input: Option<Color>,
     ) -> Color {
-        match self.find(home, key) {
-            Some(i) => self.slots[i].state.check_as::<KIND>(&self.meter, ticks, bytes, input),
+        let meter = self.meter;
+        match find(&mut self.slots[..=self.mask], home, key) {
+            Some(slot) => slot.state.check_as::<KIND>(&meter, ticks, bytes, input),
             None => self.insert(home, key, ticks, bytes, input),
         }
-    }
-
-    /// The slot of `key`'s flow, if it is in the window from `home`.
-    #[inline(always)]
-    fn find(&self, home: usize, key: &K) -> Option<usize> {
-        (0..WINDOW).map(|j| (home + j) & self.mask).find(|&i| self.slots[i].key() == Some(key))
     }
 
     /// A flow not in its window: the first empty slot of the window, else the first whose
@@ -446,6 +444,15 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         slot.fill(key);
         slot.state.check_at(&self.meter, ticks, bytes, input)
     }
+}
+
+/// The slot of `key`'s flow among `slots` (a power of two of them), if it is in the window
+/// from `home`.
+#[inline(always)]
+fn find<'a, K: Eq>(slots: &'a mut [Slot<K>], home: usize, key: &K) -> Option<&'a mut Slot<K>> {
+    let mask = slots.len() - 1;
+    let i = (0..WINDOW).map(|j| (home + j) & mask).find(|&i| slots[i].key() == Some(key))?;
+    Some(&mut slots[i])
 }
 
 /// The most slots a flow table may have: 2^32 (2^26 where `usize` has 32 bits, so that its
