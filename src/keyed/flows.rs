@@ -355,15 +355,19 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
             }
             for (j, (((&home, key), len), out)) in homes.iter().zip(keys).zip(lens).zip(out).enumerate() {
                 let i = c * BURST + j;
-                let meter = self.meter;
-                *out = match find(&mut self.slots[..=mask], home, key) {
-                    Some(slot) if FLAT => {
-                        let (next, color) = meter.decide_flat::<KIND>(slot.state.words(), ticks(i), *len, input(i));
-                        slot.state = MeterState::from_words(next);
-                        color
+                *out = if FLAT {
+                    let meter = &self.meter;
+                    match find(&mut self.slots[..=mask], home, key) {
+                        Some(slot) => {
+                            let (next, color) =
+                                meter.decide_flat::<KIND>(slot.state.words(), ticks(i), *len, input(i));
+                            slot.state = MeterState::from_words(next);
+                            color
+                        }
+                        None => self.insert(home, key, ticks(i), u64::from(*len), input(i)),
                     }
-                    Some(slot) => slot.state.check_as::<KIND>(&meter, ticks(i), u64::from(*len), input(i)),
-                    None => self.insert(home, key, ticks(i), u64::from(*len), input(i)),
+                } else {
+                    self.decide_as::<KIND>(home, key, ticks(i), u64::from(*len), input(i))
                 };
             }
         }
@@ -415,9 +419,9 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         bytes: u64,
         input: Option<Color>,
     ) -> Color {
-        let meter = self.meter;
-        match find(&mut self.slots[..=self.mask], home, key) {
-            Some(slot) => slot.state.check_as::<KIND>(&meter, ticks, bytes, input),
+        let found = (0..WINDOW).map(|j| (home + j) & self.mask).find(|&i| self.slots[i].key() == Some(key));
+        match found {
+            Some(i) => self.slots[i].state.check_as::<KIND>(&self.meter, ticks, bytes, input),
             None => self.insert(home, key, ticks, bytes, input),
         }
     }
