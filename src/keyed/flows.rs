@@ -30,8 +30,9 @@ const BURST: usize = 32;
 
 /// The largest table (bytes of slots) whose bursts decide without branches. A table in a
 /// core's cache is bound by mispredicted colours (branch-free: 27-28 cycles a packet against
-/// 30-33 at 1,000 flows, AMD EPYC); one in memory by its misses, which a core overlaps further
-/// when it runs ahead on predicted colours (branch-free: 29 against 25 at 65,536 flows).
+/// 30-33 at 1,000 flows, AMD EPYC, at 86339a2); one in memory by its misses, which a core
+/// overlaps further when it runs ahead on predicted colours (branch-free: 29 against 25 at
+/// 65,536 flows).
 const FLAT_MAX: usize = 1 << 20;
 
 /// An empty slot's first word. No flow's committed bucket is ever full at this tick: a full
