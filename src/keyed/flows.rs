@@ -320,8 +320,12 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
             (MeterKind::SrTcm, None) => self.burst_as::<SRTCM, FLAT>(ticks, keys, lens, |_| None, out),
             (MeterKind::TrTcm, None) => self.burst_as::<TRTCM, FLAT>(ticks, keys, lens, |_| None, out),
             (MeterKind::Rfc4115, None) => self.burst_as::<RFC4115, FLAT>(ticks, keys, lens, |_| None, out),
-            (MeterKind::SrTcm, Some(c)) => self.burst_as::<SRTCM, FLAT>(ticks, keys, lens, |i| Some(c[i]), out),
-            (MeterKind::TrTcm, Some(c)) => self.burst_as::<TRTCM, FLAT>(ticks, keys, lens, |i| Some(c[i]), out),
+            (MeterKind::SrTcm, Some(c)) => {
+                self.burst_as::<SRTCM, FLAT>(ticks, keys, lens, |i| Some(c[i]), out)
+            }
+            (MeterKind::TrTcm, Some(c)) => {
+                self.burst_as::<TRTCM, FLAT>(ticks, keys, lens, |i| Some(c[i]), out)
+            }
             (MeterKind::Rfc4115, Some(c)) => {
                 self.burst_as::<RFC4115, FLAT>(ticks, keys, lens, |i| Some(c[i]), out);
             }

@@ -396,7 +396,10 @@ impl Meter {
                 let e_at = max(f2, k2) + b;
                 let green = green_ok & (c_at <= kc + c.size);
                 let yellow = !green & yellow_ok & (e_at <= k2 + second.size);
-                (2 - 2 * u8::from(green) - u8::from(yellow), [select(green, c_at, fc), select(yellow, e_at, f2)])
+                (
+                    2 - 2 * u8::from(green) - u8::from(yellow),
+                    [select(green, c_at, fc), select(yellow, e_at, f2)],
+                )
             }
         };
         (next, Color::from_u8(code).unwrap_or(Color::Red))
@@ -902,7 +905,12 @@ mod tests {
             let big = round >= 300;
             let (r1, r2, s1, s2) = if big {
                 let near = |max: u64, x: u64| max - x % 1_000;
-                (near(Meter::MAX_RATE, next()), near(Meter::MAX_RATE, next()), near(Meter::MAX_SIZE, next()), near(Meter::MAX_SIZE, next()))
+                (
+                    near(Meter::MAX_RATE, next()),
+                    near(Meter::MAX_RATE, next()),
+                    near(Meter::MAX_SIZE, next()),
+                    near(Meter::MAX_SIZE, next()),
+                )
             } else {
                 (1 + next() % 100_000, 1 + next() % 100_000, 1 + next() % 20_000, next() % 20_000)
             };
@@ -925,7 +933,8 @@ mod tests {
                     2..=4 => u32::try_from(edge.saturating_sub(1)).unwrap_or(u32::MAX),
                     _ => (next() % 25_000) as u32,
                 };
-                let input = [None, Some(Color::Green), Some(Color::Yellow), Some(Color::Red)][(next() % 4) as usize];
+                let input =
+                    [None, Some(Color::Green), Some(Color::Yellow), Some(Color::Red)][(next() % 4) as usize];
                 let want = a.check_at(&m, ticks, u64::from(bytes), input);
                 let (next_words, got) = match m.kind() {
                     MeterKind::SrTcm => m.decide_flat::<SRTCM>(b.words(), ticks, bytes, input),
@@ -954,7 +963,8 @@ mod tests {
             x
         };
         let mut rates = vec![1, 2, 999_999_999, 1_000_000_000, 1_000_000_001, 12_500_000, Meter::MAX_RATE];
-        let mut times = vec![0, 1, 999_999_999, 1_000_000_000, 1_000_000_001, u64::MAX, u64::MAX - 1, 1 << 63];
+        let mut times =
+            vec![0, 1, 999_999_999, 1_000_000_000, 1_000_000_001, u64::MAX, u64::MAX - 1, 1 << 63];
         for _ in 0..200 {
             rates.push(1 + next() % Meter::MAX_RATE);
             times.push(next() >> (next() % 64));
