@@ -252,10 +252,7 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         inputs: Option<&[Color]>,
         out: &mut [Color],
     ) -> usize {
-        let mut n = keys.len().min(times.len()).min(lens.len()).min(out.len());
-        if let Some(inputs) = inputs {
-            n = n.min(inputs.len());
-        }
+        let n = burst_len(keys.len().min(times.len()), lens, inputs, out);
         let meter = self.meter;
         // Packets are decided in order: each at its time or the latest before it. The table's
         // latest moves to the burst's before any is decided, so that even a burst cut short
@@ -293,10 +290,7 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         inputs: Option<&[Color]>,
         out: &mut [Color],
     ) -> usize {
-        let mut n = keys.len().min(lens.len()).min(out.len());
-        if let Some(inputs) = inputs {
-            n = n.min(inputs.len());
-        }
+        let n = burst_len(keys.len(), lens, inputs, out);
         let (keys, lens, out) = (&keys[..n], &lens[..n], &mut out[..n]);
         if self.flat {
             self.burst_of::<true>(ticks, keys, lens, inputs, out);
@@ -453,6 +447,13 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         slot.fill(key);
         slot.state.check_at(&self.meter, ticks, bytes, input)
     }
+}
+
+/// The packets a burst of `keys` keys handles: as many as every slice given has.
+#[inline]
+pub(super) fn burst_len(keys: usize, lens: &[u32], inputs: Option<&[Color]>, out: &[Color]) -> usize {
+    let n = keys.min(lens.len()).min(out.len());
+    inputs.map_or(n, |inputs| n.min(inputs.len()))
 }
 
 /// The slot of `key`'s flow among `slots` (a power of two of them), if it is in the window

@@ -186,10 +186,7 @@ impl<K: Hash + ?Sized> SharedFlowMeters<K> {
         inputs: Option<&[Color]>,
         out: &mut [Color],
     ) -> usize {
-        let mut n = keys.len().min(lens.len()).min(out.len());
-        if let Some(inputs) = inputs {
-            n = n.min(inputs.len());
-        }
+        let n = super::flows::burst_len(keys.len(), lens, inputs, out);
         let ticks = self.meter.ticks(elapsed);
         let mut tags = [0u64; BURST];
         for (c, ((keys, lens), out)) in
