@@ -115,10 +115,6 @@ pub struct FlowMeters<K> {
     meter: Meter,
     slots: Pages<Slot<K>>,
     mask: usize,
-    /// Whether every slot lies in one cache line (a fetch of its first byte brings it whole).
-    one_line: bool,
-    /// Whether bursts decide without branches ([`FLAT_MAX`]).
-    flat: bool,
     hasher: ahash::RandomState,
     flows: usize,
     table_full: u64,
@@ -161,15 +157,10 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
     ) -> Result<FlowMeters<K>, ConfigError> {
         let v = slot_array(capacity, Self::MAX_CAPACITY, "a flow meter table", Slot::empty)?;
         let slots = v.len();
-        let size = size_of::<Slot<K>>();
-        let one_line = 64 % size == 0 && v.as_ptr() as usize % size == 0;
-        let flat = slots * size <= FLAT_MAX;
         Ok(FlowMeters {
             meter,
             slots: v,
             mask: slots - 1,
-            one_line,
-            flat,
             hasher,
             flows: 0,
             table_full: 0,
@@ -292,7 +283,7 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
     ) -> usize {
         let n = burst_len(keys.len(), lens, inputs, out);
         let (keys, lens, out) = (&keys[..n], &lens[..n], &mut out[..n]);
-        if self.flat {
+        if self.slots.len() * size_of::<Slot<K>>() <= FLAT_MAX {
             self.burst_of::<true>(ticks, keys, lens, inputs, out);
         } else {
             self.burst_of::<false>(ticks, keys, lens, inputs, out);
@@ -339,6 +330,9 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
     ) {
         let mut homes = [0usize; BURST];
         let mask = self.mask;
+        // Whether every slot lies in one cache line (a fetch of its first byte brings it whole).
+        let size = size_of::<Slot<K>>();
+        let one_line = 64 % size == 0 && self.slots.as_ptr() as usize % size == 0;
         let chunks = keys.chunks(BURST).zip(lens.chunks(BURST)).zip(out.chunks_mut(BURST));
         for (c, ((keys, lens), out)) in chunks.enumerate() {
             // `..=mask` is every slot: an index masked by `mask` needs no bounds check in it.
@@ -348,19 +342,21 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
                 // The slot's first byte, and its last when slots may straddle two lines.
                 let p: *const u8 = core::ptr::from_ref(&slots[*home & mask]).cast();
                 prefetch_line(p);
-                if !self.one_line {
+                if !one_line {
                     prefetch_line(p.wrapping_add(size_of::<Slot<K>>() - 1));
                 }
             }
             for (j, (((&home, key), len), out)) in homes.iter().zip(keys).zip(lens).zip(out).enumerate() {
                 let i = c * BURST + j;
                 *out = if FLAT {
-                    let meter = &self.meter;
-                    match find(&mut self.slots[..=mask], home, key) {
-                        Some(slot) => {
+                    let slots = &mut self.slots[..=mask];
+                    match find(slots, mask, home, key) {
+                        Some(s) => {
+                            // `& mask`: no bounds check.
+                            let state = &mut slots[s & mask].state;
                             let (next, color) =
-                                meter.decide_flat::<KIND>(slot.state.words(), ticks(i), *len, input(i));
-                            slot.state = MeterState::from_words(next);
+                                self.meter.decide_flat::<KIND>(state.words(), ticks(i), *len, input(i));
+                            *state = MeterState::from_words(next);
                             color
                         }
                         None => self.insert(home, key, ticks(i), u64::from(*len), input(i)),
@@ -418,8 +414,7 @@ impl<K: Hash + Eq + Clone> FlowMeters<K> {
         bytes: u64,
         input: Option<Color>,
     ) -> Color {
-        let found = (0..WINDOW).map(|j| (home + j) & self.mask).find(|&i| self.slots[i].key() == Some(key));
-        match found {
+        match find(&self.slots, self.mask, home, key) {
             Some(i) => self.slots[i].state.check_as::<KIND>(&self.meter, ticks, bytes, input),
             None => self.insert(home, key, ticks, bytes, input),
         }
@@ -456,13 +451,13 @@ pub(super) fn burst_len(keys: usize, lens: &[u32], inputs: Option<&[Color]>, out
     inputs.map_or(n, |inputs| n.min(inputs.len()))
 }
 
-/// The slot of `key`'s flow among `slots` (a power of two of them), if it is in the window
-/// from `home`.
+/// The slot of `key`'s flow, if it is in the window from `home`, among `slots` of which
+/// `mask` indexes `mask + 1`. Slots sliced to `..=mask` are read without bounds checks (the
+/// bursts of a table in cache); the whole table's are checked, which a table in memory runs
+/// faster with, as measured (25 against 34 cycles a packet at 65,536 flows, AMD EPYC).
 #[inline(always)]
-fn find<'a, K: Eq>(slots: &'a mut [Slot<K>], home: usize, key: &K) -> Option<&'a mut Slot<K>> {
-    let mask = slots.len() - 1;
-    let i = (0..WINDOW).map(|j| (home + j) & mask).find(|&i| slots[i].key() == Some(key))?;
-    Some(&mut slots[i])
+fn find<K: Eq>(slots: &[Slot<K>], mask: usize, home: usize, key: &K) -> Option<usize> {
+    (0..WINDOW).map(|j| (home + j) & mask).find(|&i| slots[i].key() == Some(key))
 }
 
 /// The most slots a flow table may have: 2^32 (2^26 where `usize` has 32 bits, so that its
