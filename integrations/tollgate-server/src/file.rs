@@ -513,15 +513,8 @@ pub fn parse(path: &Path, text: &str) -> Result<(Config, Service), FileError> {
             return Err(error(Some(e.config.span()), Some("envoy.config".into()), "an empty path".into()));
         }
         if let Some(r) = &e.near_limit_ratio {
-            let v = *r.get_ref();
-            if !(v > 0.0 && v <= 1.0) {
-                return Err(error(
-                    Some(r.span()),
-                    Some("envoy.near_limit_ratio".into()),
-                    format!("{v} is out of range: above 0, at most 1"),
-                ));
-            }
-            envoy.near_limit_ratio = v as f32;
+            envoy.near_limit_ratio = near_limit_ratio(*r.get_ref())
+                .map_err(|why| error(Some(r.span()), Some("envoy.near_limit_ratio".into()), why))?;
         }
         if let Some(spanned) = &e.redis {
             let r = spanned.get_ref();
@@ -565,6 +558,17 @@ pub fn parse(path: &Path, text: &str) -> Result<(Config, Service), FileError> {
         service.envoy = Some(envoy);
     }
     Ok((config, service))
+}
+
+/// Upstream's `NEAR_LIMIT_RATIO`, checked as the file's `near_limit_ratio` and the
+/// `--envoy-near-limit-ratio` flag both take it: above 0, at most 1.
+pub fn near_limit_ratio(v: f64) -> Result<f32, String> {
+    if v > 0.0 && v <= 1.0 {
+        #[expect(clippy::cast_possible_truncation, reason = "a ratio in (0, 1]: an f32 holds it")]
+        Ok(v as f32)
+    } else {
+        Err(format!("{v} is out of range: above 0, at most 1"))
+    }
 }
 
 #[cfg(test)]

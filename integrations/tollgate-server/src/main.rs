@@ -186,14 +186,10 @@ struct Envoy {
     backend: Option<tollgate_envoy::RedisBackend>,
 }
 
-/// `--envoy-near-limit-ratio`: above 0, at most 1, as the file's `near_limit_ratio`.
+/// `--envoy-near-limit-ratio`: a number, checked as the file's `near_limit_ratio` is.
 fn near_limit_ratio(text: &str) -> Result<f32, String> {
-    let v: f32 = text.parse().map_err(|e| format!("{text:?} is not a number: {e}"))?;
-    if v > 0.0 && v <= 1.0 {
-        Ok(v)
-    } else {
-        Err(format!("{v} is out of range: above 0, at most 1"))
-    }
+    let v: f64 = text.parse().map_err(|e| format!("{text:?} is not a number: {e}"))?;
+    tollgate_server::file::near_limit_ratio(v)
 }
 
 /// The `--envoy-*` flags as the file's `[envoy]` section.
